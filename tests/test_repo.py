@@ -1,0 +1,20 @@
+"""The repository's own contracts: CI runs exactly the README's test command."""
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def readme_command(marker: str) -> str:
+    text = (ROOT / "README.md").read_text()
+    block = re.search(rf"<!-- {marker} -->\s*```bash\n(.+?)\n```\s*<!-- /{marker} -->", text, re.S)
+    assert block, f"README.md has no {marker} block"
+    return block.group(1).strip()
+
+
+def test_ci_runs_the_readme_test_command():
+    command = readme_command("test-command")
+    ci_lines = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
+    assert command in ci_lines
+    assert "torch==2.13.0" in command
