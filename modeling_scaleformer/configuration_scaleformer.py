@@ -1,0 +1,162 @@
+"""Scaleformer configuration."""
+
+from typing import Literal
+
+from huggingface_hub.dataclasses import strict
+from transformers import PreTrainedConfig
+from transformers.activations import ACT2FN
+
+
+AUTO_MAP = {
+    "AutoConfig": "configuration_scaleformer.ScaleformerConfig",
+    "AutoModel": "modeling_scaleformer.ScaleformerModel",
+    "AutoModelForSeq2SeqLM": "modeling_scaleformer.ScaleformerForConditionalGeneration",
+    "AutoModelForCausalLM": "modeling_scaleformer.ScaleformerForCausalLM",
+}
+
+
+@strict
+class ScaleformerConfig(PreTrainedConfig):
+    r"""
+    Configuration of a Scaleformer encoder-decoder ([`ScaleformerForConditionalGeneration`]) or decoder-only
+    ([`ScaleformerForCausalLM`]) model. Names follow BART; Scaleformer has no absolute position embeddings:
+    positions enter through clipped relative embeddings in attention.
+
+    Args:
+        vocab_size (`int`, *optional*, defaults to 8000):
+            Vocabulary size.
+        d_model (`int`, *optional*, defaults to 512):
+            Width of the layers and the embeddings.
+        encoder_layers (`int`, *optional*, defaults to 6):
+            Number of encoder layers.
+        decoder_layers (`int`, *optional*, defaults to 6):
+            Number of decoder layers.
+        encoder_attention_heads (`int`, *optional*, defaults to 8):
+            Attention heads per encoder layer; must divide `d_model`.
+        decoder_attention_heads (`int`, *optional*, defaults to 8):
+            Attention heads per decoder layer (self and cross attention); must divide `d_model`.
+        encoder_ffn_dim (`int`, *optional*, defaults to 2048):
+            Hidden width of the encoder feed-forward blocks.
+        decoder_ffn_dim (`int`, *optional*, defaults to 2048):
+            Hidden width of the decoder feed-forward blocks.
+        activation_function (`str`, *optional*, defaults to `"gelu"`):
+            Feed-forward activation, a key of `transformers.activations.ACT2FN`.
+        dropout (`float`, *optional*, defaults to 0.1):
+            Dropout on embeddings and on the output of every attention and feed-forward block.
+        attention_dropout (`float`, *optional*, defaults to 0.0):
+            Probability of hiding each key from attention during training (the remaining keys are
+            renormalised, as dropping a column of the attention matrix would).
+        activation_dropout (`float`, *optional*, defaults to 0.0):
+            Dropout after the feed-forward activation.
+        init_std (`float`, *optional*, defaults to 0.02):
+            Standard deviation of the normal initialisation of weights and relative embeddings.
+        layer_norm_eps (`float`, *optional*, defaults to 1e-5):
+            Epsilon of the layer norms (pre-norm blocks and a final norm per stack).
+        attention_type (`str`, *optional*, defaults to `"kernelized_rpe"`):
+            `"kernelized_rpe"`: kernelized attention with clipped relative positions; `"kernelized"`: plain
+            kernelized attention (no position information at all).
+        attention_mode (`str`, *optional*, defaults to `"auto"`):
+            Algorithm for full-sequence attention: `"linear"` (O(L)), `"naive"` (quadratic) or `"auto"` (the
+            cheaper per call). Results are equal up to rounding.
+        rpe_horizon (`int`, *optional*, defaults to 16):
+            Horizon h: relative positions are clipped to [-h, h], giving 2h+1 relative embeddings.
+        rpe_shared_across_heads (`bool`, *optional*, defaults to `False`):
+            One relative table shared by the heads of a layer instead of one per head.
+        cross_attention_rpe (`bool`, *optional*, defaults to `False`):
+            Whether cross-attention also uses relative positions (decoder position minus encoder position).
+        use_cache (`bool`, *optional*, defaults to `True`):
+            Whether forward returns the recurrent state for generation.
+        pad_token_id (`int`, *optional*, defaults to 0):
+            Padding token id.
+        bos_token_id (`int`, *optional*, defaults to 1):
+            Beginning-of-sequence token id.
+        eos_token_id (`int`, *optional*, defaults to 2):
+            End-of-sequence token id.
+        decoder_start_token_id (`int`, *optional*, defaults to 1):
+            First decoder input of encoder-decoder models.
+        is_encoder_decoder (`bool`, *optional*, defaults to `True`):
+            Encoder-decoder (`True`) or decoder-only (`False`).
+        tie_word_embeddings (`bool`, *optional*, defaults to `True`):
+            Share the input embeddings with the output projection.
+
+    Example:
+
+    ```python
+    >>> from modeling_scaleformer import ScaleformerConfig, ScaleformerForConditionalGeneration
+    >>> config = ScaleformerConfig(d_model=256, encoder_layers=3, decoder_layers=3, rpe_horizon=16)
+    >>> model = ScaleformerForConditionalGeneration(config)
+    ```
+    """
+
+    model_type = "scaleformer"
+    keys_to_ignore_at_inference = ["past_key_values"]
+    attribute_map = {
+        "hidden_size": "d_model",
+        "num_attention_heads": "encoder_attention_heads",
+        "num_hidden_layers": "encoder_layers",
+    }
+
+    vocab_size: int = 8000
+    d_model: int = 512
+    encoder_layers: int = 6
+    decoder_layers: int = 6
+    encoder_attention_heads: int = 8
+    decoder_attention_heads: int = 8
+    encoder_ffn_dim: int = 2048
+    decoder_ffn_dim: int = 2048
+    activation_function: str = "gelu"
+    dropout: float | int = 0.1
+    attention_dropout: float | int = 0.0
+    activation_dropout: float | int = 0.0
+    init_std: float = 0.02
+    layer_norm_eps: float = 1e-5
+    attention_type: Literal["kernelized_rpe", "kernelized"] = "kernelized_rpe"
+    attention_mode: Literal["auto", "linear", "naive"] = "auto"
+    rpe_horizon: int = 16
+    rpe_shared_across_heads: bool = False
+    cross_attention_rpe: bool = False
+    use_cache: bool = True
+    pad_token_id: int | None = 0
+    bos_token_id: int | None = 1
+    eos_token_id: int | list[int] | None = 2
+    decoder_start_token_id: int | None = 1
+    is_encoder_decoder: bool = True
+    is_decoder: bool = False
+    tie_word_embeddings: bool = True
+
+    def __post_init__(self, **kwargs):
+        super().__post_init__(**kwargs)
+        # every saved folder can be loaded by each Auto class with trust_remote_code=True
+        self.auto_map = {**AUTO_MAP, **(getattr(self, "auto_map", None) or {})}
+
+    def validate_architecture(self):
+        """Raise ValueError, naming the field, for values no model can be built from."""
+        for name in ("encoder_attention_heads", "decoder_attention_heads"):
+            heads = getattr(self, name)
+            if heads < 1 or self.d_model % heads != 0:
+                raise ValueError(f"`{name}` must be a positive divisor of `d_model` ({self.d_model}), got {heads}")
+        for name in ("vocab_size", "d_model", "encoder_ffn_dim", "decoder_ffn_dim"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"`{name}` must be positive, got {getattr(self, name)}")
+        for name in ("encoder_layers", "decoder_layers"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"`{name}` must be >= 0, got {getattr(self, name)}")
+        if self.decoder_layers < 1 or (self.is_encoder_decoder and self.encoder_layers < 1):
+            raise ValueError(
+                "`decoder_layers` (and `encoder_layers` for an encoder-decoder) must be >= 1, got "
+                f"{self.encoder_layers} and {self.decoder_layers}"
+            )
+        for name in ("dropout", "attention_dropout", "activation_dropout"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"`{name}` must be in [0, 1), got {getattr(self, name)}")
+        if self.rpe_horizon < 0:
+            raise ValueError(f"`rpe_horizon` must be >= 0, got {self.rpe_horizon}")
+        if self.activation_function not in ACT2FN:
+            raise ValueError(
+                f"`activation_function` must be one of {sorted(ACT2FN)}, got {self.activation_function!r}"
+            )
+        if self.pad_token_id is not None and not 0 <= self.pad_token_id < self.vocab_size:
+            raise ValueError(f"`pad_token_id` must be in [0, vocab_size), got {self.pad_token_id}")
+
+
+__all__ = ["ScaleformerConfig"]

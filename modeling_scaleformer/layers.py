@@ -1,0 +1,116 @@
+"""Modules that wire parameters to the attention ops: ScaleformerAttention and the feed-forward block."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+from transformers.activations import ACT2FN
+
+from .cache import ScaleformerCache
+from .configuration_scaleformer import ScaleformerConfig
+from .ops_kernelized import (
+    kernelized_rpe_attention,
+    kernelized_rpe_cross_step,
+    kernelized_rpe_cross_summary,
+    kernelized_rpe_prefill_state,
+    kernelized_rpe_step,
+)
+
+
+class ScaleformerAttention(nn.Module):
+    """Multi-head kernelized attention with clipped relative positions, for self and cross attention.
+
+    Projects to (B, H, L, D), calls the op for the configured `attention_type`, and keeps the
+    decoder's generation state in the layer's slot of a `ScaleformerCache`: a recurrent state for
+    self-attention, an encoder summary computed once for cross-attention.
+    """
+
+    def __init__(
+        self,
+        config: ScaleformerConfig,
+        num_heads: int,
+        *,
+        is_causal: bool,
+        is_cross_attention: bool = False,
+        layer_idx: int | None = None,
+    ):
+        super().__init__()
+        self.num_heads = num_heads
+        self.head_dim = config.d_model // num_heads
+        self.is_causal = is_causal
+        self.is_cross_attention = is_cross_attention
+        self.layer_idx = layer_idx
+        self.mode = config.attention_mode
+        self.key_dropout = config.attention_dropout
+        self.q_proj = nn.Linear(config.d_model, config.d_model)
+        self.k_proj = nn.Linear(config.d_model, config.d_model)
+        self.v_proj = nn.Linear(config.d_model, config.d_model)
+        self.o_proj = nn.Linear(config.d_model, config.d_model)
+        uses_rel = config.attention_type == "kernelized_rpe" and (not is_cross_attention or config.cross_attention_rpe)
+        self.horizon = config.rpe_horizon if uses_rel else 0
+        self.rel = None
+        if uses_rel:
+            heads = 1 if config.rpe_shared_across_heads else num_heads
+            self.rel = nn.Parameter(torch.empty(heads, 2 * config.rpe_horizon + 1, self.head_dim))
+
+    def _heads(self, x: Tensor) -> Tensor:
+        # (B, L, d_model) -> (B, H, L, D)
+        return x.view(x.shape[0], x.shape[1], self.num_heads, self.head_dim).transpose(1, 2)
+
+    def _rel_table(self) -> Tensor | None:
+        if self.rel is None:
+            return None
+        return self.rel[0] if self.rel.shape[0] == 1 else self.rel
+
+    def _drop_keys(self, key_mask: Tensor | None, batch: int, length: int, device) -> Tensor | None:
+        """Attention dropout: hide each key with probability `attention_dropout` while training."""
+        if not self.training or self.key_dropout == 0:
+            return key_mask
+        keep = torch.rand(batch, length, device=device) >= self.key_dropout
+        return keep if key_mask is None else keep & key_mask.bool()
+
+    def forward(
+        self,
+        hidden_states: Tensor,
+        key_value_states: Tensor | None = None,
+        key_mask: Tensor | None = None,
+        past_key_values: ScaleformerCache | None = None,
+        query_offset: int = 0,
+    ) -> Tensor:
+        batch, length, _ = hidden_states.shape
+        q = self._heads(self.q_proj(hidden_states))
+        rel = self._rel_table()
+        state = None if past_key_values is None else past_key_values.layers[self.layer_idx]
+        if self.is_cross_attention:
+            if state is not None and state.cross_summary is not None:
+                out = kernelized_rpe_cross_step(q, rel, state.cross_summary, query_offset=query_offset)
+            else:
+                k = self._heads(self.k_proj(key_value_states))
+                v = self._heads(self.v_proj(key_value_states))
+                key_mask = self._drop_keys(key_mask, batch, k.shape[2], k.device)
+                out = kernelized_rpe_attention(q, k, v, rel, key_mask=key_mask, query_offset=query_offset, mode=self.mode)
+                if state is not None:
+                    state.cross_summary = kernelized_rpe_cross_summary(k, v, key_mask=key_mask, relative=rel is not None)
+        else:
+            k = self._heads(self.k_proj(hidden_states))
+            v = self._heads(self.v_proj(hidden_states))
+            key_mask = self._drop_keys(key_mask, batch, length, k.device)
+            if state is not None and state.self_state is not None:
+                out, state.self_state = kernelized_rpe_step(q, k, v, rel, state.self_state, key_mask=key_mask)
+            else:
+                out = kernelized_rpe_attention(q, k, v, rel, causal=self.is_causal, key_mask=key_mask, mode=self.mode)
+                if state is not None:
+                    state.self_state = kernelized_rpe_prefill_state(k, v, horizon=self.horizon, key_mask=key_mask)
+        return self.o_proj(out.transpose(1, 2).reshape(batch, length, -1))
+
+
+class ScaleformerFeedForward(nn.Module):
+    def __init__(self, config: ScaleformerConfig, ffn_dim: int):
+        super().__init__()
+        self.fc1 = nn.Linear(config.d_model, ffn_dim)
+        self.fc2 = nn.Linear(ffn_dim, config.d_model)
+        self.act = ACT2FN[config.activation_function]
+        self.dropout = nn.Dropout(config.activation_dropout)
+
+    def forward(self, hidden_states: Tensor) -> Tensor:
+        return self.fc2(self.dropout(self.act(self.fc1(hidden_states))))

@@ -1,0 +1,511 @@
+"""Scaleformer models: encoder-decoder and decoder-only transformers with linear relative attention."""
+
+import copy
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from transformers import GenerationMixin, PreTrainedModel
+from transformers import initialization as init
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_outputs import (
+    BaseModelOutput,
+    BaseModelOutputWithPastAndCrossAttentions,
+    CausalLMOutputWithCrossAttentions,
+    Seq2SeqLMOutput,
+    Seq2SeqModelOutput,
+)
+from transformers.utils import logging
+from transformers.utils.generic import can_return_tuple
+
+from .cache import ScaleformerCache
+from .configuration_scaleformer import ScaleformerConfig
+from .layers import ScaleformerAttention, ScaleformerFeedForward
+
+
+logger = logging.get_logger(__name__)
+
+
+def shift_tokens_right(input_ids: Tensor, pad_token_id: int, decoder_start_token_id: int) -> Tensor:
+    """Decoder inputs from labels: prepend the start token, drop the last label, -100 -> pad."""
+    if decoder_start_token_id is None or pad_token_id is None:
+        raise ValueError("`config.decoder_start_token_id` and `config.pad_token_id` must be set to shift labels")
+    shifted = input_ids.new_zeros(input_ids.shape)
+    shifted[:, 1:] = input_ids[:, :-1].clone()
+    shifted[:, 0] = decoder_start_token_id
+    return shifted.masked_fill(shifted == -100, pad_token_id)
+
+
+def check_labels(labels: Tensor, vocab_size: int) -> None:
+    invalid = (labels >= vocab_size) | ((labels < 0) & (labels != -100))
+    if bool(invalid.any()):
+        bad = labels[invalid][0].item()
+        raise ValueError(f"`labels` must be token ids in [0, {vocab_size}) or -100 (ignored), found {bad}")
+
+
+def check_mask(mask: Tensor | None, name: str, batch: int, lengths: tuple[int, ...]) -> None:
+    if mask is None:
+        return
+    if mask.dim() != 2 or mask.shape[0] != batch or mask.shape[1] not in lengths:
+        expected = " or ".join(f"({batch}, {n})" for n in dict.fromkeys(lengths))
+        raise ValueError(f"`{name}` must have shape {expected}, got {tuple(mask.shape)}")
+
+
+def check_no_attention_outputs(kwargs: dict) -> None:
+    if kwargs.get("output_attentions"):
+        raise ValueError(
+            "`output_attentions=True` is not supported: linear attention never forms the attention matrix"
+        )
+
+
+class ScaleformerEncoderLayer(GradientCheckpointingLayer):
+    """Pre-norm block: bidirectional self-attention, then feed-forward."""
+
+    def __init__(self, config: ScaleformerConfig, layer_idx: int):
+        super().__init__()
+        self.self_attn = ScaleformerAttention(config, config.encoder_attention_heads, is_causal=False, layer_idx=layer_idx)
+        self.self_attn_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.ffn = ScaleformerFeedForward(config, config.encoder_ffn_dim)
+        self.ffn_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, hidden_states: Tensor, key_mask: Tensor | None = None) -> Tensor:
+        hidden_states = hidden_states + self.dropout(self.self_attn(self.self_attn_layer_norm(hidden_states), key_mask=key_mask))
+        return hidden_states + self.dropout(self.ffn(self.ffn_layer_norm(hidden_states)))
+
+
+class ScaleformerDecoderLayer(GradientCheckpointingLayer):
+    """Pre-norm block: causal self-attention, cross-attention (encoder-decoder only), feed-forward."""
+
+    def __init__(self, config: ScaleformerConfig, layer_idx: int):
+        super().__init__()
+        heads = config.decoder_attention_heads
+        self.self_attn = ScaleformerAttention(config, heads, is_causal=True, layer_idx=layer_idx)
+        self.self_attn_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.encoder_attn = None
+        if config.is_encoder_decoder:
+            self.encoder_attn = ScaleformerAttention(
+                config, heads, is_causal=False, is_cross_attention=True, layer_idx=layer_idx
+            )
+            self.encoder_attn_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.ffn = ScaleformerFeedForward(config, config.decoder_ffn_dim)
+        self.ffn_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(
+        self,
+        hidden_states: Tensor,
+        key_mask: Tensor | None = None,
+        encoder_hidden_states: Tensor | None = None,
+        encoder_key_mask: Tensor | None = None,
+        past_key_values: ScaleformerCache | None = None,
+        query_offset: int = 0,
+    ) -> Tensor:
+        residual = self.self_attn(self.self_attn_layer_norm(hidden_states), key_mask=key_mask, past_key_values=past_key_values)
+        hidden_states = hidden_states + self.dropout(residual)
+        if self.encoder_attn is not None:
+            residual = self.encoder_attn(
+                self.encoder_attn_layer_norm(hidden_states),
+                key_value_states=encoder_hidden_states,
+                key_mask=encoder_key_mask,
+                past_key_values=past_key_values,
+                query_offset=query_offset,
+            )
+            hidden_states = hidden_states + self.dropout(residual)
+        return hidden_states + self.dropout(self.ffn(self.ffn_layer_norm(hidden_states)))
+
+
+class ScaleformerPreTrainedModel(PreTrainedModel):
+    config: ScaleformerConfig
+    base_model_prefix = "model"
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["ScaleformerEncoderLayer", "ScaleformerDecoderLayer"]
+    _skip_keys_device_placement = ["past_key_values"]
+    _is_stateful = True
+    _can_compile_fullgraph = False
+
+    @classmethod
+    def _supports_default_dynamic_cache(cls) -> bool:
+        # the model builds its own ScaleformerCache in forward; key/value caches do not apply
+        return False
+
+    def _init_weights(self, module):
+        super()._init_weights(module)
+        if isinstance(module, ScaleformerAttention) and module.rel is not None:
+            init.normal_(module.rel, mean=0.0, std=self.config.init_std)
+
+
+class ScaleformerEncoder(ScaleformerPreTrainedModel):
+    """Token embeddings (no absolute positions) and a stack of bidirectional layers."""
+
+    def __init__(self, config: ScaleformerConfig):
+        super().__init__(config)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id)
+        self.dropout = nn.Dropout(config.dropout)
+        self.layers = nn.ModuleList([ScaleformerEncoderLayer(config, i) for i in range(config.encoder_layers)])
+        self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.gradient_checkpointing = False
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.embed_tokens
+
+    def set_input_embeddings(self, value):
+        self.embed_tokens = value
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+        inputs_embeds: Tensor | None = None,
+        output_hidden_states: bool | None = None,
+        **kwargs,
+    ) -> BaseModelOutput:
+        check_no_attention_outputs(kwargs)
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("Pass exactly one of `input_ids` and `inputs_embeds` to the encoder")
+        if inputs_embeds is None:
+            inputs_embeds = self.embed_tokens(input_ids)
+        batch, length = inputs_embeds.shape[:2]
+        check_mask(attention_mask, "attention_mask", batch, (length,))
+        hidden_states = self.dropout(inputs_embeds)
+        all_hidden = [] if output_hidden_states else None
+        for layer in self.layers:
+            if all_hidden is not None:
+                all_hidden.append(hidden_states)
+            hidden_states = layer(hidden_states, key_mask=attention_mask)
+        hidden_states = self.layer_norm(hidden_states)
+        if all_hidden is not None:
+            all_hidden.append(hidden_states)
+        return BaseModelOutput(last_hidden_state=hidden_states, hidden_states=tuple(all_hidden) if all_hidden else None)
+
+
+class ScaleformerDecoder(ScaleformerPreTrainedModel):
+    """Token embeddings and a stack of causal layers with constant-size generation state."""
+
+    def __init__(self, config: ScaleformerConfig):
+        super().__init__(config)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id)
+        self.dropout = nn.Dropout(config.dropout)
+        self.layers = nn.ModuleList([ScaleformerDecoderLayer(config, i) for i in range(config.decoder_layers)])
+        self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.gradient_checkpointing = False
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.embed_tokens
+
+    def set_input_embeddings(self, value):
+        self.embed_tokens = value
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+        encoder_hidden_states: Tensor | None = None,
+        encoder_attention_mask: Tensor | None = None,
+        past_key_values: ScaleformerCache | None = None,
+        inputs_embeds: Tensor | None = None,
+        use_cache: bool | None = None,
+        output_hidden_states: bool | None = None,
+        **kwargs,
+    ) -> BaseModelOutputWithPastAndCrossAttentions:
+        check_no_attention_outputs(kwargs)
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("Pass exactly one of `input_ids` and `inputs_embeds` to the decoder")
+        if inputs_embeds is None:
+            inputs_embeds = self.embed_tokens(input_ids)
+        batch, length = inputs_embeds.shape[:2]
+        use_cache = self.config.use_cache if use_cache is None else use_cache
+        if self.gradient_checkpointing and self.training and use_cache:
+            logger.warning_once("`use_cache=True` is incompatible with gradient checkpointing: setting `use_cache=False`")
+            use_cache = False
+        if past_key_values is not None and not isinstance(past_key_values, ScaleformerCache):
+            raise TypeError(
+                f"`past_key_values` must be a ScaleformerCache (or None), got {type(past_key_values).__name__}: "
+                "Scaleformer keeps a constant-size recurrent state, not keys and values"
+            )
+        if past_key_values is None and use_cache:
+            past_key_values = ScaleformerCache(len(self.layers))
+        past_length = 0 if past_key_values is None else past_key_values.get_seq_length()
+        check_mask(attention_mask, "attention_mask", batch, (length, past_length + length))
+        if attention_mask is not None:
+            attention_mask = attention_mask[:, -length:]  # a mask covering past + new tokens
+        if self.config.is_encoder_decoder:
+            if encoder_hidden_states is None:
+                raise ValueError("`encoder_hidden_states` is required by an encoder-decoder decoder")
+            check_mask(encoder_attention_mask, "encoder_attention_mask", batch, (encoder_hidden_states.shape[1],))
+
+        hidden_states = self.dropout(inputs_embeds)
+        all_hidden = [] if output_hidden_states else None
+        for layer in self.layers:
+            if all_hidden is not None:
+                all_hidden.append(hidden_states)
+            hidden_states = layer(
+                hidden_states,
+                key_mask=attention_mask,
+                encoder_hidden_states=encoder_hidden_states,
+                encoder_key_mask=encoder_attention_mask,
+                past_key_values=past_key_values,
+                query_offset=past_length,
+            )
+        hidden_states = self.layer_norm(hidden_states)
+        if all_hidden is not None:
+            all_hidden.append(hidden_states)
+        return BaseModelOutputWithPastAndCrossAttentions(
+            last_hidden_state=hidden_states,
+            past_key_values=past_key_values if use_cache else None,
+            hidden_states=tuple(all_hidden) if all_hidden else None,
+        )
+
+
+class ScaleformerModel(ScaleformerPreTrainedModel):
+    """The bare encoder-decoder: returns decoder hidden states."""
+
+    _tied_weights_keys = {
+        "encoder.embed_tokens.weight": "shared.weight",
+        "decoder.embed_tokens.weight": "shared.weight",
+    }
+
+    def __init__(self, config: ScaleformerConfig):
+        super().__init__(config)
+        self.shared = nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id)
+        self.encoder = ScaleformerEncoder(config)
+        self.decoder = ScaleformerDecoder(config)
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.shared
+
+    def set_input_embeddings(self, value):
+        self.shared = value
+        self.encoder.embed_tokens = self.shared
+        self.decoder.embed_tokens = self.shared
+
+    def get_encoder(self):
+        return self.encoder
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+        decoder_input_ids: Tensor | None = None,
+        decoder_attention_mask: Tensor | None = None,
+        encoder_outputs: BaseModelOutput | tuple | None = None,
+        past_key_values: ScaleformerCache | None = None,
+        inputs_embeds: Tensor | None = None,
+        decoder_inputs_embeds: Tensor | None = None,
+        use_cache: bool | None = None,
+        output_hidden_states: bool | None = None,
+        **kwargs,
+    ) -> Seq2SeqModelOutput:
+        if decoder_input_ids is None and decoder_inputs_embeds is None:
+            if input_ids is None:
+                raise ValueError("Pass `decoder_input_ids`, `decoder_inputs_embeds` or `labels` (or `input_ids` to shift)")
+            decoder_input_ids = shift_tokens_right(input_ids, self.config.pad_token_id, self.config.decoder_start_token_id)
+        if encoder_outputs is None:
+            encoder_outputs = self.encoder(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                inputs_embeds=inputs_embeds,
+                output_hidden_states=output_hidden_states,
+                **kwargs,
+            )
+        elif not isinstance(encoder_outputs, BaseModelOutput):
+            encoder_outputs = BaseModelOutput(
+                last_hidden_state=encoder_outputs[0],
+                hidden_states=encoder_outputs[1] if len(encoder_outputs) > 1 else None,
+            )
+        decoder_outputs = self.decoder(
+            input_ids=decoder_input_ids,
+            attention_mask=decoder_attention_mask,
+            encoder_hidden_states=encoder_outputs.last_hidden_state,
+            encoder_attention_mask=attention_mask,
+            past_key_values=past_key_values,
+            inputs_embeds=decoder_inputs_embeds,
+            use_cache=use_cache,
+            output_hidden_states=output_hidden_states,
+            **kwargs,
+        )
+        return Seq2SeqModelOutput(
+            last_hidden_state=decoder_outputs.last_hidden_state,
+            past_key_values=decoder_outputs.past_key_values,
+            decoder_hidden_states=decoder_outputs.hidden_states,
+            encoder_last_hidden_state=encoder_outputs.last_hidden_state,
+            encoder_hidden_states=encoder_outputs.hidden_states,
+        )
+
+
+def seq2seq_loss(logits: Tensor, labels: Tensor, num_items_in_batch: int | Tensor | None = None) -> Tensor:
+    """Cross-entropy of logits[:, i] against labels[:, i] (no shift), -100 ignored.
+
+    Summed and divided by `num_items_in_batch` when given (so that gradient accumulation gives the
+    loss of the whole batch), else averaged over the non-ignored labels. Computed in float32.
+    """
+    total = F.cross_entropy(
+        logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1).to(logits.device), ignore_index=-100, reduction="sum"
+    )
+    if num_items_in_batch is None:
+        num_items_in_batch = (labels != -100).sum()
+    if isinstance(num_items_in_batch, Tensor):
+        num_items_in_batch = num_items_in_batch.to(total.device)
+    return total / num_items_in_batch
+
+
+class ScaleformerForConditionalGeneration(ScaleformerPreTrainedModel, GenerationMixin):
+    """Encoder-decoder with a language-modelling head, for translation and summarisation."""
+
+    _tied_weights_keys = {"lm_head.weight": "model.shared.weight"}
+
+    def __init__(self, config: ScaleformerConfig):
+        super().__init__(config)
+        self.model = ScaleformerModel(config)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.post_init()
+
+    def get_encoder(self):
+        return self.model.encoder
+
+    def get_output_embeddings(self):
+        return self.lm_head
+
+    def set_output_embeddings(self, new_embeddings):
+        self.lm_head = new_embeddings
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+        decoder_input_ids: Tensor | None = None,
+        decoder_attention_mask: Tensor | None = None,
+        encoder_outputs: BaseModelOutput | tuple | None = None,
+        past_key_values: ScaleformerCache | None = None,
+        inputs_embeds: Tensor | None = None,
+        decoder_inputs_embeds: Tensor | None = None,
+        labels: Tensor | None = None,
+        use_cache: bool | None = None,
+        output_hidden_states: bool | None = None,
+        **kwargs,
+    ) -> Seq2SeqLMOutput:
+        r"""
+        labels (`torch.LongTensor` of shape `(batch_size, target_length)`, *optional*):
+            Target token ids; `labels[:, i]` is the target of `logits[:, i]`, -100 is ignored. When
+            `decoder_input_ids` are not given they are `labels` shifted right behind
+            `config.decoder_start_token_id`.
+        """
+        num_items_in_batch = kwargs.pop("num_items_in_batch", None)
+        if labels is not None:
+            check_labels(labels, self.config.vocab_size)
+            use_cache = False
+            if decoder_input_ids is None and decoder_inputs_embeds is None:
+                decoder_input_ids = shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
+        outputs = self.model(
+            input_ids,
+            attention_mask=attention_mask,
+            decoder_input_ids=decoder_input_ids,
+            decoder_attention_mask=decoder_attention_mask,
+            encoder_outputs=encoder_outputs,
+            past_key_values=past_key_values,
+            inputs_embeds=inputs_embeds,
+            decoder_inputs_embeds=decoder_inputs_embeds,
+            use_cache=use_cache,
+            output_hidden_states=output_hidden_states,
+            **kwargs,
+        )
+        logits = self.lm_head(outputs.last_hidden_state)
+        loss = None if labels is None else seq2seq_loss(logits, labels, num_items_in_batch)
+        return Seq2SeqLMOutput(
+            loss=loss,
+            logits=logits,
+            past_key_values=outputs.past_key_values,
+            decoder_hidden_states=outputs.decoder_hidden_states,
+            encoder_last_hidden_state=outputs.encoder_last_hidden_state,
+            encoder_hidden_states=outputs.encoder_hidden_states,
+        )
+
+    def prepare_decoder_input_ids_from_labels(self, labels: Tensor) -> Tensor:
+        return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
+
+
+class ScaleformerForCausalLM(ScaleformerPreTrainedModel, GenerationMixin):
+    """Decoder-only language model; `labels = input_ids` are shifted inside, as in run_clm.py."""
+
+    _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+
+    def __init__(self, config: ScaleformerConfig):
+        config = copy.deepcopy(config)
+        config.is_decoder = True
+        config.is_encoder_decoder = False
+        super().__init__(config)
+        self.model = ScaleformerDecoder(config)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.model.embed_tokens
+
+    def set_input_embeddings(self, value):
+        self.model.embed_tokens = value
+
+    def get_output_embeddings(self):
+        return self.lm_head
+
+    def set_output_embeddings(self, new_embeddings):
+        self.lm_head = new_embeddings
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+        past_key_values: ScaleformerCache | None = None,
+        inputs_embeds: Tensor | None = None,
+        labels: Tensor | None = None,
+        use_cache: bool | None = None,
+        output_hidden_states: bool | None = None,
+        logits_to_keep: int = 0,
+        **kwargs,
+    ) -> CausalLMOutputWithCrossAttentions:
+        r"""
+        labels (`torch.LongTensor` of shape `(batch_size, length)`, *optional*):
+            Usually `input_ids`: the model shifts them so that position i predicts token i + 1; -100 is ignored.
+        logits_to_keep (`int`, *optional*, defaults to 0):
+            Compute logits for the last `logits_to_keep` positions only (0: all).
+        """
+        num_items_in_batch = kwargs.pop("num_items_in_batch", None)
+        if labels is not None:
+            check_labels(labels, self.config.vocab_size)
+        outputs = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            past_key_values=past_key_values,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+            output_hidden_states=output_hidden_states,
+            **kwargs,
+        )
+        hidden_states = outputs.last_hidden_state
+        if logits_to_keep:
+            hidden_states = hidden_states[:, -logits_to_keep:]
+        logits = self.lm_head(hidden_states)
+        loss = None
+        if labels is not None:
+            loss = seq2seq_loss(logits[:, :-1], labels[:, 1:], num_items_in_batch)
+        return CausalLMOutputWithCrossAttentions(
+            loss=loss,
+            logits=logits,
+            past_key_values=outputs.past_key_values,
+            hidden_states=outputs.hidden_states,
+        )
+
+
+__all__ = [
+    "ScaleformerForCausalLM",
+    "ScaleformerForConditionalGeneration",
+    "ScaleformerModel",
+    "ScaleformerPreTrainedModel",
+]
