@@ -5,13 +5,13 @@ record: the input is the source of the definition with its docstring removed, th
 paragraph of the docstring. The source comes from the standard library of the running interpreter
 (``sysconfig.get_paths()["stdlib"]``), so the data set needs no download and is rebuilt in seconds.
 
-Records are split by module with a deterministic hash of the module name, so that no module spans two
-splits (about 90/5/5 train/validation/test).
+Records are split by module with a deterministic hash of the top-level package name, so that no
+module, and no package, spans two splits (hash buckets 90/5/5 train/validation/test).
 
 Example::
 
-    python examples/data/build_docstrings.py --output_dir data/docstrings
-    python examples/data/build_docstrings.py --output_dir data/docstrings_long --kinds class,module
+    python examples/data/build_docstrings.py --output_dir outputs/docstrings
+    python examples/data/build_docstrings.py --output_dir outputs/docstrings_long --kinds class,module
 """
 
 from __future__ import annotations
@@ -39,20 +39,25 @@ SKIP_DIRS: frozenset[str] = frozenset(
     {"test", "tests", "idlelib", "lib2to3", "site-packages", "dist-packages", "__pycache__"}
 )
 MIN_TARGET_WORDS = 3
-# Split boundaries on a hash bucket in [0, 100): train below 90, validation below 95, test above.
-SPLIT_BOUNDS: tuple[tuple[str, int], ...] = (("train", 90), ("validation", 95), ("test", 100))
+# Percent of the hash buckets for train and validation; test takes the rest.
+TRAIN_PERCENT = 90
+VALIDATION_PERCENT = 5
 
 
 def split_of_module(module: str) -> str:
-    """Return the split ("train", "validation" or "test") of a module, from a hash of its name.
+    """Return the split ("train", "validation" or "test") of a module.
 
-    The hash is SHA-256, so the assignment is the same on every machine and Python version.
+    The split is chosen by a SHA-256 hash of the top-level package name (``email`` for
+    ``email.mime.text``), so the assignment is the same on every machine and Python version, no
+    module spans two splits, and the modules of one package always share a split.
     """
-    bucket = int(hashlib.sha256(module.encode("utf-8")).hexdigest(), 16) % 100
-    for split, bound in SPLIT_BOUNDS:
-        if bucket < bound:
-            return split
-    raise AssertionError("unreachable: SPLIT_BOUNDS ends at 100")
+    package = module.split(".", 1)[0]
+    bucket = int(hashlib.sha256(package.encode("utf-8")).hexdigest(), 16) % 100
+    if bucket < TRAIN_PERCENT:
+        return "train"
+    if bucket < TRAIN_PERCENT + VALIDATION_PERCENT:
+        return "validation"
+    return "test"
 
 
 def first_paragraph(docstring: str) -> str:
@@ -153,7 +158,11 @@ def module_name(path: Path, stdlib_dir: Path) -> str:
 
 
 def iter_stdlib_files(stdlib_dir: Path) -> Iterator[Path]:
-    """Yield the ``.py`` files under ``stdlib_dir`` in sorted order, skipping :data:`SKIP_DIRS`."""
+    """Yield the ``.py`` files under ``stdlib_dir`` in sorted order.
+
+    Folders named in :data:`SKIP_DIRS` are skipped, and so are ``config-*`` and ``lib-dynload``
+    (build files and compiled extensions).
+    """
     for root, dirs, files in os.walk(stdlib_dir):
         dirs[:] = sorted(
             d for d in dirs if d not in SKIP_DIRS and not d.startswith("config-") and d != "lib-dynload"
@@ -257,6 +266,7 @@ def build_docstring_pairs(
                 source = handle.read()
             records = pairs_from_source(source, module_name(path, root))
         except (SyntaxError, UnicodeDecodeError, ValueError):
+            # ValueError: ast.parse rejects null bytes in Python 3.11.
             continue
         for record in records:
             if record["kind"] not in kinds:
