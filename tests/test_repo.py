@@ -18,3 +18,10 @@ def test_ci_runs_the_readme_test_command():
     ci_lines = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
     assert command in ci_lines
     assert "torch==2.13.0" in command
+
+
+def test_readme_main_command_installs_pinned_torch_and_runs_main_job():
+    command = readme_command("main-command")
+    assert command.startswith("pip install torch==2.13.0 ")
+    script = command.split("python ")[-1].split()[0]
+    assert (ROOT / script).is_file()
