@@ -57,10 +57,12 @@ class ScaleformerAttention(nn.Module):
         # (B, L, d_model) -> (B, H, L, D)
         return x.view(x.shape[0], x.shape[1], self.num_heads, self.head_dim).transpose(1, 2)
 
-    def _rel_table(self) -> Tensor | None:
+    def _rel_table(self, dtype: torch.dtype) -> Tensor | None:
         if self.rel is None:
             return None
-        return self.rel[0] if self.rel.shape[0] == 1 else self.rel
+        # under autocast the projections come out in half precision while the table stays float32
+        rel = self.rel.to(dtype)
+        return rel[0] if rel.shape[0] == 1 else rel
 
     def _drop_keys(self, key_mask: Tensor | None, batch: int, length: int, device) -> Tensor | None:
         """Attention dropout: hide each key with probability `attention_dropout` while training."""
@@ -78,30 +80,34 @@ class ScaleformerAttention(nn.Module):
         query_offset: int = 0,
     ) -> Tensor:
         batch, length, _ = hidden_states.shape
-        q = self._heads(self.q_proj(hidden_states))
-        rel = self._rel_table()
         state = None if past_key_values is None else past_key_values.layers[self.layer_idx]
-        if self.is_cross_attention:
-            if state is not None and state.cross_summary is not None:
-                out = kernelized_rpe_cross_step(q, rel, state.cross_summary, query_offset=query_offset)
-            else:
-                k = self._heads(self.k_proj(key_value_states))
-                v = self._heads(self.v_proj(key_value_states))
-                key_mask = self._drop_keys(key_mask, batch, k.shape[2], k.device)
-                out = kernelized_rpe_attention(q, k, v, rel, key_mask=key_mask, query_offset=query_offset, mode=self.mode)
-                if state is not None:
-                    state.cross_summary = kernelized_rpe_cross_summary(k, v, key_mask=key_mask, relative=rel is not None)
-        else:
-            k = self._heads(self.k_proj(hidden_states))
-            v = self._heads(self.v_proj(hidden_states))
-            key_mask = self._drop_keys(key_mask, batch, length, k.device)
-            if state is not None and state.self_state is not None:
-                out, state.self_state = kernelized_rpe_step(q, k, v, rel, state.self_state, key_mask=key_mask)
-            else:
-                out = kernelized_rpe_attention(q, k, v, rel, causal=self.is_causal, key_mask=key_mask, mode=self.mode)
-                if state is not None:
-                    state.self_state = kernelized_rpe_prefill_state(k, v, horizon=self.horizon, key_mask=key_mask)
+        q = self._heads(self.q_proj(hidden_states))
+        k = v = None
+        if not (self.is_cross_attention and state is not None and state.cross_summary is not None):
+            source = key_value_states if self.is_cross_attention else hidden_states
+            k, v = self._heads(self.k_proj(source)), self._heads(self.v_proj(source))
+            key_mask = self._drop_keys(key_mask, batch, k.shape[2], k.device)
+        # the ops accumulate half precision in float32 themselves: autocast must not downcast inside them
+        with torch.autocast(device_type=q.device.type, enabled=False):
+            out = self._attend(q, k, v, key_mask, state, query_offset)
         return self.o_proj(out.transpose(1, 2).reshape(batch, length, -1))
+
+    def _attend(self, q, k, v, key_mask, state, query_offset: int) -> Tensor:
+        rel = self._rel_table(q.dtype)
+        k = None if k is None else k.to(q.dtype)
+        v = None if v is None else v.to(q.dtype)
+        if self.is_cross_attention:
+            if k is None:  # the encoder summary was computed at the first decoding step
+                return kernelized_rpe_cross_step(q, rel, state.cross_summary, query_offset=query_offset)
+            if state is not None:
+                state.cross_summary = kernelized_rpe_cross_summary(k, v, key_mask=key_mask, relative=rel is not None)
+            return kernelized_rpe_attention(q, k, v, rel, key_mask=key_mask, query_offset=query_offset, mode=self.mode)
+        if state is not None and state.self_state is not None:
+            out, state.self_state = kernelized_rpe_step(q, k, v, rel, state.self_state, key_mask=key_mask)
+            return out
+        if state is not None:
+            state.self_state = kernelized_rpe_prefill_state(k, v, horizon=self.horizon, key_mask=key_mask)
+        return kernelized_rpe_attention(q, k, v, rel, causal=self.is_causal, key_mask=key_mask, mode=self.mode)
 
 
 class ScaleformerFeedForward(nn.Module):

@@ -380,3 +380,17 @@ def test_trainer_loss_goes_down(tmp_path):
     trainer.train()
     losses = [log["loss"] for log in trainer.state.log_history if "loss" in log]
     assert losses == sorted(losses, reverse=True) and losses[-1] < losses[0] - 0.3, losses
+
+
+def test_autocast_bf16_training_step():
+    """Under CPU autocast the projections are bf16 while the relative tables stay float32."""
+    torch.manual_seed(0)
+    model = ScaleformerForConditionalGeneration(tiny_config(cross_attention_rpe=True))
+    src, src_mask = batch()
+    labels, _ = batch(ls=5, seed=4)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model(input_ids=src, attention_mask=src_mask, labels=labels)
+    out.loss.backward()
+    reference = model(input_ids=src, attention_mask=src_mask, labels=labels).loss
+    assert torch.isfinite(out.loss) and abs(out.loss.item() - reference.item()) < 0.05
+    assert model.model.encoder.layers[0].self_attn.rel.grad is not None
