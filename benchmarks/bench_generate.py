@@ -1,0 +1,549 @@
+"""Greedy generation with Scaleformer against BART of the same size: ms per token and cache bytes.
+
+What is measured, for batch 1, fp32, eval mode, random weights (`torch.manual_seed`):
+
+* `scaleformer`: `ScaleformerForConditionalGeneration`, default attention (`kernelized_rpe`, horizon 16),
+  decoding from its constant-size `ScaleformerCache`;
+* `bart`: `transformers.BartForConditionalGeneration` with its default attention implementation,
+  decoding from its key/value `EncoderDecoderCache` (self-attention keys and values grow by one
+  token a step; cross-attention keys and values are computed once);
+
+both d_model 512, 6 + 6 layers, 8 heads, FFN 2048, vocabulary 32000. BART has learned absolute
+positions, so its `max_position_embeddings` is set to max(source length, new tokens), 4096 by default
+(the header says which value was used).
+
+How: one random source of `--source-length` tokens is encoded once per model, then each model decodes
+greedily `--new-tokens` tokens in a hand-written loop, one decoder call per token with the cache the
+model's own forward returns (`use_cache=True`); end-of-sequence is suppressed, as `generate()` does
+with `min_new_tokens == max_new_tokens`. The two loops advance in lockstep, alternating which model
+goes first, so that a change in machine load hits both alike. Every step (decoder call, argmax and
+the next input) is timed with `time.perf_counter`. Position p is the step that feeds the decoder its
+p-th input (the start token is input 1) and returns new token p; the reported ms/token at p is the
+median over the `--window` steps ending at p (single steps are noisy on shared machines). Cache bytes
+are read after step p: for Scaleformer `ScaleformerCache.nbytes` (all) and `.self_attention_nbytes`,
+for BART the bytes of all key and value tensors of the self-attention and cross-attention caches.
+
+Before timing, the script checks for both models that 16 tokens of the hand-written loop equal
+`model.generate(..., do_sample=False)` on the same source, that the raw logits of every step agree
+(random weights often repeat one token, so equal tokens alone prove little) and that both leave caches
+of the same size; it exits with status 1 if not. The report ends with the targets, PASS or FAIL with
+the figure: Scaleformer's ms/token at the last position within 1.15x of the first (4096 against 128),
+its self-attention state and its whole cache the same number of bytes at every step in between, and
+Scaleformer faster than BART at every position from a quarter of the new tokens on (1024, 2048, 4096).
+The exit status is 0 whether or not a target is met.
+
+Run from the repository root with the package installed (`pip install -e ".[bench]"`):
+
+    python benchmarks/bench_generate.py                     # source 2048, 4096 new tokens, ~5 min idle
+    python benchmarks/bench_generate.py --quick             # smoke test: source 256, 512 tokens, ~1 min
+    python benchmarks/bench_generate.py --json gen.json --plot gen.png
+
+The machines this was written for are shared 2-core CPUs: with another job running, 2 torch threads
+can collapse, so `--threads` defaults to 1; keep it fixed when comparing runs, and compare the two
+models within one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+from transformers import BartConfig, BartForConditionalGeneration, PreTrainedConfig, PreTrainedModel
+from transformers.cache_utils import Cache, EncoderDecoderCache
+
+from bench_attention import MIB, machine_info
+from modeling_scaleformer import ScaleformerCache, ScaleformerConfig, ScaleformerForConditionalGeneration
+
+
+MODELS = ("scaleformer", "bart")
+BATCH = 1
+DTYPE = torch.float32
+
+DEFAULT_SOURCE_LENGTH = 2048
+DEFAULT_NEW_TOKENS = 4096
+DEFAULT_POSITIONS = (128, 512, 1024, 2048, 4096)
+QUICK_SOURCE_LENGTH = 256
+QUICK_NEW_TOKENS = 512
+QUICK_POSITIONS = (64, 128, 256, 512)
+DEFAULT_WINDOW = 32
+VERIFY_TOKENS = 16
+VERIFY_LOGITS_TOLERANCE = 1e-4  # the same computation in fp32; a wrong cache moves logits far more
+FIRST_SOURCE_ID = 4  # ids below are special tokens of one model or the other
+
+GROWTH_MAX = 1.15  # Scaleformer ms/token at the last position over the first
+FASTER_FROM_FRACTION = 4  # Scaleformer must beat BART at positions >= new_tokens / 4 (1024 of 4096)
+
+
+class ModelSize(NamedTuple):
+    vocab_size: int
+    d_model: int
+    layers: int  # encoder and decoder each
+    heads: int
+    ffn_dim: int
+
+
+MODEL_SIZE = ModelSize(vocab_size=32000, d_model=512, layers=6, heads=8, ffn_dim=2048)
+
+
+class CacheBytes(NamedTuple):
+    total: int
+    self_attention: int
+
+
+class Target(NamedTuple):
+    name: str
+    status: str  # "PASS" or "FAIL"
+    figure: str
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description="Benchmark greedy generation of Scaleformer against BART of the same size: ms per token "
+        "and cache bytes at several decoder positions, and the project's targets.",
+    )
+    parser.add_argument("--quick", action="store_true",
+                        help=f"smoke test: source {QUICK_SOURCE_LENGTH}, {QUICK_NEW_TOKENS} new tokens, positions "
+                        f"{', '.join(map(str, QUICK_POSITIONS))}; the models keep their full size")
+    parser.add_argument("--source-length", type=int, metavar="N",
+                        help=f"source tokens (default: {DEFAULT_SOURCE_LENGTH}, {QUICK_SOURCE_LENGTH} with --quick)")
+    parser.add_argument("--new-tokens", type=int, metavar="N",
+                        help=f"tokens decoded per model (default: {DEFAULT_NEW_TOKENS}, {QUICK_NEW_TOKENS} with "
+                        "--quick)")
+    parser.add_argument("--positions", type=int, nargs="+", metavar="P",
+                        help="decoder positions to report (default: "
+                        f"{', '.join(map(str, DEFAULT_POSITIONS))}; {', '.join(map(str, QUICK_POSITIONS))} "
+                        "with --quick)")
+    parser.add_argument("--window", type=int, default=DEFAULT_WINDOW,
+                        help=f"steps ending at each position whose median is reported (default: {DEFAULT_WINDOW})")
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default: 1)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the weights and the source (default: 0)")
+    parser.add_argument("--json", type=Path, metavar="PATH", help="write every raw figure to PATH")
+    parser.add_argument("--plot", type=Path, metavar="PATH",
+                        help="write a PNG of ms/token and cache MiB against position to PATH")
+    args = parser.parse_args(argv)
+
+    if args.source_length is None:
+        args.source_length = QUICK_SOURCE_LENGTH if args.quick else DEFAULT_SOURCE_LENGTH
+    if args.new_tokens is None:
+        args.new_tokens = QUICK_NEW_TOKENS if args.quick else DEFAULT_NEW_TOKENS
+    if args.positions is None:
+        args.positions = list(QUICK_POSITIONS if args.quick else DEFAULT_POSITIONS)
+    args.positions = sorted(set(args.positions))
+    if args.source_length < 1:
+        parser.error(f"--source-length must be positive, got {args.source_length}")
+    if args.threads < 1:
+        parser.error(f"--threads must be at least 1, got {args.threads}")
+    if args.window < 1:
+        parser.error(f"--window must be at least 1, got {args.window}")
+    if args.new_tokens < VERIFY_TOKENS:
+        parser.error(f"--new-tokens must be at least {VERIFY_TOKENS}, got {args.new_tokens}")
+    if args.positions[0] < args.window:
+        parser.error(f"--positions must be >= --window ({args.window}) so that every window is full, "
+                     f"got {args.positions[0]}")
+    if args.positions[-1] > args.new_tokens:
+        parser.error(f"--positions must be <= --new-tokens ({args.new_tokens}), got {args.positions[-1]}")
+    return args
+
+
+def bart_max_positions(args: argparse.Namespace) -> int:
+    """BART's learned positions must cover the source and every decoder position."""
+    return max(args.source_length, args.new_tokens)
+
+
+def model_configs(size: ModelSize, bart_max_position_embeddings: int) -> dict[str, PreTrainedConfig]:
+    """Scaleformer (default attention: kernelized_rpe, horizon 16) and BART configs of the same size."""
+    shape = dict(
+        vocab_size=size.vocab_size, d_model=size.d_model, encoder_layers=size.layers, decoder_layers=size.layers,
+        encoder_attention_heads=size.heads, decoder_attention_heads=size.heads,
+        encoder_ffn_dim=size.ffn_dim, decoder_ffn_dim=size.ffn_dim,
+    )
+    return {
+        "scaleformer": ScaleformerConfig(**shape),
+        # no forced end-of-sequence: decoding runs to the requested length, as for Scaleformer
+        "bart": BartConfig(**shape, max_position_embeddings=bart_max_position_embeddings, forced_eos_token_id=None),
+    }
+
+
+def build_model(name: str, config: PreTrainedConfig, seed: int) -> PreTrainedModel:
+    """Random weights from `torch.manual_seed(seed)`, fp32."""
+    torch.manual_seed(seed)
+    model_class = ScaleformerForConditionalGeneration if name == "scaleformer" else BartForConditionalGeneration
+    return model_class(config).to(DTYPE)
+
+
+def build_models(args: argparse.Namespace) -> dict[str, PreTrainedModel]:
+    """Both models at the same size, random weights seeded from `--seed`, eval mode, fp32."""
+    configs = model_configs(MODEL_SIZE, bart_max_positions(args))
+    return {name: build_model(name, config, args.seed).eval() for name, config in configs.items()}
+
+
+def make_source(args: argparse.Namespace) -> tuple[Tensor, Tensor]:
+    """Random source ids (no special token of either model) and its all-ones attention mask."""
+    g = torch.Generator().manual_seed(args.seed)
+    input_ids = torch.randint(FIRST_SOURCE_ID, MODEL_SIZE.vocab_size, (BATCH, args.source_length), generator=g)
+    return input_ids, torch.ones_like(input_ids)
+
+
+def eos_ids(model: PreTrainedModel) -> list[int]:
+    eos = model.generation_config.eos_token_id
+    if eos is None:
+        return []
+    return [eos] if isinstance(eos, int) else list(eos)
+
+
+def cache_bytes(cache: Cache) -> CacheBytes:
+    """Bytes held by a ScaleformerCache, or by the key/value tensors of an EncoderDecoderCache."""
+    if isinstance(cache, ScaleformerCache):
+        return CacheBytes(cache.nbytes, cache.self_attention_nbytes)
+    if isinstance(cache, EncoderDecoderCache):
+        self_bytes = kv_bytes(cache.self_attention_cache)
+        return CacheBytes(self_bytes + kv_bytes(cache.cross_attention_cache), self_bytes)
+    raise TypeError(f"cannot count the bytes of a {type(cache).__name__}")
+
+
+def kv_bytes(cache: Cache) -> int:
+    total = 0
+    for layer in cache.layers:
+        for t in (getattr(layer, "keys", None), getattr(layer, "values", None)):
+            if isinstance(t, Tensor):
+                total += t.numel() * t.element_size()
+    return total
+
+
+class GreedyDecoder:
+    """Greedy decoding by hand: encoder once, then one decoder call per token with the model's cache.
+
+    End-of-sequence logits are set to -inf before the argmax, as `generate()` does while fewer than
+    `min_new_tokens` tokens have been produced.
+    """
+
+    def __init__(self, model: PreTrainedModel, input_ids: Tensor, attention_mask: Tensor, *, keep_logits: bool = False):
+        self.model = model
+        self.keep_logits = keep_logits
+        self.attention_mask = attention_mask
+        self.suppressed = eos_ids(model)
+        start = time.perf_counter()
+        with torch.no_grad():
+            self.encoder_outputs = model.get_encoder()(input_ids=input_ids, attention_mask=attention_mask)
+        self.encode_s = time.perf_counter() - start
+        start_id = model.generation_config.decoder_start_token_id
+        self.next_input = torch.full((input_ids.shape[0], 1), start_id, dtype=torch.long)
+        self.cache: Cache | None = None
+        self.tokens: list[Tensor] = []
+        self.step_s: list[float] = []
+        self.logits: list[Tensor] = []  # raw last-position logits of every step, with keep_logits
+
+    def step(self) -> None:
+        """One decoder call on the last token; appends the new token and the call's wall time."""
+        start = time.perf_counter()
+        with torch.no_grad():
+            out = self.model(
+                encoder_outputs=self.encoder_outputs,
+                attention_mask=self.attention_mask,
+                decoder_input_ids=self.next_input,
+                past_key_values=self.cache,
+                use_cache=True,
+            )
+            logits = out.logits[:, -1, :].to(dtype=torch.float32, copy=True)
+            if self.keep_logits:
+                self.logits.append(logits.clone())
+            if self.suppressed:
+                logits[:, self.suppressed] = float("-inf")
+            token = logits.argmax(dim=-1, keepdim=True)
+        self.step_s.append(time.perf_counter() - start)
+        self.cache = out.past_key_values
+        self.next_input = token
+        self.tokens.append(token)
+
+    def generated(self) -> Tensor:
+        """(B, steps) tokens produced so far."""
+        return torch.cat(self.tokens, dim=1)
+
+
+def verify(models: dict[str, PreTrainedModel], input_ids: Tensor, attention_mask: Tensor) -> list[dict]:
+    """The hand-written loop against `generate(do_sample=False)`: same tokens, logits and cache size.
+
+    Random weights often repeat one token, so the raw logits of every step are compared as well.
+    """
+    checks = []
+    for name, model in models.items():
+        with torch.no_grad():
+            reference = model.generate(
+                input_ids, attention_mask=attention_mask, do_sample=False, num_beams=1,
+                min_new_tokens=VERIFY_TOKENS, max_new_tokens=VERIFY_TOKENS,
+                return_dict_in_generate=True, output_logits=True,
+            )
+        decoder = GreedyDecoder(model, input_ids, attention_mask, keep_logits=True)
+        for _ in range(VERIFY_TOKENS):
+            decoder.step()
+        expected = reference.sequences[:, 1:]  # generate() returns the start token first
+        manual = decoder.generated()
+        logits_err = max((a.float() - b).abs().max().item() for a, b in zip(reference.logits, decoder.logits))
+        ref_bytes, manual_bytes = cache_bytes(reference.past_key_values), cache_bytes(decoder.cache)
+        checks.append({
+            "model": name, "tokens": VERIFY_TOKENS,
+            "generate_tokens": expected.tolist(), "manual_tokens": manual.tolist(),
+            "tokens_equal": torch.equal(expected, manual),
+            "distinct_tokens": len(set(manual.flatten().tolist())),
+            "logits_max_abs_err": logits_err, "logits_tolerance": VERIFY_LOGITS_TOLERANCE,
+            "generate_cache_bytes": ref_bytes._asdict(), "manual_cache_bytes": manual_bytes._asdict(),
+            "cache_bytes_equal": ref_bytes == manual_bytes,
+        })
+    for c in checks:
+        logits_ok = c["logits_max_abs_err"] <= VERIFY_LOGITS_TOLERANCE
+        c["passed"] = c["tokens_equal"] and c["cache_bytes_equal"] and logits_ok
+    return checks
+
+
+def print_verification(checks: list[dict], source_length: int) -> None:
+    print(f"## Verification: hand-written greedy loop against generate(do_sample=False), "
+          f"{VERIFY_TOKENS} tokens, source {source_length}")
+    print()
+    for c in checks:
+        manual = c["manual_cache_bytes"]
+        print(f"- {'PASS' if c['passed'] else 'FAIL'} {c['model']}: tokens "
+              f"{'equal' if c['tokens_equal'] else 'DIFFER'} ({c['distinct_tokens']} distinct in {c['tokens']}); "
+              f"logits max abs err {c['logits_max_abs_err']:.1e} (<= {c['logits_tolerance']:.0e}); cache bytes "
+              f"{'equal' if c['cache_bytes_equal'] else 'DIFFER'} ({manual['total']:,} here, "
+              f"{c['generate_cache_bytes']['total']:,} from generate())")
+        if not c["tokens_equal"]:
+            print(f"  - generate(): {c['generate_tokens']}")
+            print(f"  - loop:       {c['manual_tokens']}")
+    print()
+
+
+def run_decoding(models: dict[str, PreTrainedModel], input_ids: Tensor, attention_mask: Tensor,
+                 args: argparse.Namespace) -> tuple[dict[str, GreedyDecoder], dict[str, list[CacheBytes]]]:
+    """Both models decode `--new-tokens` tokens in lockstep; cache bytes are read after every step."""
+    decoders = {name: GreedyDecoder(model, input_ids, attention_mask) for name, model in models.items()}
+    bytes_after: dict[str, list[CacheBytes]] = {name: [] for name in models}
+    order = list(models)
+    start = time.perf_counter()
+    report_every = max(args.new_tokens // 8, 1)
+    for step in range(1, args.new_tokens + 1):
+        for name in order if step % 2 else reversed(order):
+            decoders[name].step()
+        for name, decoder in decoders.items():
+            bytes_after[name].append(cache_bytes(decoder.cache))
+        if step % report_every == 0:
+            print(f"[decode] {step}/{args.new_tokens} tokens in {time.perf_counter() - start:.1f} s",
+                  file=sys.stderr, flush=True)
+    return decoders, bytes_after
+
+
+def window_median_s(step_s: list[float], position: int, window: int) -> float:
+    """Median wall time of the `window` steps ending at `position` (1-based)."""
+    return statistics.median(step_s[position - window:position])
+
+
+def fmt_mib(n: int) -> str:
+    return f"{n / MIB:,.2f}"
+
+
+def summarize(decoders: dict[str, GreedyDecoder], bytes_after: dict[str, list[CacheBytes]],
+              args: argparse.Namespace) -> list[dict]:
+    rows = []
+    for p in args.positions:
+        row = {"position": p}
+        for name, decoder in decoders.items():
+            row[f"{name}_ms"] = window_median_s(decoder.step_s, p, args.window) * 1e3
+            row[f"{name}_bytes"] = bytes_after[name][p - 1].total
+            row[f"{name}_self_bytes"] = bytes_after[name][p - 1].self_attention
+        rows.append(row)
+    return rows
+
+
+def print_tables(rows: list[dict], decoders: dict[str, GreedyDecoder], args: argparse.Namespace) -> None:
+    print(f"## Greedy decoding, source {args.source_length}: median ms/token over the {args.window} steps "
+          f"ending at each position, cache after that step")
+    print()
+    print("| position | scaleformer ms/token | bart ms/token | bart / scaleformer | scaleformer cache MiB "
+          "(self-attn) | bart cache MiB (self-attn) |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['position']} | {r['scaleformer_ms']:.2f} | {r['bart_ms']:.2f} | "
+              f"{r['bart_ms'] / r['scaleformer_ms']:.2f}x | {fmt_mib(r['scaleformer_bytes'])} "
+              f"({fmt_mib(r['scaleformer_self_bytes'])}) | {fmt_mib(r['bart_bytes'])} "
+              f"({fmt_mib(r['bart_self_bytes'])}) |")
+    print()
+    print("| model | encoder ms (once) | step 1 ms | mean ms/token, all steps | decoding s, all steps |")
+    print("|:---|---:|---:|---:|---:|")
+    for name, d in decoders.items():
+        print(f"| {name} | {d.encode_s * 1e3:,.1f} | {d.step_s[0] * 1e3:,.1f} | "
+              f"{statistics.fmean(d.step_s) * 1e3:.2f} | {sum(d.step_s):,.1f} |")
+    print()
+    print("- Position p: the decoder call that takes input p (the start token is input 1) and returns new token "
+          "p; the self-attention history then holds p tokens. Step 1 also builds Scaleformer's cross-attention "
+          "summary and BART's cross-attention keys and values.")
+    print("- Cache MiB: Scaleformer `ScaleformerCache.nbytes` (`self_attention_nbytes`); BART: bytes of all key "
+          "and value tensors of the self- and cross-attention caches (self-attention alone).")
+    print()
+
+
+def evaluate_targets(rows: list[dict], bytes_after: dict[str, list[CacheBytes]],
+                     args: argparse.Namespace) -> list[Target]:
+    first, last = rows[0], rows[-1]
+    p0, p1 = first["position"], last["position"]
+    targets = []
+    ratio = last["scaleformer_ms"] / first["scaleformer_ms"]
+    targets.append(Target(
+        f"(a) scaleformer ms/token at position {p1} <= {GROWTH_MAX}x its ms/token at {p0}",
+        "PASS" if ratio <= GROWTH_MAX else "FAIL",
+        f"{ratio:.2f}x ({last['scaleformer_ms']:.2f} ms against {first['scaleformer_ms']:.2f} ms)",
+    ))
+    span = bytes_after["scaleformer"][p0 - 1:p1]
+    for label, field in (("self-attention state", "self_attention"), ("total cache", "total")):
+        sizes = sorted({getattr(b, field) for b in span})
+        constant = len(sizes) == 1
+        figure = (f"{sizes[0]:,} bytes at every step" if constant
+                  else f"{len(sizes)} sizes, {sizes[0]:,} to {sizes[-1]:,} bytes")
+        targets.append(Target(f"(b) scaleformer {label} bytes constant from position {p0} to {p1}",
+                              "PASS" if constant else "FAIL", figure))
+    faster_from = args.new_tokens / FASTER_FROM_FRACTION
+    for r in rows:
+        if r["position"] >= faster_from:
+            speedup = r["bart_ms"] / r["scaleformer_ms"]
+            targets.append(Target(
+                f"(c) scaleformer faster than bart at position {r['position']}",
+                "PASS" if speedup > 1 else "FAIL",
+                f"bart / scaleformer {speedup:.2f}x ({r['scaleformer_ms']:.2f} ms against {r['bart_ms']:.2f} ms)",
+            ))
+    return targets
+
+
+def print_targets(targets: list[Target]) -> None:
+    print("## Targets")
+    print()
+    for t in targets:
+        print(f"- {t.status} {t.name}: {t.figure}")
+    print()
+
+
+def rolling_medians_ms(step_s: list[float], window: int) -> tuple[list[int], list[float]]:
+    positions = list(range(window, len(step_s) + 1))
+    return positions, [window_median_s(step_s, p, window) * 1e3 for p in positions]
+
+
+def write_plot(path: Path, decoders: dict[str, GreedyDecoder], bytes_after: dict[str, list[CacheBytes]],
+               args: argparse.Namespace) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_time, ax_mem) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for name, decoder in decoders.items():
+        xs, ys = rolling_medians_ms(decoder.step_s, args.window)
+        line, = ax_time.plot(xs, ys, linewidth=1, label=f"{name} (rolling median of {args.window})")
+        ax_time.plot(args.positions, [window_median_s(decoder.step_s, p, args.window) * 1e3 for p in args.positions],
+                     marker="o", linestyle="none", color=line.get_color())
+        steps = range(1, len(bytes_after[name]) + 1)
+        mem_line, = ax_mem.plot(steps, [b.total / MIB for b in bytes_after[name]], label=f"{name}, total")
+        ax_mem.plot(steps, [b.self_attention / MIB for b in bytes_after[name]], linestyle="--",
+                    color=mem_line.get_color(), label=f"{name}, self-attention")
+    for ax, ticks in ((ax_time, args.positions), (ax_mem, [1, *args.positions])):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(ticks, [str(p) for p in ticks])
+        ax.minorticks_off()
+        ax.set_xlabel("decoder position")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
+    ax_time.set_ylabel("ms / token")
+    ax_time.set_ylim(bottom=0)
+    ax_mem.set_ylabel("cache MiB")
+    ax_mem.set_yscale("log")
+    size = MODEL_SIZE
+    fig.suptitle(f"greedy decoding, source {args.source_length}, d_model {size.d_model}, {size.layers}+{size.layers} "
+                 f"layers, fp32, {torch.get_num_threads()} thread(s)")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def count_parameters(model: PreTrainedModel) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def print_header(info: dict, models: dict[str, PreTrainedModel], args: argparse.Namespace) -> None:
+    size = MODEL_SIZE
+    print("# Greedy generation benchmark: Scaleformer against BART")
+    print()
+    print(f"- command: `{info['command']}`")
+    print(f"- date: {info['date']}")
+    print(f"- torch {info['torch']}, python {info['python']}, {info['threads']} torch thread(s)")
+    print(f"- CPU: {info['cpu_model']} ({info['cpu_count']} logical CPUs), load average "
+          + " / ".join(f"{x:.2f}" for x in info["load_average_at_start"]) + " (1 / 5 / 15 min)")
+    quick = " (the same with --quick)" if args.quick else ""
+    print(f"- both models: d_model {size.d_model}, {size.layers}+{size.layers} layers, {size.heads} heads, FFN "
+          f"{size.ffn_dim}, vocabulary {size.vocab_size}{quick}; random init (seed {args.seed}), eval, fp32, "
+          f"batch {BATCH}")
+    sf, bart = models["scaleformer"].config, models["bart"].config
+    print(f"- scaleformer: {count_parameters(models['scaleformer']) / 1e6:.1f} M parameters, attention_type "
+          f"{sf.attention_type}, rpe_horizon {sf.rpe_horizon}, attention_mode {sf.attention_mode}")
+    print(f"- bart: {count_parameters(models['bart']) / 1e6:.1f} M parameters, attention implementation "
+          f"{bart._attn_implementation}, max_position_embeddings {bart.max_position_embeddings} "
+          f"(max(source, new tokens); BART's default is 1024)")
+    print(f"- source {args.source_length} random tokens; {args.new_tokens} new tokens per model, end-of-sequence "
+          f"suppressed; positions {', '.join(map(str, args.positions))}; window {args.window} steps; the two "
+          "models step in lockstep, alternating which goes first")
+    print()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    info = machine_info(torch.get_num_threads())
+    models = build_models(args)
+    input_ids, attention_mask = make_source(args)
+    print_header(info, models, args)
+
+    checks = verify(models, input_ids, attention_mask)
+    print_verification(checks, args.source_length)
+    if not all(c["passed"] for c in checks):
+        print("Summary: verification FAIL, nothing timed")
+        return 1
+
+    decoders, bytes_after = run_decoding(models, input_ids, attention_mask, args)
+    rows = summarize(decoders, bytes_after, args)
+    print_tables(rows, decoders, args)
+    targets = evaluate_targets(rows, bytes_after, args)
+    print_targets(targets)
+
+    info["load_average_at_end"] = os.getloadavg()
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({
+            "machine": info,
+            "settings": {"model_size": MODEL_SIZE._asdict(), "quick": args.quick, "dtype": str(DTYPE), "batch": BATCH,
+                         "source_length": args.source_length, "new_tokens": args.new_tokens,
+                         "positions": args.positions, "window": args.window, "seed": args.seed,
+                         "bart_max_position_embeddings": bart_max_positions(args)},
+            "verification": checks,
+            "rows": rows,
+            "encode_s": {name: d.encode_s for name, d in decoders.items()},
+            "step_s": {name: d.step_s for name, d in decoders.items()},
+            "cache_bytes": {name: [b._asdict() for b in bytes_after[name]] for name in bytes_after},
+            "targets": [t._asdict() for t in targets],
+        }, indent=1) + "\n")
+        print(f"- raw figures written to {args.json}")
+    if args.plot is not None:
+        write_plot(args.plot, decoders, bytes_after, args)
+        print(f"- plot written to {args.plot}")
+
+    counts = {s: sum(t.status == s for t in targets) for s in ("PASS", "FAIL")}
+    print(f"Summary: verification PASS; targets {counts['PASS']} PASS, {counts['FAIL']} FAIL; 1-min load average "
+          f"{info['load_average_at_start'][0]:.2f} at start, {info['load_average_at_end'][0]:.2f} at end")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,550 @@
+"""One training step of Scaleformer against BART of the same size: time and peak memory against source length.
+
+What is measured, for batch 1, fp32, train mode (dropout on), random weights (`torch.manual_seed`):
+
+* `scaleformer`: `ScaleformerForConditionalGeneration`, default attention (`kernelized_rpe`, horizon 16,
+  `attention_mode="auto"`);
+* `bart`: `transformers.BartForConditionalGeneration` with its default attention implementation;
+
+both d_model 512, 6 + 6 layers, 8 heads, FFN 2048, vocabulary 32000. One step is `zero_grad`, forward
+with `labels` (cross-entropy), backward and `torch.optim.AdamW.step()`, on a random source of L tokens
+and a random target of 128 tokens, without attention masks (nothing is padded). BART has learned
+absolute positions, so its `max_position_embeddings` is set to the largest source length it runs at
+(the header says which value was used); its position tables then hold more parameters than the
+default 1024 would.
+
+How: for each length, both models take one warm-up step, then `--repeats` rounds of one step each,
+alternating which model goes first; the median wall time is reported, with user and system CPU time
+and minor page faults. Peak memory is measured in a fresh subprocess per (model, length), run before
+the timed steps of that length: the subprocess builds the model and its optimizer, takes one step at
+source length 128 (so that AdamW's state exists and every code path is loaded), builds the inputs,
+reads its resident memory from /proc/self/statm as the baseline, takes one step at length L and
+reports the high-water mark `ru_maxrss` minus that baseline as the peak extra. A model that raises
+MemoryError or RuntimeError, or whose subprocess dies, is reported as skipped, with the reason, at
+that length and above; `--max-bart-length` skips BART above a length on purpose. The report ends with
+log2-log2 slopes of time against length (least squares over 2048-16384) and the project's targets
+(PASS or FAIL with the figure); the exit status is 0 whether or not a target is met.
+
+Run from the repository root with the package installed (`pip install -e ".[bench]"`):
+
+    python benchmarks/bench_train.py                          # L = 512 ... 16384, ~20 min idle, mostly BART at 16384
+    python benchmarks/bench_train.py --quick                  # smoke test: small models, L = 256 ... 1024, ~1 min
+    python benchmarks/bench_train.py --max-bart-length 8192 --json train.json --plot train.png
+
+The machines this was written for are shared 2-core CPUs: absolute times move by 20% or more between
+runs, so compare the two models within one run, and keep `--threads` fixed when comparing runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+from transformers import PreTrainedModel
+
+from bench_attention import (
+    MEMORY_LAUNCHER,
+    MIB,
+    current_rss_bytes,
+    least_squares_slope,
+    machine_info,
+    peak_rss_bytes,
+)
+from bench_generate import MODEL_SIZE, MODELS, ModelSize, build_model, model_configs
+
+
+BATCH = 1
+TARGET_LENGTH = 128
+DEFAULT_LENGTHS = (512, 2048, 8192, 16384)
+QUICK_LENGTHS = (256, 512, 1024)
+QUICK_SIZE = ModelSize(vocab_size=8000, d_model=256, layers=3, heads=4, ffn_dim=1024)
+LEARNING_RATE = 1e-4
+FIRST_TOKEN_ID = 4  # ids below are special tokens of one model or the other
+
+MEMORY_WARMUP_LENGTH = 128
+
+SLOPE_RANGE = (2048, 16384)
+SLOPE_MAX = 1.15
+MEMORY_LIMIT_BYTES = 24 * 2**30
+
+GIB = 2**30
+
+
+class Sample(NamedTuple):
+    wall_s: float
+    user_s: float
+    sys_s: float
+    minor_faults: int
+
+
+class Target(NamedTuple):
+    name: str
+    status: str  # "PASS", "FAIL" or "N/A"
+    figure: str
+
+
+class Skip(NamedTuple):
+    short: str  # for the table
+    detail: str  # for the notes
+
+
+class Trainer(NamedTuple):
+    model: PreTrainedModel
+    optimizer: torch.optim.Optimizer
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description="Benchmark one training step (forward, backward, AdamW) of Scaleformer against BART of the "
+        "same size: time and peak memory against source length, growth slopes and the project's targets.",
+    )
+    parser.add_argument("--lengths", type=int, nargs="+", metavar="L",
+                        help=f"source lengths (default: {', '.join(map(str, DEFAULT_LENGTHS))})")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"smoke test: lengths {', '.join(map(str, QUICK_LENGTHS))}, memory at the largest "
+                        f"only, and smaller models (d_model "
+                        f"{QUICK_SIZE.d_model}, {QUICK_SIZE.layers}+{QUICK_SIZE.layers} layers, {QUICK_SIZE.heads} "
+                        f"heads, FFN {QUICK_SIZE.ffn_dim}, vocabulary {QUICK_SIZE.vocab_size})")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="timed steps per model and length after one warm-up; the median is reported (default: 3)")
+    parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads (default: 2)")
+    parser.add_argument("--max-bart-length", type=int, metavar="L",
+                        help="skip BART above source length L (default: run it at every length)")
+    parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the weights and the inputs (default: 0)")
+    parser.add_argument("--json", type=Path, metavar="PATH", help="write every raw figure to PATH")
+    parser.add_argument("--plot", type=Path, metavar="PATH",
+                        help="write a log-log PNG of step time and peak extra memory against length to PATH")
+    parser.add_argument("--measure-memory", nargs=2, metavar=("MODEL", "LENGTH"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+
+    if args.lengths is None:
+        args.lengths = list(QUICK_LENGTHS if args.quick else DEFAULT_LENGTHS)
+    args.lengths = sorted(set(args.lengths))
+    args.size = QUICK_SIZE if args.quick else MODEL_SIZE
+    if args.lengths[0] < 1:
+        parser.error(f"--lengths must be positive, got {args.lengths[0]}")
+    if args.repeats < 1:
+        parser.error(f"--repeats must be at least 1, got {args.repeats}")
+    if args.threads < 1:
+        parser.error(f"--threads must be at least 1, got {args.threads}")
+    if args.measure_memory is not None:
+        model, length = args.measure_memory
+        if model not in MODELS or not length.isdigit():
+            parser.error(f"--measure-memory takes MODEL in {MODELS} and a length, got {args.measure_memory}")
+    return args
+
+
+def planned_skip(model: str, length: int, args: argparse.Namespace) -> Skip | None:
+    if model == "bart" and args.max_bart_length is not None and length > args.max_bart_length:
+        reason = f"skipped (--max-bart-length {args.max_bart_length})"
+        return Skip(reason, reason)
+    return None
+
+
+def bart_max_positions(args: argparse.Namespace) -> int:
+    """The largest source length BART runs at (and at least the target length)."""
+    return max([TARGET_LENGTH] + [n for n in args.lengths if planned_skip("bart", n, args) is None])
+
+
+def build_trainer(name: str, args: argparse.Namespace) -> Trainer:
+    config = model_configs(args.size, bart_max_positions(args))[name]
+    model = build_model(name, config, args.seed).train()
+    return Trainer(model, torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE))
+
+
+def make_batch(length: int, vocab_size: int, seed: int) -> tuple[Tensor, Tensor]:
+    """Random source ids (B, length) and labels (B, TARGET_LENGTH), no special token of either model."""
+    g = torch.Generator().manual_seed(seed * 1_000_003 + length)
+    input_ids = torch.randint(FIRST_TOKEN_ID, vocab_size, (BATCH, length), generator=g)
+    labels = torch.randint(FIRST_TOKEN_ID, vocab_size, (BATCH, TARGET_LENGTH), generator=g)
+    return input_ids, labels
+
+
+def train_step(trainer: Trainer, input_ids: Tensor, labels: Tensor) -> Sample:
+    """zero_grad, forward with labels, backward, AdamW step; timed."""
+    r0 = resource.getrusage(resource.RUSAGE_SELF)
+    t0 = time.perf_counter()
+    trainer.optimizer.zero_grad(set_to_none=True)
+    loss = trainer.model(input_ids=input_ids, labels=labels, use_cache=False).loss
+    loss.backward()
+    trainer.optimizer.step()
+    wall = time.perf_counter() - t0
+    r1 = resource.getrusage(resource.RUSAGE_SELF)
+    return Sample(wall, r1.ru_utime - r0.ru_utime, r1.ru_stime - r0.ru_stime, r1.ru_minflt - r0.ru_minflt)
+
+
+def describe_error(error: BaseException) -> str:
+    first_line = (str(error).strip().splitlines() or [""])[0][:160]
+    return f"{type(error).__name__}: {first_line}" if first_line else type(error).__name__
+
+
+def measure_memory_here(name: str, length: int, args: argparse.Namespace) -> dict:
+    """Peak extra resident memory of one step at `length`, in this (fresh) process."""
+    trainer = build_trainer(name, args)
+    train_step(trainer, *make_batch(MEMORY_WARMUP_LENGTH, args.size.vocab_size, args.seed))
+    input_ids, labels = make_batch(length, args.size.vocab_size, args.seed)
+    gc.collect()
+    baseline = current_rss_bytes()
+    # ru_maxrss only rises: a high-water mark above the baseline already is the resolution floor
+    floor = max(0, peak_rss_bytes() - baseline)
+    try:
+        sample = train_step(trainer, input_ids, labels)
+    except (MemoryError, RuntimeError) as error:
+        return {"error": describe_error(error)}
+    peak = peak_rss_bytes()
+    return {"baseline_bytes": baseline, "floor_bytes": floor, "peak_bytes": peak, "extra_bytes": peak - baseline,
+            "step_s": sample.wall_s}
+
+
+def measure_memory(name: str, length: int, args: argparse.Namespace) -> dict:
+    """Run `measure_memory_here` in a fresh process (forked by a small launcher, so ru_maxrss starts low)."""
+    command = [sys.executable, "-c", MEMORY_LAUNCHER, sys.executable, str(Path(__file__).resolve()),
+               "--measure-memory", name, str(length), "--lengths", *map(str, args.lengths),
+               "--threads", str(args.threads), "--seed", str(args.seed)]
+    if args.quick:
+        command.append("--quick")
+    if args.max_bart_length is not None:
+        command += ["--max-bart-length", str(args.max_bart_length)]
+    start = time.perf_counter()
+    proc = subprocess.run(command, capture_output=True, text=True)
+    elapsed = time.perf_counter() - start
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode < 0:
+        result = {"error": f"subprocess killed by signal {-proc.returncode}"
+                  + (" (out of memory?)" if proc.returncode == -9 else "")}
+    elif proc.returncode != 0 or not lines:
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        result = {"error": f"subprocess exit status {proc.returncode}: {last}"}
+    else:
+        result = json.loads(lines[-1])
+    print(f"[memory] {name} L={length}: {elapsed:.1f} s", file=sys.stderr, flush=True)
+    return {"model": name, "length": length, **result}
+
+
+def run_benchmark(args: argparse.Namespace) -> tuple[dict[tuple[str, int], list[Sample]], dict[tuple[str, int], dict],
+                                                      dict[tuple[str, int], Skip]]:
+    """Per length: memory subprocesses, then one warm-up and `--repeats` interleaved timed steps per model."""
+    trainers = {name: build_trainer(name, args) for name in MODELS}
+    samples: dict[tuple[str, int], list[Sample]] = {}
+    memory: dict[tuple[str, int], dict] = {}
+    skipped: dict[tuple[str, int], Skip] = {}
+    failed: dict[str, tuple[int, str]] = {}  # model -> (length, error) where it stopped; skipped above
+    for length in args.lengths:
+        running = []
+        for name in MODELS:
+            skip = planned_skip(name, length, args)
+            if skip is None and name in failed:
+                at, error = failed[name]
+                skip = Skip(f"skipped (failed at L={at})", f"skipped, as it failed at L={at} ({error})")
+            if skip is not None:
+                skipped[(name, length)] = skip
+                continue
+            if not args.no_memory and (not args.quick or length == args.lengths[-1]):
+                record = measure_memory(name, length, args)
+                memory[(name, length)] = record
+                if "error" in record:
+                    failed[name] = (length, record["error"])
+                    skipped[(name, length)] = Skip("skipped (memory subprocess failed)",
+                                                   f"skipped: the memory subprocess failed ({record['error']})")
+                    continue
+            running.append(name)
+        input_ids, labels = make_batch(length, args.size.vocab_size, args.seed)
+        start = time.perf_counter()
+        for round_index in range(args.repeats + 1):  # round 0 is the warm-up
+            order = running if round_index % 2 == 0 else running[::-1]
+            for name in list(order):
+                if name not in running:
+                    continue
+                try:
+                    sample = train_step(trainers[name], input_ids, labels)
+                except (MemoryError, RuntimeError) as error:
+                    failed[name] = (length, describe_error(error))
+                    skipped[(name, length)] = Skip(f"skipped ({type(error).__name__})",
+                                                   f"skipped: the step raised {describe_error(error)}")
+                    samples.pop((name, length), None)
+                    running.remove(name)
+                    trainers[name].optimizer.zero_grad(set_to_none=True)
+                    gc.collect()
+                    continue
+                if round_index > 0:
+                    samples.setdefault((name, length), []).append(sample)
+        print(f"[time] L={length}: {len(running)} model(s) x (1 warm-up + {args.repeats}) steps in "
+              f"{time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
+    return samples, memory, skipped
+
+
+def median_of(samples: dict[tuple[str, int], list[Sample]], name: str, length: int,
+              field: str = "wall_s") -> float | None:
+    runs = samples.get((name, length))
+    return statistics.median(getattr(s, field) for s in runs) if runs else None
+
+
+def fmt_s(seconds: float | None, missing: str = "–") -> str:
+    return missing if seconds is None else f"{seconds:,.3f}"
+
+
+def memory_cell(memory: dict[tuple[str, int], dict], name: str, length: int) -> str:
+    record = memory.get((name, length))
+    if record is None or "error" in record:
+        return "–"
+    return f"{record['extra_bytes'] / MIB:,.0f}"
+
+
+def print_tables(samples: dict[tuple[str, int], list[Sample]], memory: dict[tuple[str, int], dict],
+                 skipped: dict[tuple[str, int], Skip], args: argparse.Namespace) -> None:
+    print(f"## One training step (forward + backward + AdamW), target {TARGET_LENGTH} tokens: median wall time of "
+          f"{args.repeats} step(s)")
+    print()
+    print("| source L | scaleformer s | bart s | bart / scaleformer | scaleformer peak extra MiB "
+          "| bart peak extra MiB |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    for length in args.lengths:
+        t = {name: median_of(samples, name, length) for name in MODELS}
+        cells = [str(length)] + [fmt_s(t[name], skipped[(name, length)].short if (name, length) in skipped else "–")
+                                 for name in MODELS]
+        cells.append("–" if None in t.values() else f"{t['bart'] / t['scaleformer']:.2f}x")
+        cells += [memory_cell(memory, name, length) for name in MODELS]
+        print("| " + " | ".join(cells) + " |")
+    print()
+    print("| source L | model | wall s | user CPU s | system CPU s | minor page faults |")
+    print("|---:|:---|---:|---:|---:|---:|")
+    for length in args.lengths:
+        for name in MODELS:
+            if (name, length) not in samples:
+                continue
+            faults = median_of(samples, name, length, "minor_faults")
+            print(f"| {length} | {name} | {fmt_s(median_of(samples, name, length))} | "
+                  f"{fmt_s(median_of(samples, name, length, 'user_s'))} | "
+                  f"{fmt_s(median_of(samples, name, length, 'sys_s'))} | {faults:,.0f} |")
+    print()
+    notes = ["Peak extra MiB: the high-water mark of resident memory during one step at L, over the baseline, in a "
+             "fresh process per (model, L). The baseline holds the weights, AdamW's state (after one step at L="
+             f"{MEMORY_WARMUP_LENGTH}) and the inputs; gradients are set to None before each step, so the extra "
+             "includes them."]
+    if args.no_memory:
+        notes.append("Memory was not measured (--no-memory).")
+    else:
+        if args.quick:
+            notes.append(f"With --quick, memory is measured at L={args.lengths[-1]} only.")
+        baselines = {name: [r["baseline_bytes"] for (m, _), r in memory.items() if m == name and "error" not in r]
+                     for name in MODELS}
+        spans = {name: sorted({round(x / MIB) for x in b}) for name, b in baselines.items() if b}
+        cells = [f"{name} {span[0]:,}" + (f"-{span[-1]:,}" if len(span) > 1 else "") + " MiB"
+                 for name, span in spans.items()]
+        if cells:
+            notes.append("Baseline resident memory: " + "; ".join(cells) + ".")
+    for (name, length), skip in skipped.items():
+        notes.append(f"{name} at L={length}: {skip.detail}.")
+    for note in notes:
+        print(f"- {note}")
+    print()
+
+
+def compute_slopes(samples: dict[tuple[str, int], list[Sample]], lengths: list[int]) -> list[dict]:
+    """Least-squares slope of log2(time) against log2(L) over SLOPE_RANGE (all measured lengths if < 2 there)."""
+    lo, hi = SLOPE_RANGE
+    rows = []
+    for name in MODELS:
+        for field in ("wall_s", "user_s"):
+            points = [(n, t) for n in lengths if (t := median_of(samples, name, n, field)) is not None and t > 0]
+            in_range = [(n, t) for n, t in points if lo <= n <= hi]
+            fit = in_range if len(in_range) >= 2 else points
+            pairwise = [{"from": a, "to": b, "slope": least_squares_slope([(a, ta), (b, tb)])}
+                        for (a, ta), (b, tb) in zip(points, points[1:])]
+            rows.append({
+                "model": name, "time": field,
+                "range": [fit[0][0], fit[-1][0]] if len(fit) >= 2 else None,
+                "slope": least_squares_slope(fit) if len(fit) >= 2 else None,
+                "pairwise": pairwise,
+            })
+    return rows
+
+
+def print_slopes(rows: list[dict], lengths: list[int]) -> None:
+    lo, hi = SLOPE_RANGE
+    pairs = list(zip(lengths, lengths[1:]))
+    print("## Growth: slope of log2(time) against log2(L) (1 = linear, 2 = quadratic)")
+    print()
+    print(f"| model | time | {lo}-{hi} (least squares) | " + " | ".join(f"{a}-{b}" for a, b in pairs) + " |")
+    print("|:---|:---|---:|" + "---:|" * len(pairs))
+    for r in rows:
+        if r["slope"] is None:
+            fit = "–"
+        else:
+            fit = f"{r['slope']:.2f}" + ("" if r["range"] == [lo, hi] else f" ({r['range'][0]}-{r['range'][1]})")
+        by_pair = {(p["from"], p["to"]): p["slope"] for p in r["pairwise"]}
+        cells = [f"{by_pair[p]:.2f}" if p in by_pair else "–" for p in pairs]
+        label = "wall" if r["time"] == "wall_s" else "user CPU"
+        print(f"| {r['model']} | {label} | {fit} | " + " | ".join(cells) + " |")
+    print()
+
+
+def evaluate_targets(samples: dict[tuple[str, int], list[Sample]], slopes: list[dict],
+                     memory: dict[tuple[str, int], dict], skipped: dict[tuple[str, int], Skip],
+                     args: argparse.Namespace) -> list[Target]:
+    lo, hi = SLOPE_RANGE
+    targets = []
+    row = next(r for r in slopes if r["model"] == "scaleformer" and r["time"] == "wall_s")
+    name = f"(a) scaleformer step time: slope {lo}-{hi} <= {SLOPE_MAX}"
+    if row["slope"] is None:
+        targets.append(Target(name, "N/A", "fewer than 2 lengths measured"))
+    else:
+        partial = "" if row["range"] == [lo, hi] else f" (fit over {row['range'][0]}-{row['range'][1]} only)"
+        status = "PASS" if row["slope"] <= SLOPE_MAX else "FAIL"
+        targets.append(Target(name, status, f"slope {row['slope']:.2f}{partial}"))
+    top = args.lengths[-1]
+    name = f"(b) scaleformer trains at L={top} (ran, peak resident memory < {MEMORY_LIMIT_BYTES / GIB:g} GiB)"
+    step = median_of(samples, "scaleformer", top)
+    record = memory.get(("scaleformer", top))
+    if step is None:
+        skip = skipped.get(("scaleformer", top))
+        targets.append(Target(name, "FAIL", "did not run" if skip is None else skip.detail))
+    elif record is None:
+        targets.append(Target(name, "N/A", f"ran ({step:,.2f} s per step); memory not measured"))
+    else:
+        peak = record["peak_bytes"]
+        targets.append(Target(name, "PASS" if peak < MEMORY_LIMIT_BYTES else "FAIL",
+                              f"ran ({step:,.2f} s per step), peak {peak / GIB:.2f} GiB "
+                              f"({record['extra_bytes'] / MIB:,.0f} MiB over the baseline)"))
+    return targets
+
+
+def print_targets(targets: list[Target]) -> None:
+    print("## Targets")
+    print()
+    for t in targets:
+        print(f"- {t.status} {t.name}: {t.figure}")
+    print()
+
+
+def write_plot(path: Path, samples: dict[tuple[str, int], list[Sample]], memory: dict[tuple[str, int], dict],
+               args: argparse.Namespace) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_time, ax_mem) = plt.subplots(1, 2, figsize=(11, 4.5))
+    for name in MODELS:
+        points = [(n, t) for n in args.lengths if (t := median_of(samples, name, n)) is not None]
+        if points:
+            ax_time.plot(*zip(*points), marker="o", label=name)
+        mem = [(n, r["extra_bytes"] / MIB) for n in args.lengths
+               if (r := memory.get((name, n))) is not None and "error" not in r]
+        if mem:
+            ax_mem.plot(*zip(*mem), marker="o", label=name)
+    sf = [(n, t) for n in args.lengths if (t := median_of(samples, "scaleformer", n)) is not None]
+    if sf:
+        n0, t0 = sf[0]
+        ax_time.plot(args.lengths, [t0 * n / n0 for n in args.lengths], linestyle="--", linewidth=1, color="black",
+                     label="slope 1 (from scaleformer)")
+    for ax in (ax_time, ax_mem):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(args.lengths, [str(n) for n in args.lengths])
+        ax.minorticks_off()
+        ax.set_yscale("log")
+        ax.set_xlabel("source length L")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
+    ax_time.set_ylabel("median step time (s)")
+    ax_mem.set_ylabel("peak extra resident memory (MiB)")
+    size = args.size
+    fig.suptitle(f"training step, target {TARGET_LENGTH}, d_model {size.d_model}, {size.layers}+{size.layers} layers, "
+                 f"fp32, {torch.get_num_threads()} threads")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def print_header(info: dict, args: argparse.Namespace) -> None:
+    size = args.size
+    configs = model_configs(size, bart_max_positions(args))
+    params, attention = {}, {}
+    for name, config in configs.items():
+        with torch.device("meta"):
+            model = build_model(name, config, args.seed)
+        params[name] = sum(p.numel() for p in model.parameters())
+        attention[name] = model.config._attn_implementation
+    print("# Training-step benchmark: Scaleformer against BART")
+    print()
+    print(f"- command: `{info['command']}`")
+    print(f"- date: {info['date']}")
+    print(f"- torch {info['torch']}, python {info['python']}, {info['threads']} torch threads")
+    print(f"- CPU: {info['cpu_model']} ({info['cpu_count']} logical CPUs), load average "
+          + " / ".join(f"{x:.2f}" for x in info["load_average_at_start"]) + " (1 / 5 / 15 min)")
+    quick = " (smaller models: --quick)" if args.quick else ""
+    print(f"- both models: d_model {size.d_model}, {size.layers}+{size.layers} layers, {size.heads} heads, FFN "
+          f"{size.ffn_dim}, vocabulary {size.vocab_size}{quick}; random init (seed {args.seed}), train mode (dropout "
+          f"0.1), fp32, batch {BATCH}, AdamW lr {LEARNING_RATE:g}")
+    sf, bart = configs["scaleformer"], configs["bart"]
+    print(f"- scaleformer: {params['scaleformer'] / 1e6:.1f} M parameters, attention_type {sf.attention_type}, "
+          f"rpe_horizon {sf.rpe_horizon}, attention_mode {sf.attention_mode}")
+    print(f"- bart: {params['bart'] / 1e6:.1f} M parameters, attention implementation "
+          f"{attention['bart']}, max_position_embeddings {bart.max_position_embeddings} "
+          "(the largest source length it runs at; BART's default is 1024)")
+    print(f"- source lengths {', '.join(map(str, args.lengths))}, target {TARGET_LENGTH}; 1 warm-up + {args.repeats} "
+          "timed step(s) per model and length, the models alternating; median")
+    print()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    if args.measure_memory is not None:
+        name, length = args.measure_memory
+        print(json.dumps(measure_memory_here(name, int(length), args)))
+        return 0
+
+    info = machine_info(torch.get_num_threads())
+    print_header(info, args)
+    samples, memory, skipped = run_benchmark(args)
+    print_tables(samples, memory, skipped, args)
+    slopes = compute_slopes(samples, args.lengths)
+    print_slopes(slopes, args.lengths)
+    targets = evaluate_targets(samples, slopes, memory, skipped, args)
+    print_targets(targets)
+
+    info["load_average_at_end"] = os.getloadavg()
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({
+            "machine": info,
+            "settings": {"model_size": args.size._asdict(), "quick": args.quick, "batch": BATCH,
+                         "target_length": TARGET_LENGTH, "lengths": args.lengths, "repeats": args.repeats,
+                         "seed": args.seed, "learning_rate": LEARNING_RATE, "max_bart_length": args.max_bart_length,
+                         "bart_max_position_embeddings": bart_max_positions(args)},
+            "timings": [{"model": name, "length": length, "median_s": median_of(samples, name, length),
+                         **{field: [getattr(s, field) for s in runs] for field in Sample._fields}}
+                        for (name, length), runs in samples.items()],
+            "skipped": [{"model": name, "length": length, "reason": skip.detail}
+                        for (name, length), skip in skipped.items()],
+            "memory": list(memory.values()),
+            "slopes": slopes,
+            "targets": [t._asdict() for t in targets],
+        }, indent=1) + "\n")
+        print(f"- raw figures written to {args.json}")
+    if args.plot is not None:
+        write_plot(args.plot, samples, memory, args)
+        print(f"- plot written to {args.plot}")
+
+    counts = {s: sum(t.status == s for t in targets) for s in ("PASS", "FAIL", "N/A")}
+    print(f"Summary: targets {counts['PASS']} PASS, {counts['FAIL']} FAIL, {counts['N/A']} N/A; 1-min load average "
+          f"{info['load_average_at_start'][0]:.2f} at start, {info['load_average_at_end'][0]:.2f} at end")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
