@@ -1,0 +1,269 @@
+"""Tests of ``model_cards/write_model_card.py`` and of pushing a card with the model, offline.
+
+The Hub is replaced by a local folder (HF_NOTES §5): ``transformers.utils.hub.hf_api`` returns a fake whose
+``create_commit`` copies each file to ``<hub>/<repo_id>/<path_in_repo>``, and ``ModelCard.load`` reads a card
+from there, raising ``EntryNotFoundError`` while the repository has none, as the Hub does.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from types import ModuleType, SimpleNamespace
+from unittest import mock
+
+import pytest
+import torch
+import transformers.utils.hub
+from huggingface_hub import ModelCard
+from huggingface_hub.errors import EntryNotFoundError
+from transformers import AutoTokenizer
+
+from modeling_scaleformer import ScaleformerConfig, ScaleformerForConditionalGeneration
+
+ROOT = Path(__file__).resolve().parents[1]
+TOKENIZER_DIR = ROOT / "examples" / "tokenizer"
+REPO_ID = "tester/scaleformer-tiny-card"
+METRICS = {"eval_bleu": 1.2345, "eval_chrf": 17.891, "eval_loss": 7.5, "eval_samples": 16}
+SOURCES = ["In the beginning God created the heaven and the earth.", "And God said, Let there be light."]
+
+
+def _load(path: Path, name: str) -> ModuleType:
+    """Import a file of a folder that is not a package."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+card_module = _load(ROOT / "model_cards" / "write_model_card.py", "write_model_card")
+
+
+class FakeHub:
+    """The ``HfApi`` calls of ``PushToHubMixin.push_to_hub``, writing into ``root/<repo_id>/``."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.commits: list[list[str]] = []
+
+    def create_repo(self, repo_id: str, **kwargs) -> SimpleNamespace:
+        (self.root / repo_id).mkdir(parents=True, exist_ok=True)
+        return SimpleNamespace(repo_id=repo_id)
+
+    def create_branch(self, **kwargs) -> None:
+        return None
+
+    def create_commit(self, *, repo_id: str, operations: list, **kwargs) -> SimpleNamespace:
+        for op in operations:
+            target = self.root / repo_id / op.path_in_repo
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(op.path_or_fileobj, target)
+        self.commits.append(sorted(op.path_in_repo for op in operations))
+        return SimpleNamespace(commit_url=f"file://{self.root / repo_id}")
+
+
+def tiny_model() -> tuple[ScaleformerForConditionalGeneration, object]:
+    tokenizer = AutoTokenizer.from_pretrained(TOKENIZER_DIR)
+    config = ScaleformerConfig(
+        vocab_size=len(tokenizer), d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, rpe_horizon=4,
+    )
+    torch.manual_seed(0)
+    return ScaleformerForConditionalGeneration(config).eval(), tokenizer
+
+
+def write_card(folder: Path, **kwargs) -> Path:
+    return card_module.write_model_card(
+        folder,
+        training_command="python examples/run_seq2seq.py --config_name tiny.json --max_steps 4",
+        metrics=METRICS,
+        dataset_description="64 English -> Spanish Bible verses from examples/data/bible.",
+        **kwargs,
+    )
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, ScaleformerForConditionalGeneration, object]:
+    model, tokenizer = tiny_model()
+    folder = tmp_path_factory.mktemp("saved") / "tiny"
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder, model, tokenizer
+
+
+def test_card_sections_and_parameter_count(saved):
+    folder, model, _ = saved
+    path = write_card(
+        folder, baselines={"copy the source": {"eval_bleu": 0.5, "eval_chrf": 16.0}},
+        limitations=["Only 64 verses were seen."], pipeline_tag="translation", language=["en", "es"],
+        hardware="CPU, 2 cores",
+    )
+    text = path.read_text(encoding="utf-8")
+    assert path == folder / "README.md"
+
+    n_parameters = sum(p.numel() for p in model.parameters())  # shared embeddings counted once
+    assert card_module.count_parameters(folder) == n_parameters == model.num_parameters()
+    assert f"| parameters | {n_parameters:,} |" in text
+
+    for heading in ("# Model Card for tiny", "## Model Details", "## Uses", "## Bias, Risks, and Limitations",
+                    "## How to Get Started with the Model", "### Training Data", "#### Training Command",
+                    "#### Training Hyperparameters", "#### Speeds, Sizes, Times", "## Evaluation", "### Results",
+                    "### Model Architecture and Objective", "#### Hardware", "#### Software"):
+        assert f"\n{heading}\n" in f"\n{text}", heading
+    assert "more information needed" not in text.lower()
+    assert "python examples/run_seq2seq.py --config_name tiny.json --max_steps 4" in text
+    assert "| eval_bleu | 1.234 | 0.5000 |" in text and "| eval_chrf | 17.89 | 16.00 |" in text
+    assert "| eval_samples | 16 | - |" in text
+    assert "| rpe_horizon | 4 |" in text and "| attention_type | kernelized_rpe |" in text
+    assert "clipped at a horizon of 4 tokens" in text and "not softmax attention" in text
+    assert "- Only 64 verses were seen." in text
+    assert 'AutoTokenizer.from_pretrained("tiny", trust_remote_code=True)' in text
+    assert 'AutoModelForSeq2SeqLM.from_pretrained("tiny", trust_remote_code=True)' in text
+
+    data = ModelCard.load(path).data
+    assert (data.license, data.library_name, data.pipeline_tag) == ("apache-2.0", "transformers", "translation")
+    assert {"scaleformer", "kernelized-attention", "custom_code"} <= set(data.tags)
+    assert data.language == ["en", "es"]
+
+
+def test_card_leaves_out_sections_without_data(saved, tmp_path):
+    folder, _, _ = saved
+    copy = tmp_path / "copy"
+    shutil.copytree(folder, copy)
+    text = write_card(copy).read_text(encoding="utf-8")
+    for heading in ("#### Preprocessing", "#### Hardware", "## Citation", "#### Summary", "- **Language(s)",
+                    "- **Finetuned from"):
+        assert heading not in text
+    assert "more information needed" not in text.lower()
+    assert "| metric | this model |\n|---|---:|\n" in text
+
+
+def test_base_model_is_metadata_only_for_hub_ids(saved, tmp_path):
+    folder, _, _ = saved
+    copy = tmp_path / "copy"
+    shutil.copytree(folder, copy)
+    local = ModelCard.load(write_card(copy, base_model=str(folder)))
+    assert local.data.base_model is None and f"- **Finetuned from model:** {folder}" in local.text
+    hub = ModelCard.load(write_card(copy, base_model="someone/scaleformer-base"))
+    assert hub.data.base_model == "someone/scaleformer-base"
+    assert "- **Finetuned from model:** someone/scaleformer-base" in hub.text
+
+
+def test_card_arguments_are_checked(saved, tmp_path):
+    folder, _, _ = saved
+    with pytest.raises(ValueError, match="config.json"):
+        write_card(tmp_path)
+    with pytest.raises(ValueError, match="`metrics`"):
+        card_module.write_model_card(folder, training_command="x", metrics={}, dataset_description="d")
+    with pytest.raises(ValueError, match="`metrics`"):
+        card_module.write_model_card(folder, training_command="x", metrics={"bleu": "high"}, dataset_description="d")
+    with pytest.raises(ValueError, match="`pipeline_tag`"):
+        write_card(folder, pipeline_tag="translate")
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(ValueError, match="model.safetensors"):
+        write_card(tmp_path)
+
+
+def test_format_metric_value():
+    fmt = card_module.format_metric_value
+    assert [fmt(35.4321), fmt(0.00123), fmt(12345.6), fmt(0.0), fmt(7), fmt(100.0)] == [
+        "35.43", "0.001230", "12346", "0", "7", "100.0"
+    ]
+    with pytest.raises(ValueError, match="`value`"):
+        fmt("1.0")
+
+
+def test_command_line(saved, tmp_path):
+    folder, _, _ = saved
+    copy = tmp_path / "cli"
+    shutil.copytree(folder, copy)
+    metrics_file = tmp_path / "all_results.json"
+    metrics_file.write_text(json.dumps({"eval_chrf": 12.5, "eval_runtime": 3.2, "epoch": 1.0}))
+    path = card_module.main([str(copy), "--training_command", "python train.py", "--metrics_file",
+                             str(metrics_file), "--dataset_description", "verses", "--model_id", "me/tiny"])
+    text = path.read_text(encoding="utf-8")
+    assert "| eval_chrf | 12.50 |" in text and "eval_runtime" not in text
+    assert "# Model Card for me/tiny" in text
+
+
+CHILD = textwrap.dedent(
+    """
+    import sys
+    sys.modules["modeling_scaleformer"] = None  # the package must not be importable here
+    import json
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    folder, sources = sys.argv[1], json.loads(sys.argv[2])
+    model = AutoModelForSeq2SeqLM.from_pretrained(folder, trust_remote_code=True).eval()
+    tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
+    inputs = tokenizer(sources, return_tensors="pt", padding=True)
+    tokens = model.generate(**inputs, max_new_tokens=12, do_sample=False)
+    logits = model(**inputs, decoder_input_ids=tokens[:, :4]).logits[:, :, :8]
+    print(json.dumps({"module": type(model).__module__, "tokens": tokens.tolist(), "logits": logits.tolist()}))
+    """
+)
+
+
+def test_push_to_hub_round_trip_with_card(tmp_path):
+    model, tokenizer = tiny_model()
+    folder = tmp_path / "trained"
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    write_card(folder, pipeline_tag="translation")
+
+    hub = FakeHub(tmp_path / "hub")
+    pushed = tmp_path / "hub" / REPO_ID
+    original_load = ModelCard.load
+
+    def load_card(repo_id_or_path, *args, **kwargs):
+        card = pushed / "README.md"
+        if Path(repo_id_or_path).is_file():
+            return original_load(repo_id_or_path, *args, **kwargs)
+        if repo_id_or_path == REPO_ID and card.is_file():
+            return original_load(card)
+        raise EntryNotFoundError(f"{repo_id_or_path} has no README.md")
+
+    # transformers.utils.hub imports ModelCard from huggingface_hub: the class attribute is what it calls
+    assert transformers.utils.hub.ModelCard is ModelCard
+    with mock.patch.object(transformers.utils.hub, "hf_api", lambda: hub), \
+            mock.patch.object(transformers.utils.hub.ModelCard, "load", load_card):
+        model.push_to_hub(REPO_ID)
+        tokenizer.push_to_hub(REPO_ID)
+        generic = (pushed / "README.md").read_text(encoding="utf-8")
+        card_module.push_model_card(folder, REPO_ID)
+        # a later push of the model starts from the card now in the repository and keeps it
+        model.push_to_hub(REPO_ID)
+
+    assert "this model card has been automatically generated" in generic.lower()
+    card = (pushed / "README.md").read_text(encoding="utf-8")
+    assert "more information needed" not in card.lower()
+    assert "| eval_bleu | 1.234 |" in card and "| eval_chrf | 17.89 |" in card
+    assert "trust_remote_code=True" in card
+    assert hub.commits[2] == ["README.md"]
+    for name in ("config.json", "model.safetensors", "generation_config.json", "tokenizer.json",
+                 "configuration_scaleformer.py", "modeling_scaleformer.py"):
+        assert (pushed / name).is_file(), name
+
+    inputs = tokenizer(SOURCES, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        expected = model.generate(**inputs, max_new_tokens=12, do_sample=False)
+        logits = model(**inputs, decoder_input_ids=expected[:, :4]).logits[:, :, :8]
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("PYTHON", "HF_"))}
+    env.update(HF_HOME=str(tmp_path / "hf_home"), HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error")
+    child = subprocess.run(
+        [sys.executable, "-I", "-c", CHILD, str(pushed), json.dumps(SOURCES)],
+        cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300,
+    )
+    assert child.returncode == 0, child.stderr[-3000:]
+    assert "Do you wish to run the custom code" not in child.stdout
+    result = json.loads(child.stdout)
+    assert result["module"].startswith("transformers_modules.")
+    assert result["tokens"] == expected.tolist()
+    torch.testing.assert_close(torch.tensor(result["logits"]), logits, rtol=1e-5, atol=1e-5)
