@@ -547,7 +547,10 @@ def run_auto_check(args: argparse.Namespace) -> dict:
     rows, samples_out = [], []
     for length in lengths:
         repeats = max(args.repeats, AUTO_SHORT_REPEATS) if length <= AUTO_SHORT_LENGTH else args.repeats
-        picked = {causal: choose_mode(length, length, DIM, DIM, HORIZON, causal=causal) for causal in CAUSAL_ORDER}
+        picked = {
+            causal: choose_mode(length, length, DIM, DIM, HORIZON, causal=causal, batch_heads=BATCH * HEADS)
+            for causal in CAUSAL_ORDER
+        }
         naive_ok = skip_reason("naive", length, args) is None
         configs = []
         for causal in CAUSAL_ORDER:

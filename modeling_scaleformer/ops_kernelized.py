@@ -324,23 +324,26 @@ def chunk_kernelized_rpe_attention(
     return out.view(b, h, lq, dv)
 
 
-def choose_mode(lq: int, lk: int, dim: int, value_dim: int, horizon: int, *, causal: bool) -> str:
+def choose_mode(
+    lq: int, lk: int, dim: int, value_dim: int, horizon: int, *, causal: bool, batch_heads: int = 1
+) -> str:
     """The cheaper algorithm for one call, "naive" or "linear", from a cost model in multiply-adds.
 
-    The quadratic path forms Lq x Lk scores; the linear path costs a dense local block of w chunks
-    per query (w = 2 causal, 3 bidirectional) plus chunk states, and a fixed overhead of its
-    bookkeeping. The constants were fitted on a 2-core CPU (see benchmarks/bench_attention.py).
+    The quadratic path costs about (D + Dv + 8) per score and batch*head; the linear path a dense
+    local block of w chunks per query (w = 2 causal, 3 bidirectional), chunk states of (D+1)(Dv+1)
+    per token, and a fixed bookkeeping cost per call. Fitted on a 2-core CPU with D = Dv = 64 (the
+    crossover is near L = 300 for 8 heads and L = 250 for 64 batch*heads); checked by
+    `benchmarks/bench_attention.py --auto-check`.
     """
     c = max(DEFAULT_CHUNK_SIZE, horizon, 1)
     w = 2 if causal else 3
-    elementwise = 6  # gathers, masks and the normalisation per score
-    naive = lq * lk * (dim + value_dim + 2 + elementwise)
-    linear = lq * (w * c * (dim + value_dim + 2 + elementwise) + (4 - causal * 2) * (dim + 1) * (value_dim + 1))
-    linear += lk * 2 * (dim + 1) * (value_dim + 1) + LINEAR_OVERHEAD
+    per_score = dim + value_dim + 8
+    naive = batch_heads * lq * lk * per_score
+    linear = batch_heads * (lq * w * c * per_score + 2 * (lq + lk) * (dim + 1) * (value_dim + 1)) + LINEAR_OVERHEAD
     return "linear" if linear < naive else "naive"
 
 
-LINEAR_OVERHEAD = 2_000_000
+LINEAR_OVERHEAD = 15_000_000
 
 
 def kernelized_rpe_attention(
@@ -379,7 +382,10 @@ def kernelized_rpe_attention(
     """
     check_attention_inputs(q, k, v, rel, key_mask, query_offset, mode)
     if mode == "auto":
-        mode = choose_mode(q.shape[2], k.shape[2], q.shape[-1], v.shape[-1], horizon_of(rel), causal=causal)
+        mode = choose_mode(
+            q.shape[2], k.shape[2], q.shape[-1], v.shape[-1], horizon_of(rel), causal=causal,
+            batch_heads=q.shape[0] * q.shape[1],
+        )
     if mode == "naive":
         return naive_kernelized_rpe_attention(q, k, v, rel, causal=causal, key_mask=key_mask, query_offset=query_offset)
     return chunk_kernelized_rpe_attention(q, k, v, rel, causal=causal, key_mask=key_mask, query_offset=query_offset)

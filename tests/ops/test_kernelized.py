@@ -165,15 +165,20 @@ def test_chunk_gradcheck():
 def test_auto_mode_follows_choose_mode(monkeypatch):
     q, k, v, rel, _ = make_inputs(lq=12, lk=12)
     calls = []
-    monkeypatch.setattr(ops_kernelized, "choose_mode", lambda *a, **kw: calls.append(a) or "linear")
+    monkeypatch.setattr(ops_kernelized, "choose_mode", lambda *a, **kw: calls.append((a, kw)) or "linear")
     monkeypatch.setattr(
         ops_kernelized, "chunk_kernelized_rpe_attention", lambda *a, **kw: torch.full((2, 3, 12, 4), 7.0)
     )
     out = kernelized_rpe_attention(q, k, v, rel, causal=True, mode="auto")
-    assert calls == [(12, 12, 5, 4, 3)] and bool((out == 7.0).all())
+    assert calls == [((12, 12, 5, 4, 3), dict(causal=True, batch_heads=6))] and bool((out == 7.0).all())
 
 
 def test_choose_mode():
+    # crossovers measured on a 2-core CPU, D = 64: about L = 300 with 8 heads, 250 with 64 batch*heads
+    assert choose_mode(256, 256, 64, 64, 16, causal=True, batch_heads=8) == "naive"
+    assert choose_mode(384, 384, 64, 64, 16, causal=True, batch_heads=8) == "linear"
+    assert choose_mode(256, 256, 64, 64, 16, causal=False, batch_heads=64) == "naive"
+    assert choose_mode(384, 384, 64, 64, 16, causal=False, batch_heads=64) == "linear"
     assert choose_mode(64, 64, 64, 64, 16, causal=True) == "naive"
     assert choose_mode(64, 64, 64, 64, 16, causal=False) == "naive"
     assert choose_mode(8192, 8192, 64, 64, 16, causal=True) == "linear"
