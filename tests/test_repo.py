@@ -25,3 +25,17 @@ def test_readme_main_command_installs_pinned_torch_and_runs_main_job():
     assert command.startswith("pip install torch==2.13.0 ")
     script = command.split("python ")[-1].split()[0]
     assert (ROOT / script).is_file()
+
+
+def test_model_configs_load_and_build():
+    import torch
+
+    from modeling_scaleformer import ScaleformerConfig, ScaleformerForConditionalGeneration
+
+    sizes = {}
+    for name in ("tiny", "small", "base"):
+        config = ScaleformerConfig.from_pretrained(ROOT / "configs" / f"scaleformer-{name}.json", vocab_size=8000)
+        with torch.device("meta"):
+            model = ScaleformerForConditionalGeneration(config)
+        sizes[name] = sum(p.numel() for p in model.parameters())
+    assert 7e6 < sizes["tiny"] < 8e6 and sizes["tiny"] < sizes["small"] < sizes["base"]
