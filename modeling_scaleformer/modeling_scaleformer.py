@@ -135,14 +135,14 @@ class ScaleformerPreTrainedModel(PreTrainedModel):
             init.normal_(module.rel, mean=0.0, std=self.config.init_std)
 
 
-class ScaleformerEncoder(ScaleformerPreTrainedModel):
-    """Token embeddings (no absolute positions) and a stack of bidirectional layers."""
+class ScaleformerStack(ScaleformerPreTrainedModel):
+    """Token embeddings (no absolute positions), a stack of layers and a final layer norm."""
 
-    def __init__(self, config: ScaleformerConfig):
+    def __init__(self, config: ScaleformerConfig, layer_class: type[nn.Module], num_layers: int):
         super().__init__(config)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id)
         self.dropout = nn.Dropout(config.dropout)
-        self.layers = nn.ModuleList([ScaleformerEncoderLayer(config, i) for i in range(config.encoder_layers)])
+        self.layers = nn.ModuleList([layer_class(config, i) for i in range(num_layers)])
         self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
         self.gradient_checkpointing = False
         self.post_init()
@@ -152,6 +152,32 @@ class ScaleformerEncoder(ScaleformerPreTrainedModel):
 
     def set_input_embeddings(self, value):
         self.embed_tokens = value
+
+    def _embed(self, input_ids: Tensor | None, inputs_embeds: Tensor | None, kwargs: dict) -> Tensor:
+        check_no_attention_outputs(kwargs)
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError(f"Pass exactly one of `input_ids` and `inputs_embeds` to the {type(self).__name__}")
+        return self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
+
+    def _run_layers(self, inputs_embeds: Tensor, output_hidden_states: bool | None, **layer_kwargs):
+        """(last hidden state, all hidden states or None): embeddings dropout, layers, final norm."""
+        hidden_states = self.dropout(inputs_embeds)
+        all_hidden = [] if output_hidden_states else None
+        for layer in self.layers:
+            if all_hidden is not None:
+                all_hidden.append(hidden_states)
+            hidden_states = layer(hidden_states, **layer_kwargs)
+        hidden_states = self.layer_norm(hidden_states)
+        if all_hidden is not None:
+            all_hidden.append(hidden_states)
+        return hidden_states, None if all_hidden is None else tuple(all_hidden)
+
+
+class ScaleformerEncoder(ScaleformerStack):
+    """Bidirectional stack over the source."""
+
+    def __init__(self, config: ScaleformerConfig):
+        super().__init__(config, ScaleformerEncoderLayer, config.encoder_layers)
 
     @can_return_tuple
     def forward(
@@ -162,42 +188,17 @@ class ScaleformerEncoder(ScaleformerPreTrainedModel):
         output_hidden_states: bool | None = None,
         **kwargs,
     ) -> BaseModelOutput:
-        check_no_attention_outputs(kwargs)
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("Pass exactly one of `input_ids` and `inputs_embeds` to the encoder")
-        if inputs_embeds is None:
-            inputs_embeds = self.embed_tokens(input_ids)
-        batch, length = inputs_embeds.shape[:2]
-        check_mask(attention_mask, "attention_mask", batch, (length,))
-        hidden_states = self.dropout(inputs_embeds)
-        all_hidden = [] if output_hidden_states else None
-        for layer in self.layers:
-            if all_hidden is not None:
-                all_hidden.append(hidden_states)
-            hidden_states = layer(hidden_states, key_mask=attention_mask)
-        hidden_states = self.layer_norm(hidden_states)
-        if all_hidden is not None:
-            all_hidden.append(hidden_states)
-        return BaseModelOutput(last_hidden_state=hidden_states, hidden_states=tuple(all_hidden) if all_hidden else None)
+        inputs_embeds = self._embed(input_ids, inputs_embeds, kwargs)
+        check_mask(attention_mask, "attention_mask", inputs_embeds.shape[0], (inputs_embeds.shape[1],))
+        hidden_states, all_hidden = self._run_layers(inputs_embeds, output_hidden_states, key_mask=attention_mask)
+        return BaseModelOutput(last_hidden_state=hidden_states, hidden_states=all_hidden)
 
 
-class ScaleformerDecoder(ScaleformerPreTrainedModel):
-    """Token embeddings and a stack of causal layers with constant-size generation state."""
+class ScaleformerDecoder(ScaleformerStack):
+    """Causal stack with constant-size generation state, and cross-attention in an encoder-decoder."""
 
     def __init__(self, config: ScaleformerConfig):
-        super().__init__(config)
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id)
-        self.dropout = nn.Dropout(config.dropout)
-        self.layers = nn.ModuleList([ScaleformerDecoderLayer(config, i) for i in range(config.decoder_layers)])
-        self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
-        self.gradient_checkpointing = False
-        self.post_init()
-
-    def get_input_embeddings(self):
-        return self.embed_tokens
-
-    def set_input_embeddings(self, value):
-        self.embed_tokens = value
+        super().__init__(config, ScaleformerDecoderLayer, config.decoder_layers)
 
     @can_return_tuple
     def forward(
@@ -212,11 +213,7 @@ class ScaleformerDecoder(ScaleformerPreTrainedModel):
         output_hidden_states: bool | None = None,
         **kwargs,
     ) -> BaseModelOutputWithPastAndCrossAttentions:
-        check_no_attention_outputs(kwargs)
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("Pass exactly one of `input_ids` and `inputs_embeds` to the decoder")
-        if inputs_embeds is None:
-            inputs_embeds = self.embed_tokens(input_ids)
+        inputs_embeds = self._embed(input_ids, inputs_embeds, kwargs)
         batch, length = inputs_embeds.shape[:2]
         use_cache = self.config.use_cache if use_cache is None else use_cache
         if self.gradient_checkpointing and self.training and use_cache:
@@ -238,26 +235,19 @@ class ScaleformerDecoder(ScaleformerPreTrainedModel):
                 raise ValueError("`encoder_hidden_states` is required by an encoder-decoder decoder")
             check_mask(encoder_attention_mask, "encoder_attention_mask", batch, (encoder_hidden_states.shape[1],))
 
-        hidden_states = self.dropout(inputs_embeds)
-        all_hidden = [] if output_hidden_states else None
-        for layer in self.layers:
-            if all_hidden is not None:
-                all_hidden.append(hidden_states)
-            hidden_states = layer(
-                hidden_states,
-                key_mask=attention_mask,
-                encoder_hidden_states=encoder_hidden_states,
-                encoder_key_mask=encoder_attention_mask,
-                past_key_values=past_key_values,
-                query_offset=past_length,
-            )
-        hidden_states = self.layer_norm(hidden_states)
-        if all_hidden is not None:
-            all_hidden.append(hidden_states)
+        hidden_states, all_hidden = self._run_layers(
+            inputs_embeds,
+            output_hidden_states,
+            key_mask=attention_mask,
+            encoder_hidden_states=encoder_hidden_states,
+            encoder_key_mask=encoder_attention_mask,
+            past_key_values=past_key_values,
+            query_offset=past_length,
+        )
         return BaseModelOutputWithPastAndCrossAttentions(
             last_hidden_state=hidden_states,
             past_key_values=past_key_values if use_cache else None,
-            hidden_states=tuple(all_hidden) if all_hidden else None,
+            hidden_states=all_hidden,
         )
 
 
