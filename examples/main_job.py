@@ -30,8 +30,10 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "examples" / "data"))
+sys.path.insert(0, str(ROOT / "model_cards"))
 
 from build_docstrings import build_docstring_pairs  # noqa: E402
+from write_model_card import write_model_card  # noqa: E402
 
 from modeling_scaleformer import ScaleformerConfig, ScaleformerForConditionalGeneration  # noqa: E402
 
@@ -211,11 +213,29 @@ def main(argv=None) -> None:
     (out / "main_job_results.json").write_text(json.dumps(
         {"task": args.task, "steps": step, "train_minutes": args.train_minutes, "test_examples": len(test),
          "scaleformer": model_scores, "copy_input": copy_scores}, indent=2))
+    write_model_card(
+        out,
+        training_command="python " + " ".join([Path(sys.argv[0]).name] + sys.argv[1:]),
+        metrics=model_scores,
+        baselines={"copy the input": copy_scores},
+        dataset_description=(
+            "Python standard-library functions (source without docstring -> first docstring paragraph), "
+            "split by top-level package" if args.task == "docstrings"
+            else "King James -> Reina-Valera 1909 Bible verses (public domain), test books Esther, Joel, "
+            "Galatians, James"
+        ),
+        testing_data=f"{len(test)} held-out pairs ({test_description}), greedy decoding",
+        hyperparameters={"steps": step, "train_minutes": args.train_minutes, "learning_rate": args.learning_rate,
+                         "tokens_per_batch": args.tokens_per_batch, "warmup_steps": args.warmup_steps},
+        hardware=f"CPU, {args.threads} threads",
+        example_input=sources[0],
+        language=["en", "es"] if args.task == "translation" else ["en", "code"],
+    )
     reloaded = AutoModelForSeq2SeqLM.from_pretrained(out).eval()
     check = translate(reloaded, tokenizer, sources[:4], batch_size=4, max_new_tokens=args.max_target_tokens)
     if check != hypotheses[:4]:
         raise SystemExit("the reloaded model generates differently from the trained one")
-    print(f"\nsaved to {out}; reloaded with AutoModelForSeq2SeqLM and checked")
+    print(f"\nsaved to {out} with a model card (README.md); reloaded with AutoModelForSeq2SeqLM and checked")
 
 
 if __name__ == "__main__":
