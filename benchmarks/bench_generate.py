@@ -59,7 +59,7 @@ from torch import Tensor
 from transformers import BartConfig, BartForConditionalGeneration, PreTrainedConfig, PreTrainedModel
 from transformers.cache_utils import Cache, EncoderDecoderCache
 
-from bench_attention import MIB, machine_info
+from bench_attention import MIB, Target, machine_info, print_targets
 from modeling_scaleformer import ScaleformerCache, ScaleformerConfig, ScaleformerForConditionalGeneration
 
 
@@ -96,12 +96,6 @@ MODEL_SIZE = ModelSize(vocab_size=32000, d_model=512, layers=6, heads=8, ffn_dim
 class CacheBytes(NamedTuple):
     total: int
     self_attention: int
-
-
-class Target(NamedTuple):
-    name: str
-    status: str  # "PASS" or "FAIL"
-    figure: str
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -417,14 +411,6 @@ def evaluate_targets(rows: list[dict], bytes_after: dict[str, list[CacheBytes]],
                 f"bart / scaleformer {speedup:.2f}x ({r['scaleformer_ms']:.2f} ms against {r['bart_ms']:.2f} ms)",
             ))
     return targets
-
-
-def print_targets(targets: list[Target]) -> None:
-    print("## Targets")
-    print()
-    for t in targets:
-        print(f"- {t.status} {t.name}: {t.figure}")
-    print()
 
 
 def rolling_medians_ms(step_s: list[float], window: int) -> tuple[list[int], list[float]]:

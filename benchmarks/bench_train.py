@@ -56,10 +56,12 @@ from transformers import PreTrainedModel
 from bench_attention import (
     MEMORY_LAUNCHER,
     MIB,
+    Target,
     current_rss_bytes,
     least_squares_slope,
     machine_info,
     peak_rss_bytes,
+    print_targets,
 )
 from bench_generate import MODEL_SIZE, MODELS, ModelSize, build_model, model_configs
 
@@ -86,12 +88,6 @@ class Sample(NamedTuple):
     user_s: float
     sys_s: float
     minor_faults: int
-
-
-class Target(NamedTuple):
-    name: str
-    status: str  # "PASS", "FAIL" or "N/A"
-    figure: str
 
 
 class Skip(NamedTuple):
@@ -419,14 +415,6 @@ def evaluate_targets(samples: dict[tuple[str, int], list[Sample]], slopes: list[
                               f"ran ({step:,.2f} s per step), peak {peak / GIB:.2f} GiB "
                               f"({record['extra_bytes'] / MIB:,.0f} MiB over the baseline)"))
     return targets
-
-
-def print_targets(targets: list[Target]) -> None:
-    print("## Targets")
-    print()
-    for t in targets:
-        print(f"- {t.status} {t.name}: {t.figure}")
-    print()
 
 
 def write_plot(path: Path, samples: dict[tuple[str, int], list[Sample]], memory: dict[tuple[str, int], dict],
