@@ -59,6 +59,7 @@ from torch import Tensor
 
 from modeling_scaleformer.ops_kernelized import choose_mode, kernelized_rpe_attention
 from modeling_scaleformer.ops_naive import naive_kernelized_rpe_attention
+from modeling_scaleformer.ops_registry import ATTENTION_VARIANTS
 
 
 BATCH = 1
@@ -70,6 +71,12 @@ DEFAULT_LENGTHS = tuple(256 * 2**i for i in range(8))  # 256 ... 32768
 QUICK_LENGTHS = (256, 512, 1024, 2048)
 AUTO_LENGTHS = tuple(64 * 2**i for i in range(10))  # 64 ... 32768
 METHODS = ("linear", "naive", "sdpa")
+# the other attention_type variants, each through its fast path (the op the model calls)
+VARIANTS = ("kernelized", "fourier", "toeplitz", "shaw_softmax", "xl_relative")
+VARIANT_MODE = {"kernelized": "linear", "fourier": "linear", "toeplitz": "linear",
+                "shaw_softmax": "auto", "xl_relative": "auto"}
+QUADRATIC_VARIANTS = ("shaw_softmax", "xl_relative")  # an L x L float bias goes to SDPA
+ALL_METHODS = METHODS + VARIANTS
 PASSES = ("fwd", "fwd+bwd")
 CAUSAL_ORDER = (False, True)
 
@@ -103,6 +110,7 @@ class Inputs(NamedTuple):
     k: Tensor  # (B, H, L, D)
     v: Tensor  # (B, H, L, D)
     rel: Tensor  # (H, 2h+1, D)
+    params: dict[str, dict[str, Tensor]]  # variant -> its parameters, as the model holds them
 
 
 class Config(NamedTuple):
@@ -150,6 +158,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "keeps several (default: 4096)")
     parser.add_argument("--max-sdpa-length", type=int, default=16384, metavar="L",
                         help="skip sdpa above L: its fwd+bwd at 32768 takes minutes (default: 16384)")
+    parser.add_argument("--max-toeplitz-length", type=int, default=16384, metavar="L",
+                        help="skip toeplitz above L: its FFT path holds L*D*(D+1) numbers per head "
+                        "(default: 16384)")
+    parser.add_argument("--methods", nargs="+", choices=ALL_METHODS, default=list(ALL_METHODS), metavar="M",
+                        help=f"what to time: {', '.join(METHODS)} (the core op and its baselines) and the "
+                        f"variants {', '.join(VARIANTS)} (default: all)")
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
     parser.add_argument("--auto-check", action=argparse.BooleanOptionalAction, default=True,
                         help=f"time mode='auto' against naive and linear over L = {AUTO_LENGTHS[0]}.."
@@ -178,8 +192,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             parser.error(f"--lengths must be positive, got {args.lengths[0]}")
     else:
         method, causal, length = args.measure_memory
-        if method not in METHODS or causal not in ("causal", "bidir") or not length.isdigit():
-            parser.error(f"--measure-memory takes METHOD in {METHODS}, causal|bidir and a length, "
+        if method not in ALL_METHODS or causal not in ("causal", "bidir") or not length.isdigit():
+            parser.error(f"--measure-memory takes METHOD in {ALL_METHODS}, causal|bidir and a length, "
                          f"got {args.measure_memory}")
     return args
 
@@ -208,17 +222,34 @@ def machine_info(threads: int) -> dict:
     }
 
 
+def variant_parameters(variant: str, g: torch.Generator, dtype: torch.dtype) -> dict[str, Tensor]:
+    """Parameters of the shapes the model gives `variant`, at its initialisation plus noise."""
+    specs = ATTENTION_VARIANTS[variant].parameters(HEADS, DIM, HORIZON, False)
+    params = {}
+    for name, spec in specs.items():
+        noise = 0.1 * torch.randn(spec.shape, generator=g, dtype=dtype)
+        if spec.init == "ones":
+            noise += 1
+        elif spec.init == "frequencies":
+            noise = 10000.0 ** (-torch.arange(DIM, dtype=dtype) / DIM)[None, :, None].expand(spec.shape).clone()
+        params[name] = noise
+    return params
+
+
 def make_inputs(length: int, *, seed: int, requires_grad: bool, batch: int = BATCH,
                 dtype: torch.dtype = DTYPE) -> Inputs:
     g = torch.Generator().manual_seed(seed)
     q, k, v = (torch.randn(batch, HEADS, length, DIM, generator=g, dtype=dtype) for _ in range(3))
     rel = torch.randn(HEADS, 2 * HORIZON + 1, DIM, generator=g, dtype=dtype)
-    return Inputs(*(t.requires_grad_(requires_grad) for t in (q, k, v, rel)))
+    params = {name: variant_parameters(name, g, dtype) for name in VARIANTS}
+    for t in [q, k, v, rel] + [p for ps in params.values() for p in ps.values()]:
+        t.requires_grad_(requires_grad)
+    return Inputs(q, k, v, rel, params)
 
 
 def make_grad_out(config: Config, seed: int) -> Tensor:
     """Random upstream gradient, one per configuration, seeded from it."""
-    index = METHODS.index(config.method) if config.method in METHODS else len(METHODS)
+    index = ALL_METHODS.index(config.method) if config.method in ALL_METHODS else len(ALL_METHODS)
     g = torch.Generator().manual_seed(seed * 1_000_003 + config.length * 8 + index * 2 + config.causal)
     return torch.randn(BATCH, HEADS, config.length, DIM, generator=g, dtype=DTYPE)
 
@@ -226,11 +257,17 @@ def make_grad_out(config: Config, seed: int) -> Tensor:
 def attend(method: str, x: Inputs, causal: bool) -> Tensor:
     if method == "sdpa":
         return F.scaled_dot_product_attention(x.q, x.k, x.v, is_causal=causal)
+    if method in VARIANTS:
+        return ATTENTION_VARIANTS[method].attention(
+            x.q, x.k, x.v, x.params[method], causal=causal, key_mask=None, query_offset=0, mode=VARIANT_MODE[method]
+        )
     return kernelized_rpe_attention(x.q, x.k, x.v, x.rel, causal=causal, mode=method)
 
 
 def differentiable(method: str, x: Inputs) -> tuple[Tensor, ...]:
-    return (x.q, x.k, x.v) if method == "sdpa" else tuple(x)
+    if method in VARIANTS:
+        return (x.q, x.k, x.v, *x.params[method].values())
+    return (x.q, x.k, x.v) if method == "sdpa" else (x.q, x.k, x.v, x.rel)
 
 
 def time_call(method: str, x: Inputs, causal: bool, pass_name: str, grad_out: Tensor | None) -> Sample:
@@ -250,37 +287,56 @@ def time_call(method: str, x: Inputs, causal: bool, pass_name: str, grad_out: Te
 
 
 def skip_reason(method: str, length: int, args: argparse.Namespace) -> str | None:
-    if method == "naive" and length > args.max_naive_length:
+    if method not in args.methods:
+        return "not selected"
+    if method in ("naive",) + QUADRATIC_VARIANTS and length > args.max_naive_length:
+        return "skipped (memory)"
+    if method == "toeplitz" and length > args.max_toeplitz_length:
         return "skipped (memory)"
     if method == "sdpa" and length > args.max_sdpa_length:
         return "skipped (time)"
     return None
 
 
-def verify(seed: int) -> dict:
-    """mode='linear' and mode='naive' against the float64 reference, with padding, both directions."""
+def verify(seed: int, methods: list[str]) -> dict:
+    """mode='linear' and mode='naive' against the float64 reference, with padding, both directions; each
+    selected variant's fast path against its own naive reference likewise."""
     x = make_inputs(VERIFY_LENGTH, seed=seed, requires_grad=True, batch=VERIFY_BATCH, dtype=torch.float64)
+    core = (x.q, x.k, x.v, x.rel)
     key_mask = torch.ones(VERIFY_BATCH, VERIFY_LENGTH, dtype=torch.bool)
     key_mask[-1, -VERIFY_PADDING:] = False
     checks = []
     for causal in CAUSAL_ORDER:
         ref = naive_kernelized_rpe_attention(x.q, x.k, x.v, x.rel, causal=causal, key_mask=key_mask)
         grad_out = torch.randn(ref.shape, generator=torch.Generator().manual_seed(seed + causal), dtype=torch.float64)
-        ref_grads = torch.autograd.grad(ref, tuple(x), grad_out)
+        ref_grads = torch.autograd.grad(ref, core, grad_out)
         for mode in ("linear", "naive"):
             out = kernelized_rpe_attention(x.q, x.k, x.v, x.rel, causal=causal, key_mask=key_mask, mode=mode)
-            grads = torch.autograd.grad(out, tuple(x), grad_out)
+            grads = torch.autograd.grad(out, core, grad_out)
             grad_err = max((a - b).abs().max().item() for a, b in zip(grads, ref_grads))
             checks.append({"dtype": "float64", "mode": mode, "causal": causal,
                            "output_err": (out - ref).abs().max().item(), "grad_err": grad_err,
                            "tolerance": VERIFY_TOLERANCE})
         # the dtype that is timed, for the record of its accuracy
-        x32 = Inputs(*(t.detach().float() for t in x))
+        x32 = [t.detach().float() for t in core]
         with torch.no_grad():
             out32 = kernelized_rpe_attention(*x32, causal=causal, key_mask=key_mask, mode="linear")
         checks.append({"dtype": "float32", "mode": "linear", "causal": causal,
                        "output_err": (out32.double() - ref).abs().max().item(), "grad_err": None,
                        "tolerance": FP32_TOLERANCE})
+        for variant in (m for m in VARIANTS if m in methods):
+            inputs = differentiable(variant, x)
+            outs = [
+                ATTENTION_VARIANTS[variant].attention(
+                    x.q, x.k, x.v, x.params[variant], causal=causal, key_mask=key_mask, query_offset=0, mode=mode
+                )
+                for mode in (VARIANT_MODE[variant], "naive")
+            ]
+            grads = [torch.autograd.grad(o, inputs, grad_out) for o in outs]
+            grad_err = max((a - b).abs().max().item() for a, b in zip(*grads))
+            checks.append({"dtype": "float64", "mode": f"{variant} {VARIANT_MODE[variant]}", "causal": causal,
+                           "output_err": (outs[0] - outs[1]).abs().max().item(), "grad_err": grad_err,
+                           "tolerance": VERIFY_TOLERANCE})
     for c in checks:
         errors = [c["output_err"]] + ([] if c["grad_err"] is None else [c["grad_err"]])
         c["passed"] = all(e < c["tolerance"] for e in errors)
@@ -289,11 +345,11 @@ def verify(seed: int) -> dict:
 
 
 def print_verification(result: dict) -> None:
-    print(f"## Verification against naive_kernelized_rpe_attention (float64), B={result['batch']}, H={HEADS}, "
+    print(f"## Verification against the naive references (float64), B={result['batch']}, H={HEADS}, "
           f"L={result['length']}, D={DIM}, h={HORIZON}, last {result['padded_keys']} keys of sequence 2 padded")
     print()
     for c in result["checks"]:
-        grads = "" if c["grad_err"] is None else f", grads (q, k, v, rel) max abs err {c['grad_err']:.2e}"
+        grads = "" if c["grad_err"] is None else f", grads (q, k, v, parameters) max abs err {c['grad_err']:.2e}"
         print(f"- {'PASS' if c['passed'] else 'FAIL'} mode={c['mode']} {c['dtype']} {causal_label(c['causal'])}: "
               f"output max abs err {c['output_err']:.2e}{grads} (< {c['tolerance']:.0e})")
     print()
@@ -319,7 +375,7 @@ def round_robin(configs: list[Config], repeats: int, seed: int, progress: str) -
 def run_benchmark(args: argparse.Namespace) -> dict[Config, list[Sample]]:
     samples: dict[Config, list[Sample]] = {}
     for length in args.lengths:
-        configs = [Config(m, causal, p, length) for p in PASSES for causal in CAUSAL_ORDER for m in METHODS
+        configs = [Config(m, causal, p, length) for p in PASSES for causal in CAUSAL_ORDER for m in ALL_METHODS
                    if skip_reason(m, length, args) is None]
         samples.update(round_robin(configs, args.repeats, args.seed, "time"))
     return samples
@@ -373,7 +429,7 @@ def measure_memory(method: str, causal: bool, length: int, args: argparse.Namesp
 def run_memory(args: argparse.Namespace) -> list[dict]:
     lengths = args.lengths[-1:] if args.quick else args.lengths
     return [measure_memory(m, causal, length, args) for length in lengths for causal in CAUSAL_ORDER
-            for m in METHODS if skip_reason(m, length, args) is None]
+            for m in ALL_METHODS if skip_reason(m, length, args) is None]
 
 
 def qkv_bytes(length: int) -> int:
@@ -424,6 +480,9 @@ def print_tables(samples: dict[Config, list[Sample]], memory_records: list[dict]
                 cells += [memory_cell(memory, m, causal, length, pass_name, args) for m in ("linear", "sdpa", "naive")]
                 print("| " + " | ".join(cells) + " |")
         print()
+    variants = [m for m in VARIANTS if m in args.methods]
+    if variants:
+        print_variant_tables(samples, memory, variants, args)
     notes = ["Peak MiB: extra resident memory over the inputs at the high-water mark, measured in a fresh "
              "process per (method, causal, L); (Nx) is that extra in multiples of the bytes of q+k+v "
              f"({qkv_bytes(args.lengths[-1]) / MIB:,.0f} MiB at L={args.lengths[-1]})."]
@@ -444,6 +503,30 @@ def print_tables(samples: dict[Config, list[Sample]], memory_records: list[dict]
     print()
 
 
+def print_variant_tables(samples: dict[Config, list[Sample]], memory: dict, variants: list[str],
+                         args: argparse.Namespace) -> None:
+    """Each attention_type variant's fast path beside kernelized_rpe (`linear`): time, ratio, peak memory."""
+    for pass_name in PASSES:
+        print(f"## Variants, {pass_name}: median wall time in ms (ratio to linear kernelized_rpe)")
+        print()
+        print("| L | causal | linear ms | " + " | ".join(f"{m} ms" for m in variants) + " | "
+              + " | ".join(f"{m} peak MiB" for m in variants) + " |")
+        print("|---:|:---|---:|" + "---:|" * (2 * len(variants)))
+        for length in args.lengths:
+            for causal in CAUSAL_ORDER:
+                base = median_s(samples, Config("linear", causal, pass_name, length))
+                cells = [str(length), causal_label(causal), fmt_ms(base, skip_reason("linear", length, args) or "–")]
+                for m in variants:
+                    t = median_s(samples, Config(m, causal, pass_name, length))
+                    cell = fmt_ms(t, skip_reason(m, length, args) or "–")
+                    if t is not None and base is not None:
+                        cell += f" ({t / base:.2f}x)"
+                    cells.append(cell)
+                cells += [memory_cell(memory, m, causal, length, pass_name, args) for m in variants]
+                print("| " + " | ".join(cells) + " |")
+        print()
+
+
 def least_squares_slope(points: list[tuple[int, float]]) -> float:
     xs = [math.log2(n) for n, _ in points]
     ys = [math.log2(t) for _, t in points]
@@ -456,9 +539,11 @@ def compute_slopes(samples: dict[Config, list[Sample]], lengths: list[int]) -> l
     rows = []
     for pass_name in PASSES:
         for causal in CAUSAL_ORDER:
-            for method in METHODS:
+            for method in ALL_METHODS:
                 points = [(n, t) for n in lengths
                           if (t := median_s(samples, Config(method, causal, pass_name, n))) is not None]
+                if not points:
+                    continue
                 in_range = [(n, t) for n, t in points if lo <= n <= hi]
                 pairwise = [{"from": a, "to": b, "slope": least_squares_slope([(a, ta), (b, tb)])}
                             for (a, ta), (b, tb) in zip(points, points[1:])]
@@ -610,7 +695,7 @@ def write_plot(path: Path, samples: dict[Config, list[Sample]], lengths: list[in
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.5), sharey=True)
     for ax, causal in zip(axes, CAUSAL_ORDER):
         curves = {}
-        for method in METHODS:
+        for method in ALL_METHODS:
             points = [(n, t) for n in lengths if (t := median_s(samples, Config(method, causal, "fwd+bwd", n)))]
             if points:
                 curves[method] = points
@@ -656,7 +741,7 @@ def main(argv: list[str] | None = None) -> int:
           f"lengths {', '.join(map(str, args.lengths))}; {args.repeats} repeat(s), interleaved, median")
     print()
 
-    verification = verify(args.seed)
+    verification = verify(args.seed, args.methods)
     print_verification(verification)
     if not verification["passed"]:
         print("Summary: verification FAIL, nothing timed")
@@ -683,7 +768,7 @@ def main(argv: list[str] | None = None) -> int:
             "verification": verification,
             "timings": [config_record(c, runs) for c, runs in samples.items()],
             "skipped": [{"method": m, "length": n, "reason": skip_reason(m, n, args)}
-                        for n in args.lengths for m in METHODS if skip_reason(m, n, args)],
+                        for n in args.lengths for m in ALL_METHODS if skip_reason(m, n, args)],
             "memory": memory,
             "slopes": slopes,
             "targets": [t._asdict() for t in targets],

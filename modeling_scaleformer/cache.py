@@ -1,11 +1,10 @@
-"""ScaleformerCache: the constant-size generation state of every decoder layer in one `Cache`."""
+"""ScaleformerCache: the generation state of every decoder layer in one `Cache`."""
 
 from __future__ import annotations
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from .ops_kernelized import KernelizedRPECrossSummary, KernelizedRPEState
 
 
 def _map_tensors(obj, fn):
@@ -16,10 +15,12 @@ def _map_tensors(obj, fn):
 
 
 class ScaleformerStateLayer(CacheLayerMixin):
-    """One decoder layer's state: the recurrent self-attention state and the cross-attention summary.
+    """One decoder layer's state: the self-attention state and the cross-attention summary.
 
-    Neither grows with the number of generated tokens: the self-attention state is a
-    `KernelizedRPEState`; the cross-attention summary is computed once from the encoder output.
+    `self_state` is the state NamedTuple of the layer's attention variant (every tensor field has the
+    batch first; `seen` counts the tokens seen). For the kernelized variants it is recurrent and does
+    not grow with the number of generated tokens; the softmax baselines keep their keys and values.
+    The cross-attention summary is computed once from the encoder output.
     """
 
     is_compileable = False
@@ -28,8 +29,8 @@ class ScaleformerStateLayer(CacheLayerMixin):
 
     def __init__(self):
         super().__init__()
-        self.self_state: KernelizedRPEState | None = None
-        self.cross_summary: KernelizedRPECrossSummary | None = None
+        self.self_state: tuple | None = None
+        self.cross_summary: tuple | None = None
 
     def lazy_initialization(self, key_states, value_states) -> None:
         raise NotImplementedError("ScaleformerStateLayer is filled by the model's attention, not from keys/values")
@@ -86,8 +87,9 @@ class ScaleformerStateLayer(CacheLayerMixin):
 class ScaleformerCache(Cache):
     """Generation state of a Scaleformer decoder: one `ScaleformerStateLayer` per decoder layer.
 
-    Self-attention state has a fixed size whatever the number of tokens generated; it counts the
-    tokens seen, which is what `get_seq_length` returns. Beam search reorders it with `reorder_cache`.
+    With the kernelized attention variants the self-attention state has a fixed size whatever the
+    number of tokens generated. It counts the tokens seen, which is what `get_seq_length` returns.
+    Beam search reorders it with `reorder_cache`.
     """
 
     def __init__(self, num_layers: int):
@@ -102,7 +104,7 @@ class ScaleformerCache(Cache):
 
     @property
     def self_attention_nbytes(self) -> int:
-        """Bytes held by the recurrent self-attention states (constant during generation)."""
+        """Bytes held by the self-attention states (constant during generation for kernelized variants)."""
         return sum(
             sum(t.numel() * t.element_size() for t in layer.self_state if isinstance(t, torch.Tensor))
             for layer in self.layers

@@ -12,6 +12,7 @@ AUTO_MAP = {
     "AutoModel": "modeling_scaleformer.ScaleformerModel",
     "AutoModelForSeq2SeqLM": "modeling_scaleformer.ScaleformerForConditionalGeneration",
     "AutoModelForCausalLM": "modeling_scaleformer.ScaleformerForCausalLM",
+    "AutoModelForSequenceClassification": "modeling_scaleformer.ScaleformerForSequenceClassification",
 }
 
 
@@ -53,17 +54,29 @@ class ScaleformerConfig(PreTrainedConfig):
         layer_norm_eps (`float`, *optional*, defaults to 1e-5):
             Epsilon of the layer norms (pre-norm blocks and a final norm per stack).
         attention_type (`str`, *optional*, defaults to `"kernelized_rpe"`):
-            `"kernelized_rpe"`: kernelized attention with clipped relative positions; `"kernelized"`: plain
-            kernelized attention (no position information at all).
+            The attention of every layer (an op bundle of `ops_registry.ATTENTION_VARIANTS`):
+            `"kernelized_rpe"`: kernelized attention with clipped relative positions, linear;
+            `"kernelized"`: plain kernelized attention (no position information at all), linear;
+            `"fourier"`: kernelized attention with a learned cosine relative-position kernel, linear;
+            `"toeplitz"`: kernelized attention times exp(b_{j-i}) (clipped at `rpe_horizon`), by FFT;
+            `"xl_relative"`: Transformer-XL relative softmax attention, quadratic;
+            `"shaw_softmax"`: softmax attention with clipped relative keys (Shaw et al.), quadratic;
+            `"softmax"`: plain softmax attention (no position information), quadratic.
+            Cross-attention uses the family's variant without positions (`"kernelized"` or `"softmax"`)
+            unless `cross_attention_rpe` is set.
         attention_mode (`str`, *optional*, defaults to `"auto"`):
-            Algorithm for full-sequence attention: `"linear"` (O(L)), `"naive"` (quadratic) or `"auto"` (the
-            cheaper per call). Results are equal up to rounding.
+            Algorithm for full-sequence attention: `"linear"` (O(L), or O(L log L) for `"toeplitz"`),
+            `"naive"` (quadratic) or `"auto"` (the cheaper per call). Results are equal up to rounding. The
+            softmax variants accept `"auto"` (fused SDPA) and `"naive"`.
         rpe_horizon (`int`, *optional*, defaults to 16):
-            Horizon h: relative positions are clipped to [-h, h], giving 2h+1 relative embeddings.
+            Horizon h of the relative variants (`"kernelized_rpe"`, `"toeplitz"`, `"xl_relative"`,
+            `"shaw_softmax"`): relative positions are clipped to [-h, h], giving 2h+1 learned entries.
         rpe_shared_across_heads (`bool`, *optional*, defaults to `False`):
-            One relative table shared by the heads of a layer instead of one per head.
+            One relative table shared by the heads of a layer instead of one per head (`"kernelized_rpe"`
+            and `"shaw_softmax"`).
         cross_attention_rpe (`bool`, *optional*, defaults to `False`):
-            Whether cross-attention also uses relative positions (decoder position minus encoder position).
+            Whether cross-attention uses kernelized attention with relative positions (decoder position
+            minus encoder position); with `"kernelized_rpe"` only.
         use_cache (`bool`, *optional*, defaults to `True`):
             Whether forward returns the recurrent state for generation.
         pad_token_id (`int`, *optional*, defaults to 0):
@@ -110,7 +123,9 @@ class ScaleformerConfig(PreTrainedConfig):
     activation_dropout: float | int = 0.0
     init_std: float = 0.02
     layer_norm_eps: float = 1e-5
-    attention_type: Literal["kernelized_rpe", "kernelized"] = "kernelized_rpe"
+    attention_type: Literal[
+        "kernelized_rpe", "kernelized", "fourier", "toeplitz", "xl_relative", "shaw_softmax", "softmax"
+    ] = "kernelized_rpe"
     attention_mode: Literal["auto", "linear", "naive"] = "auto"
     rpe_horizon: int = 16
     rpe_shared_across_heads: bool = False
@@ -151,6 +166,20 @@ class ScaleformerConfig(PreTrainedConfig):
                 raise ValueError(f"`{name}` must be in [0, 1), got {getattr(self, name)}")
         if self.rpe_horizon < 0:
             raise ValueError(f"`rpe_horizon` must be >= 0, got {self.rpe_horizon}")
+        if self.rpe_shared_across_heads and self.attention_type not in ("kernelized_rpe", "shaw_softmax"):
+            raise ValueError(
+                "`rpe_shared_across_heads` applies to attention_type 'kernelized_rpe' and 'shaw_softmax' only, got "
+                f"attention_type {self.attention_type!r}"
+            )
+        if self.cross_attention_rpe and self.attention_type != "kernelized_rpe":
+            raise ValueError(
+                f"`cross_attention_rpe` requires attention_type 'kernelized_rpe', got {self.attention_type!r}"
+            )
+        if self.attention_mode == "linear" and self.attention_type in ("xl_relative", "shaw_softmax", "softmax"):
+            raise ValueError(
+                f"`attention_mode` 'linear' does not exist for the softmax attention_type {self.attention_type!r}: "
+                "use 'auto' or 'naive'"
+            )
         if self.activation_function not in ACT2FN:
             raise ValueError(
                 f"`activation_function` must be one of {sorted(ACT2FN)}, got {self.activation_function!r}"

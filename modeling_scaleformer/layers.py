@@ -8,21 +8,17 @@ from transformers.activations import ACT2FN
 
 from .cache import ScaleformerCache
 from .configuration_scaleformer import ScaleformerConfig
-from .ops_kernelized import (
-    kernelized_rpe_attention,
-    kernelized_rpe_cross_step,
-    kernelized_rpe_cross_summary,
-    kernelized_rpe_prefill_state,
-    kernelized_rpe_step,
-)
+from .ops_registry import ParameterSpec, cross_attention_type, get_attention_variant
 
 
 class ScaleformerAttention(nn.Module):
-    """Multi-head kernelized attention with clipped relative positions, for self and cross attention.
+    """Multi-head attention of the configured `attention_type`, for self and cross attention.
 
-    Projects to (B, H, L, D), calls the op for the configured `attention_type`, and keeps the
-    decoder's generation state in the layer's slot of a `ScaleformerCache`: a recurrent state for
-    self-attention, an encoder summary computed once for cross-attention.
+    Projects to (B, H, L, D) and calls the variant's op bundle (`ops_registry.AttentionVariant`) with
+    the variant's own parameters (relative tables, Fourier frequencies, Toeplitz biases, ...). The
+    decoder's generation state lives in the layer's slot of a `ScaleformerCache`: the variant's
+    recurrent state (or key/value cache for the softmax baselines) for self-attention, and an
+    encoder summary computed once for cross-attention.
     """
 
     def __init__(
@@ -40,29 +36,31 @@ class ScaleformerAttention(nn.Module):
         self.is_causal = is_causal
         self.is_cross_attention = is_cross_attention
         self.layer_idx = layer_idx
-        self.mode = config.attention_mode
+        self.attention_type = (
+            cross_attention_type(config.attention_type, config.cross_attention_rpe)
+            if is_cross_attention
+            else config.attention_type
+        )
+        self.variant = get_attention_variant(self.attention_type)
+        self.mode = self.variant.modes[config.attention_mode]
         self.key_dropout = config.attention_dropout
         self.q_proj = nn.Linear(config.d_model, config.d_model)
         self.k_proj = nn.Linear(config.d_model, config.d_model)
         self.v_proj = nn.Linear(config.d_model, config.d_model)
         self.o_proj = nn.Linear(config.d_model, config.d_model)
-        uses_rel = config.attention_type == "kernelized_rpe" and (not is_cross_attention or config.cross_attention_rpe)
-        self.horizon = config.rpe_horizon if uses_rel else 0
-        self.rel = None
-        if uses_rel:
-            heads = 1 if config.rpe_shared_across_heads else num_heads
-            self.rel = nn.Parameter(torch.empty(heads, 2 * config.rpe_horizon + 1, self.head_dim))
+        self.parameter_specs: dict[str, ParameterSpec] = self.variant.parameters(
+            num_heads, self.head_dim, config.rpe_horizon, config.rpe_shared_across_heads
+        )
+        for name, spec in self.parameter_specs.items():
+            self.register_parameter(name, nn.Parameter(torch.empty(spec.shape)))
 
     def _heads(self, x: Tensor) -> Tensor:
         # (B, L, d_model) -> (B, H, L, D)
         return x.view(x.shape[0], x.shape[1], self.num_heads, self.head_dim).transpose(1, 2)
 
-    def _rel_table(self, dtype: torch.dtype) -> Tensor | None:
-        if self.rel is None:
-            return None
-        # under autocast the projections come out in half precision while the table stays float32
-        rel = self.rel.to(dtype)
-        return rel[0] if rel.shape[0] == 1 else rel
+    def _variant_parameters(self, dtype: torch.dtype) -> dict[str, Tensor]:
+        # under autocast the projections come out in half precision while the parameters stay float32
+        return {name: getattr(self, name).to(dtype) for name in self.parameter_specs}
 
     def _drop_keys(self, key_mask: Tensor | None, batch: int, length: int, device) -> Tensor | None:
         """Attention dropout: hide each key with probability `attention_dropout` while training."""
@@ -93,21 +91,25 @@ class ScaleformerAttention(nn.Module):
         return self.o_proj(out.transpose(1, 2).reshape(batch, length, -1))
 
     def _attend(self, q, k, v, key_mask, state, query_offset: int) -> Tensor:
-        rel = self._rel_table(q.dtype)
+        variant, params = self.variant, self._variant_parameters(q.dtype)
         k = None if k is None else k.to(q.dtype)
         v = None if v is None else v.to(q.dtype)
         if self.is_cross_attention:
             if k is None:  # the encoder summary was computed at the first decoding step
-                return kernelized_rpe_cross_step(q, rel, state.cross_summary, query_offset=query_offset)
+                return variant.cross_step(q, params, state.cross_summary, query_offset=query_offset)
             if state is not None:
-                state.cross_summary = kernelized_rpe_cross_summary(k, v, key_mask=key_mask, relative=rel is not None)
-            return kernelized_rpe_attention(q, k, v, rel, key_mask=key_mask, query_offset=query_offset, mode=self.mode)
+                state.cross_summary = variant.cross_summary(k, v, key_mask=key_mask)
+            return variant.attention(
+                q, k, v, params, causal=False, key_mask=key_mask, query_offset=query_offset, mode=self.mode
+            )
         if state is not None and state.self_state is not None:
-            out, state.self_state = kernelized_rpe_step(q, k, v, rel, state.self_state, key_mask=key_mask)
+            out, state.self_state = variant.step(q, k, v, params, state.self_state, key_mask=key_mask)
             return out
         if state is not None:
-            state.self_state = kernelized_rpe_prefill_state(k, v, horizon=self.horizon, key_mask=key_mask)
-        return kernelized_rpe_attention(q, k, v, rel, causal=self.is_causal, key_mask=key_mask, mode=self.mode)
+            state.self_state = variant.prefill_state(k, v, params, key_mask=key_mask)
+        return variant.attention(
+            q, k, v, params, causal=self.is_causal, key_mask=key_mask, query_offset=0, mode=self.mode
+        )
 
 
 class ScaleformerFeedForward(nn.Module):

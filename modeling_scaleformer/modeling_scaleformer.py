@@ -14,6 +14,7 @@ from transformers.modeling_outputs import (
     CausalLMOutputWithCrossAttentions,
     Seq2SeqLMOutput,
     Seq2SeqModelOutput,
+    SequenceClassifierOutput,
 )
 from transformers.utils import logging
 from transformers.utils.generic import can_return_tuple
@@ -131,8 +132,19 @@ class ScaleformerPreTrainedModel(PreTrainedModel):
 
     def _init_weights(self, module):
         super()._init_weights(module)
-        if isinstance(module, ScaleformerAttention) and module.rel is not None:
-            init.normal_(module.rel, mean=0.0, std=self.config.init_std)
+        if isinstance(module, ScaleformerAttention):
+            for name, spec in module.parameter_specs.items():
+                param = getattr(module, name)
+                if spec.init == "normal":
+                    init.normal_(param, mean=0.0, std=self.config.init_std)
+                elif spec.init == "zeros":
+                    init.zeros_(param)
+                elif spec.init == "ones":
+                    init.ones_(param)
+                else:  # "frequencies": a_k = 10000^(-k/D) along the head dimension, as rotary embeddings
+                    k = torch.arange(param.shape[1], dtype=torch.float64)
+                    spectrum = 10000.0 ** (-k / param.shape[1])
+                    init.copy_(param, spectrum[None, :, None].expand(param.shape).to(param.dtype))
 
 
 class ScaleformerStack(ScaleformerPreTrainedModel):
@@ -493,9 +505,177 @@ class ScaleformerForCausalLM(ScaleformerPreTrainedModel, GenerationMixin):
         )
 
 
+def masked_mean(hidden_states: Tensor, attention_mask: Tensor | None) -> Tensor:
+    """Mean of `hidden_states` (B, L, D) over the positions where `attention_mask` (B, L) is nonzero -> (B, D).
+
+    Padded positions get weight zero whatever they hold, so a padded sequence pools like the unpadded one.
+    Without a mask every position counts.
+    """
+    if attention_mask is None:
+        return hidden_states.mean(dim=1)
+    keep = attention_mask.bool()
+    counts = keep.sum(dim=1, keepdim=True)  # (B, 1)
+    if bool((counts == 0).any()):
+        row = int((counts[:, 0] == 0).nonzero()[0, 0])
+        raise ValueError(f"`attention_mask` must keep at least one position per sequence, row {row} keeps none")
+    summed = hidden_states.masked_fill(~keep[..., None], 0.0).sum(dim=1)
+    return summed / counts.to(hidden_states.dtype)
+
+
+def sequence_classification_loss(
+    logits: Tensor, labels: Tensor, problem_type: str, num_items_in_batch: int | Tensor | None = None
+) -> Tensor:
+    """Loss of `logits` (B, num_labels) for `problem_type`, computed in at least float32.
+
+    `"single_label_classification"`: cross-entropy against class ids `labels` (B,), -100 ignored; averaged
+    over the non-ignored labels, or summed and divided by `num_items_in_batch` when given (gradient
+    accumulation). `"regression"`: mean squared error against `labels` (B,) or (B, num_labels).
+    `"multi_label_classification"`: binary cross-entropy with logits against `labels` (B, num_labels) in [0, 1].
+    """
+    batch, num_labels = logits.shape
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    labels = labels.to(logits.device)
+    if problem_type == "single_label_classification":
+        if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool or labels.shape != (batch,):
+            raise ValueError(
+                f"`labels` for single-label classification must be integer class ids of shape ({batch},), "
+                f"got dtype {labels.dtype} and shape {tuple(labels.shape)}"
+            )
+        invalid = (labels >= num_labels) | ((labels < 0) & (labels != -100))
+        if bool(invalid.any()):
+            raise ValueError(
+                f"`labels` must be class ids in [0, {num_labels}) or -100 (ignored), found {labels[invalid][0].item()}"
+            )
+        total = F.cross_entropy(logits, labels.long(), ignore_index=-100, reduction="sum")
+        if num_items_in_batch is None:
+            num_items_in_batch = (labels != -100).sum()
+        if isinstance(num_items_in_batch, Tensor):
+            num_items_in_batch = num_items_in_batch.to(total.device)
+        return total / num_items_in_batch
+    if problem_type == "regression":
+        if labels.dim() not in (1, 2) or labels.shape[0] != batch or labels.numel() != batch * num_labels:
+            raise ValueError(
+                f"`labels` for regression must have shape ({batch},) or ({batch}, {num_labels}), "
+                f"got {tuple(labels.shape)}"
+            )
+        return F.mse_loss(logits, labels.reshape(batch, num_labels).to(logits.dtype))
+    if labels.shape != (batch, num_labels):
+        raise ValueError(
+            f"`labels` for multi-label classification must have shape ({batch}, {num_labels}), "
+            f"got {tuple(labels.shape)}"
+        )
+    labels = labels.to(logits.dtype)
+    if bool(((labels < 0) | (labels > 1)).any()):
+        raise ValueError("`labels` for multi-label classification must lie in [0, 1]")
+    return F.binary_cross_entropy_with_logits(logits, labels)
+
+
+class ScaleformerForSequenceClassification(ScaleformerPreTrainedModel):
+    """Encoder-only classifier: the bidirectional encoder, a masked mean over the sequence, dropout and a linear head.
+
+    The pooled vector is the mean of the encoder's final (layer-normed) hidden states over the positions that
+    `attention_mask` keeps, so the logits of a sequence do not depend on how much padding it has or on which
+    side. The head applies `config.dropout` and a linear map to `config.num_labels` logits.
+
+    The model is the encoder stack whatever `config.is_encoder_decoder` says: it is built from
+    `encoder_layers`, `encoder_attention_heads` and `encoder_ffn_dim`, the `decoder_*` fields are not read, and a
+    decoder-only config (as saved by [`ScaleformerForCausalLM`]) gives the same model as the encoder-decoder config
+    with the same encoder fields. `encoder_layers` must then be at least 1.
+
+    The loss follows `config.problem_type` as in BERT; when it is `None`, it is inferred per call (the config
+    is not changed): `"regression"` (mean squared error) if `num_labels == 1`, `"single_label_classification"`
+    (cross-entropy) for `torch.long` or `torch.int` labels, `"multi_label_classification"` (binary
+    cross-entropy with logits) otherwise.
+
+    Example:
+
+    ```python
+    >>> import torch
+    >>> from modeling_scaleformer import ScaleformerConfig, ScaleformerForSequenceClassification
+    >>> config = ScaleformerConfig(vocab_size=16, d_model=64, encoder_layers=2, num_labels=10)
+    >>> model = ScaleformerForSequenceClassification(config)
+    >>> out = model(input_ids=torch.tensor([[2, 7, 8, 5]]), labels=torch.tensor([8]))
+    >>> out.logits.shape
+    torch.Size([1, 10])
+    ```
+    """
+
+    def __init__(self, config: ScaleformerConfig):
+        if config.encoder_layers < 1:
+            raise ValueError(
+                f"`encoder_layers` must be >= 1 for ScaleformerForSequenceClassification, which runs the encoder "
+                f"stack also for a decoder-only config, got {config.encoder_layers}"
+            )
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.model = ScaleformerEncoder(config)
+        self.dropout = nn.Dropout(config.dropout)
+        self.classifier = nn.Linear(config.d_model, config.num_labels)
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.model.embed_tokens
+
+    def set_input_embeddings(self, value):
+        self.model.embed_tokens = value
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+        inputs_embeds: Tensor | None = None,
+        labels: Tensor | None = None,
+        output_hidden_states: bool | None = None,
+        **kwargs,
+    ) -> SequenceClassifierOutput:
+        r"""
+        input_ids (`torch.LongTensor` of shape `(batch_size, sequence_length)`, *optional*):
+            Token ids; pass these or `inputs_embeds`.
+        attention_mask (`torch.Tensor` of shape `(batch_size, sequence_length)`, *optional*):
+            1 for tokens, 0 for padding (either side). Padding is hidden from attention and left out of the mean;
+            every row must keep at least one position. Without a mask every position counts.
+        inputs_embeds (`torch.FloatTensor` of shape `(batch_size, sequence_length, d_model)`, *optional*):
+            Embeddings to use instead of looking up `input_ids`.
+        labels (`torch.Tensor`, *optional*):
+            Class ids of shape `(batch_size,)` in `[0, config.num_labels)` (-100 ignored) for single-label
+            classification; targets of shape `(batch_size,)` or `(batch_size, 1)` for regression; multi-hot
+            targets in [0, 1] of shape `(batch_size, config.num_labels)` for multi-label classification.
+        output_hidden_states (`bool`, *optional*):
+            Whether to return the embeddings and the output of every encoder layer.
+
+        Returns:
+            [`~modeling_outputs.SequenceClassifierOutput`]: `logits` of shape `(batch_size, config.num_labels)`,
+            `loss` when `labels` are given.
+        """
+        num_items_in_batch = kwargs.pop("num_items_in_batch", None)
+        outputs = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            inputs_embeds=inputs_embeds,
+            output_hidden_states=output_hidden_states,
+            **kwargs,
+        )
+        pooled = masked_mean(outputs.last_hidden_state, attention_mask)
+        logits = self.classifier(self.dropout(pooled))
+        loss = None
+        if labels is not None:
+            problem_type = self.config.problem_type
+            if problem_type is None:
+                if self.num_labels == 1:
+                    problem_type = "regression"
+                elif labels.dtype in (torch.long, torch.int):
+                    problem_type = "single_label_classification"
+                else:
+                    problem_type = "multi_label_classification"
+            loss = sequence_classification_loss(logits, labels, problem_type, num_items_in_batch)
+        return SequenceClassifierOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states)
+
+
 __all__ = [
     "ScaleformerForCausalLM",
     "ScaleformerForConditionalGeneration",
     "ScaleformerModel",
     "ScaleformerPreTrainedModel",
+    "ScaleformerForSequenceClassification",
 ]

@@ -254,3 +254,8 @@ def test_hub_names_resolve_to_the_local_modules(monkeypatch):
     assert bleu.compute(predictions=["a b c d"], references=[["a b c d"]])["chrf"] == pytest.approx(100.0)
     rouge = evaluate.load("rouge")
     assert rouge.compute(predictions=["a b"], references=["a b"])["rougeL"] == 1.0
+    accuracy = evaluate.load("accuracy")
+    assert accuracy.compute(predictions=[0, 1, 2, 3], references=[0, 1, 1, 3]) == {"accuracy": 0.75}
+    weighted = accuracy.compute(predictions=[0, 1], references=[0, 2], sample_weight=[3.0, 1.0])
+    assert weighted == {"accuracy": 0.75}
+    assert accuracy.compute(predictions=[0, 1], references=[0, 2], normalize=False) == {"accuracy": 1.0}

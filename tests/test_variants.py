@@ -1,0 +1,251 @@
+"""Every attention_type through the models: cached decoding, generate(), state size, save/load, remote code."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
+
+from modeling_scaleformer import ScaleformerConfig, ScaleformerForCausalLM, ScaleformerForConditionalGeneration
+from modeling_scaleformer.ops_registry import ATTENTION_TYPES, ATTENTION_VARIANTS, cross_attention_type
+
+
+def tiny_config(attention_type, **overrides) -> ScaleformerConfig:
+    kwargs = dict(
+        vocab_size=60, d_model=16, encoder_layers=2, decoder_layers=2, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, rpe_horizon=3, dropout=0.0,
+        init_std=0.3, attention_type=attention_type,
+    )
+    kwargs.update(overrides)
+    return ScaleformerConfig(**kwargs)
+
+
+def randomise_variant_parameters(model, seed=0):
+    """Move the variants' parameters away from their initialisation (zeros, ones, spectra)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.rsplit(".", 1)[-1] in ("rel", "rel_bias", "content_bias", "phases", "amplitudes", "frequencies"):
+                param.add_(0.3 * torch.randn(param.shape, generator=g, dtype=param.dtype))
+    return model
+
+
+def batch(vocab=60, b=3, ls=11, padding="left", seed=0):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, vocab, (b, ls), generator=g)
+    mask = torch.ones(b, ls, dtype=torch.long)
+    for row, n in ((1, 4), (2, 1))[: b - 1]:
+        mask[row, :n] = 0 if padding == "left" else 1
+        mask[row, ls - n :] = 1 if padding == "left" else 0
+    return ids.masked_fill(mask == 0, 0), mask
+
+
+TYPES = [pytest.param(t, id=t) for t in ATTENTION_TYPES]
+
+
+def test_registry_covers_the_config_literal():
+    literal = ScaleformerConfig.__annotations__["attention_type"].__args__
+    assert set(literal) == set(ATTENTION_TYPES) == set(ATTENTION_VARIANTS)
+    for t in ATTENTION_TYPES:
+        cross = ATTENTION_VARIANTS[cross_attention_type(t, False)]
+        assert cross.cross_summary is not None and cross.cross_step is not None, t
+
+
+@pytest.mark.parametrize("padding", ["left", "right"])
+@pytest.mark.parametrize("attention_type", TYPES)
+def test_seq2seq_cached_decoding_equals_teacher_forcing(attention_type, padding):
+    torch.manual_seed(0)
+    model = ScaleformerForConditionalGeneration(tiny_config(attention_type)).double().eval()
+    randomise_variant_parameters(model)
+    src, src_mask = batch(padding=padding)
+    tgt, tgt_mask = batch(ls=9, padding=padding, seed=1)
+    full = model(input_ids=src, attention_mask=src_mask, decoder_input_ids=tgt, decoder_attention_mask=tgt_mask).logits
+    encoder_outputs = model.get_encoder()(input_ids=src, attention_mask=src_mask)
+    for pieces in ([1] * 9, [4, 1, 3, 1]):
+        cache, logits, start = None, [], 0
+        for n in pieces:
+            out = model(
+                encoder_outputs=encoder_outputs, attention_mask=src_mask,
+                decoder_input_ids=tgt[:, start : start + n], decoder_attention_mask=tgt_mask[:, : start + n],
+                past_key_values=cache, use_cache=True,
+            )
+            cache, start = out.past_key_values, start + n
+            logits.append(out.logits)
+        assert cache.get_seq_length() == 9
+        torch.testing.assert_close(torch.cat(logits, 1), full, rtol=0, atol=1e-9)
+
+
+@pytest.mark.parametrize("attention_type", TYPES)
+def test_causal_lm_cached_decoding_equals_full_forward(attention_type):
+    torch.manual_seed(0)
+    model = ScaleformerForCausalLM(tiny_config(attention_type)).double().eval()
+    randomise_variant_parameters(model)
+    ids, mask = batch(ls=12, padding="left")
+    full = model(input_ids=ids, attention_mask=mask).logits
+    out = model(input_ids=ids[:, :5], attention_mask=mask[:, :5], use_cache=True)
+    logits, cache = [out.logits], out.past_key_values
+    for t in range(5, 12):
+        out = model(input_ids=ids[:, t : t + 1], attention_mask=mask[:, : t + 1], past_key_values=cache, use_cache=True)
+        logits.append(out.logits)
+        cache = out.past_key_values
+    torch.testing.assert_close(torch.cat(logits, 1), full, rtol=0, atol=1e-9)
+
+
+@pytest.mark.parametrize("attention_type", TYPES)
+def test_linear_and_naive_modes_agree_in_the_model(attention_type):
+    if attention_type in ("xl_relative", "shaw_softmax", "softmax"):
+        modes = ("auto", "naive")
+    else:
+        modes = ("linear", "naive")
+    torch.manual_seed(0)
+    models = [ScaleformerForConditionalGeneration(tiny_config(attention_type, attention_mode=m)).double() for m in modes]
+    randomise_variant_parameters(models[0])
+    models[1].load_state_dict(models[0].state_dict())
+    src, src_mask = batch()
+    tgt, _ = batch(ls=9, padding="right", seed=1)
+    losses = [m(input_ids=src, attention_mask=src_mask, labels=tgt).loss for m in models]
+    torch.testing.assert_close(losses[0], losses[1], rtol=1e-10, atol=0)
+    grads = [torch.autograd.grad(loss, list(m.parameters())) for loss, m in zip(losses, models)]
+    for (name, _), a, b in zip(models[0].named_parameters(), *grads):
+        torch.testing.assert_close(a, b, rtol=1e-8, atol=1e-10, msg=lambda m: f"{name}: {m}")
+
+
+GENERATE = [
+    pytest.param(dict(do_sample=False), id="greedy"),
+    pytest.param(dict(num_beams=3, num_return_sequences=2), id="beam"),
+    pytest.param(dict(do_sample=True, top_k=5), id="sample"),
+]
+
+
+@pytest.mark.parametrize("kwargs", GENERATE)
+@pytest.mark.parametrize("attention_type", TYPES)
+def test_generate_same_with_and_without_cache(attention_type, kwargs):
+    torch.manual_seed(0)
+    model = randomise_variant_parameters(ScaleformerForConditionalGeneration(tiny_config(attention_type)).eval())
+    src, src_mask = batch()
+    results = []
+    for use_cache in (True, False):
+        torch.manual_seed(1)
+        results.append(model.generate(src, attention_mask=src_mask, max_new_tokens=10, use_cache=use_cache, **kwargs))
+    assert torch.equal(results[0], results[1])
+    assert len(set(results[0][:, 1:].flatten().tolist())) > 1  # not a degenerate single-token output
+
+
+@pytest.mark.parametrize("attention_type", TYPES)
+def test_causal_lm_generate_same_with_and_without_cache(attention_type):
+    torch.manual_seed(0)
+    model = randomise_variant_parameters(ScaleformerForCausalLM(tiny_config(attention_type)).eval())
+    ids, mask = batch(padding="left")
+    results = [
+        model.generate(ids, attention_mask=mask, max_new_tokens=10, do_sample=False, use_cache=use_cache)
+        for use_cache in (True, False)
+    ]
+    assert torch.equal(results[0], results[1])
+
+
+@pytest.mark.parametrize("attention_type", TYPES)
+def test_state_size_during_generation(attention_type):
+    torch.manual_seed(0)
+    model = ScaleformerForCausalLM(tiny_config(attention_type)).eval()
+    ids, _ = batch(b=1)
+    cache = model(input_ids=ids, use_cache=True).past_key_values
+    sizes = []
+    for t in range(12):
+        cache = model(input_ids=torch.tensor([[5 + t % 7]]), past_key_values=cache).past_key_values
+        sizes.append(cache.self_attention_nbytes)
+    assert cache.get_seq_length() == ids.shape[1] + 12
+    if ATTENTION_VARIANTS[attention_type].constant_state:
+        assert len(set(sizes)) == 1
+    else:  # a key/value cache: one more key and value per layer and token
+        assert sizes == sorted(sizes) and sizes[-1] > sizes[0]
+
+
+def test_toeplitz_with_zero_bias_is_kernelized_attention():
+    """At initialisation exp(b) = 1: the Toeplitz model computes what plain kernelized attention does."""
+    torch.manual_seed(0)
+    toeplitz = ScaleformerForConditionalGeneration(tiny_config("toeplitz")).double().eval()
+    plain = ScaleformerForConditionalGeneration(tiny_config("kernelized")).double().eval()
+    plain.load_state_dict(toeplitz.state_dict(), strict=False)
+    src, src_mask = batch()
+    tgt, _ = batch(ls=9, padding="right", seed=1)
+    a = toeplitz(input_ids=src, attention_mask=src_mask, decoder_input_ids=tgt).logits
+    b = plain(input_ids=src, attention_mask=src_mask, decoder_input_ids=tgt).logits
+    torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
+    randomise_variant_parameters(toeplitz)
+    c = toeplitz(input_ids=src, attention_mask=src_mask, decoder_input_ids=tgt).logits
+    assert (c - b).abs().max() > 1e-3
+
+
+def test_variant_parameters_are_initialised_as_specified():
+    model = ScaleformerForConditionalGeneration(tiny_config("fourier", init_std=0.02))
+    attn = model.model.encoder.layers[0].self_attn
+    head_dim = 8
+    expected = 10000.0 ** (-torch.arange(head_dim, dtype=torch.float32) / head_dim)
+    torch.testing.assert_close(attn.frequencies[1, :, 0], expected)
+    assert bool((attn.phases == 0).all()) and bool((attn.amplitudes == 1).all())
+    xl = ScaleformerForConditionalGeneration(tiny_config("xl_relative", init_std=0.02)).model.decoder.layers[1].self_attn
+    assert bool((xl.content_bias == 0).all()) and bool((xl.rel_bias == 0).all()) and 0.01 < xl.rel.std() < 0.03
+    assert tuple(xl.rel.shape) == (2, 7, 8)
+    cross = ScaleformerForConditionalGeneration(tiny_config("xl_relative")).model.decoder.layers[0].encoder_attn
+    assert cross.attention_type == "softmax" and len(list(cross.parameters())) == 8  # projections only
+
+
+@pytest.mark.parametrize(
+    "overrides, field",
+    [
+        pytest.param(dict(attention_type="fourier", rpe_shared_across_heads=True), "rpe_shared_across_heads", id="shared"),
+        pytest.param(dict(attention_type="softmax", cross_attention_rpe=True), "cross_attention_rpe", id="cross-rpe"),
+        pytest.param(dict(attention_type="shaw_softmax", attention_mode="linear"), "attention_mode", id="mode"),
+    ],
+)
+def test_config_rejects_options_a_variant_does_not_have(overrides, field):
+    # huggingface_hub wraps the ValueError of validate_architecture in StrictDataclassClassValidationError
+    with pytest.raises(Exception, match=field):
+        tiny_config(**overrides)
+
+
+REMOTE = """
+import json, sys, torch
+sys.modules["modeling_scaleformer"] = None  # the package must not be importable here
+from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
+for path, ref, kind in json.loads(sys.argv[1]):
+    auto = AutoModelForSeq2SeqLM if kind == "seq2seq" else AutoModelForCausalLM
+    model = auto.from_pretrained(path, trust_remote_code=True).eval()
+    assert type(model).__module__.startswith("transformers_modules"), type(model).__module__
+    out = model.generate(torch.tensor([[5, 6, 7, 8, 9, 10]]), max_new_tokens=6, do_sample=False)
+    assert out.tolist() == torch.load(ref).tolist(), (path, out, torch.load(ref))
+print("remote ok")
+"""
+
+
+def test_save_load_and_remote_code_for_every_attention_type(tmp_path):
+    jobs = []
+    for attention_type in ATTENTION_TYPES:
+        for kind, cls, auto in (
+            ("seq2seq", ScaleformerForConditionalGeneration, AutoModelForSeq2SeqLM),
+            ("causal", ScaleformerForCausalLM, AutoModelForCausalLM),
+        ):
+            torch.manual_seed(0)
+            model = randomise_variant_parameters(cls(tiny_config(attention_type)).eval())
+            folder = tmp_path / f"{attention_type}-{kind}"
+            model.save_pretrained(folder)
+            loaded = auto.from_pretrained(folder).eval()
+            assert loaded.config.attention_type == attention_type
+            for (n, a), (_, b) in zip(model.state_dict().items(), loaded.state_dict().items()):
+                assert torch.equal(a, b), (attention_type, n)
+            reference = model.generate(torch.tensor([[5, 6, 7, 8, 9, 10]]), max_new_tokens=6, do_sample=False)
+            torch.save(reference, tmp_path / f"{attention_type}-{kind}.pt")
+            jobs.append((str(folder), str(tmp_path / f"{attention_type}-{kind}.pt"), kind))
+    script = tmp_path / "load.py"
+    script.write_text(textwrap.dedent(REMOTE))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(HF_HOME=str(tmp_path / "hf"), HF_HUB_OFFLINE="1")
+    result = subprocess.run(
+        [sys.executable, "-I", str(script), json.dumps(jobs)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert result.returncode == 0 and "remote ok" in result.stdout, result.stderr[-3000:]
