@@ -11,17 +11,24 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("task", ["translation", "docstrings"])
-def test_main_job_smoke(tmp_path, task):
+@pytest.mark.parametrize(
+    "task, tokenizer",
+    [
+        pytest.param("translation", [], id="translation-own-tokenizer"),
+        pytest.param("docstrings", ["--tokenizer", str(ROOT / "examples" / "tokenizer")], id="docstrings-shipped-tokenizer"),
+    ],
+)
+def test_main_job_smoke(tmp_path, task, tokenizer):
     out = tmp_path / "main-job"
     env = dict(os.environ, HF_HUB_OFFLINE="1")
     result = subprocess.run(
         [sys.executable, str(ROOT / "examples" / "main_job.py"), "--task", task, "--train_minutes", "0.05",
-         "--eval_examples", "4", "--tokens_per_batch", "1500", "--output_dir", str(out)],
+         "--eval_examples", "4", "--tokens_per_batch", "1500", "--output_dir", str(out), *tokenizer],
         env=env, capture_output=True, text=True, timeout=600,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "copy input" in result.stdout and "reloaded with AutoModelForSeq2SeqLM and checked" in result.stdout
+    assert ("trained on the training split" in result.stdout) == (not tokenizer)
     results = json.loads((out / "main_job_results.json").read_text())
     assert results["task"] == task and results["test_examples"] == 4
     card = (out / "README.md").read_text()

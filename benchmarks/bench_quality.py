@@ -1,0 +1,864 @@
+"""Quality per CPU-minute: learning curves of Scaleformer, BART and T5 of one size under one wall-clock budget.
+
+What is measured: each model is trained from random weights for `--minutes` of training wall-clock time on
+English -> Spanish Bible pairs (`examples/data/bible/`), and its held-out cross-entropy is measured every
+`--eval_every_seconds` of training time (and before the first step and after the last). The curve is
+recorded against training seconds and against tokens seen (non-padding source + target tokens). At the
+end, greedy decoding on the test split gives BLEU and chrF (sacreBLEU), beside the copy-the-source baseline.
+
+Models, all d_model 256, 3 + 3 layers, 4 heads, FFN 1024, dropout 0.1, fp32 by default (`--d_model` ...):
+
+* `scaleformer`: `ScaleformerForConditionalGeneration`, attention_type `kernelized_rpe` (horizon 16);
+  `scaleformer:TYPE` runs another attention_type (e.g. `scaleformer:softmax`);
+* `bart`: `transformers.BartForConditionalGeneration` (the builder of `bench_generate.py`), learned absolute
+  positions; `max_position_embeddings` fits the longest sequence of the task (128 for verses of at most 96
+  tokens); for chapters see `--bart_long`;
+* `t5`: `transformers.T5ForConditionalGeneration`, d_kv = d_model / heads, relative attention buckets at
+  their defaults (32 buckets, max distance 128), ReLU FFN, tied embeddings.
+
+Every model uses the same tokenizer: a byte-level BPE (`train_bpe_tokenizer`, 8000 tokens) trained on the
+training split's English and Spanish text, saved once in the output folder (`--output_dir`, by default
+the folder of `--json`) and loaded from there by every later run; its SHA-256 is part of the settings.
+Special ids: pad 0, bos 1 (the decoder start of every model), eos 2.
+
+How: per seed, the weights come from `torch.manual_seed(seed)` and the training batches from a
+`random.Random(seed)`, independent of the model: batches of `--batch_size` pairs grouped by source length
+(sorted with random tie-breaks, cut into batches, batches shuffled; a new order per epoch), so that every
+model sees the same pairs in the same order. AdamW (`--lr`, weight decay 0.01), gradients clipped to norm
+1.0, learning rate rising linearly over `--warmup_steps` and then decaying as the inverse square root of the
+step (the recipe of `../shared/PERF_NOTES.md`), `--threads` torch threads. Training time counts batching,
+forward, backward and the optimizer; evaluation and decoding are timed separately and are not in the budget.
+The last evaluation follows the step that crosses the budget, so a run overshoots it by less than one step
+(the table gives each model's training seconds); "equal wall-clock" figures are those of that evaluation.
+Held-out loss is the summed cross-entropy (nats) of a fixed subset of the held-out split, in batches sorted
+by length, divided by its target tokens (per token) and by its target characters (per character, so that
+figures stay comparable with other tokenizations).
+
+Tasks (`--task`):
+
+* `verses`: verse pairs; train on `train.jsonl`, curves on `validation.jsonl`, final scores on
+  `test.jsonl`. Pairs with more than `--max_tokens` (96) source or target tokens are left out (not cut).
+* `chapters`: the verses of one (book, chapter) joined with spaces, from the same files (the shipped
+  sample holds whole chapters). Chapters whose source has `--min_source_tokens` to `--max_source_tokens`
+  tokens (800-3200) are kept; targets are cut to `--max_target_tokens` (1024) for every model alike. BART
+  cannot read past its position table: `--bart_long table` enlarges `max_position_embeddings` to the longest
+  sequence, `--bart_long truncate` keeps 1024 positions and cuts BART's sources (train, held-out and test) to
+  1024 tokens. T5 reads full sources; its attention cost grows quadratically with length. The report says
+  what each baseline did and how many sources were cut.
+
+The report is a markdown table per model (mean and spread over seeds) and the project's targets: on verses
+Scaleformer's final held-out loss per token within 2% of the best baseline's at equal wall-clock; on
+chapters lower than every baseline's. Each is PASS, FAIL or N/A (a model missing, or `--quick`).
+
+Runs accumulate: with `--json PATH`, the (model, seed) runs already in PATH are skipped (unless
+`--overwrite`), each finished run is merged into PATH at once, and the tables and the plot cover every run
+in the file. A file made with other data, model or training settings is refused. So the full verse
+benchmark (3 models x 3 seeds x 20 minutes of training; with evaluation, about 12 s per held-out pass on a
+loaded 2-core machine, and decoding, about 4 hours in all) is run one (model, seed) at a time, possibly across
+sessions:
+
+    for seed in 0 1 2; do for model in scaleformer bart t5; do
+        PYTHONPATH=. python benchmarks/bench_quality.py --task verses --models $model --seeds $seed --minutes 20 \\
+            --json benchmarks/results/quality_verses.json --plot benchmarks/results/quality_verses.png
+    done; done
+
+and the long-input comparison the same way (test decoding of 8 chapters of up to 1024 new tokens adds
+minutes per run; `--bart_long table` for the other BART setting, in its own JSON):
+
+    PYTHONPATH=. python benchmarks/bench_quality.py --task chapters --models scaleformer --seeds 0 --minutes 20 \\
+        --bart_long truncate --json benchmarks/results/quality_chapters.json \\
+        --plot benchmarks/results/quality_chapters.png
+
+    PYTHONPATH=. python benchmarks/bench_quality.py --quick --json /tmp/q.json --plot /tmp/q.png   # smoke test, < 1 min
+
+The figures go into the README with the date and the machine (CPU model, threads, load average), which the
+report prints per run. The machines these defaults were written for are shared 2-core CPUs on which
+absolute times move by 20% or more: a run under load buys fewer steps, so compare models whose runs had a
+similar load, and read the load average recorded per run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import sacrebleu
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from tqdm import tqdm
+from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerFast, T5Config, T5ForConditionalGeneration
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "examples" / "data"))
+
+from bench_attention import machine_info  # noqa: E402
+from bench_generate import ModelSize, build_model, model_configs  # noqa: E402
+from train_tokenizer import train_bpe_tokenizer  # noqa: E402
+
+from modeling_scaleformer import ScaleformerConfig  # noqa: E402
+from modeling_scaleformer.ops_registry import ATTENTION_TYPES  # noqa: E402
+
+
+BENCHMARK = "bench_quality"
+DATA_DIR = ROOT / "examples" / "data" / "bible"
+PAD_ID, BOS_ID, EOS_ID = 0, 1, 2  # train_bpe_tokenizer's special ids
+BASELINES = ("bart", "t5")
+GRAD_CLIP = 1.0
+WEIGHT_DECAY = 0.01
+BART_DEFAULT_POSITIONS = 1024
+VERSE_TARGET_RATIO = 1.02  # Scaleformer's held-out loss at most 2% above the best baseline's
+REPETITION_GUARD = dict(no_repeat_ngram_size=3, repetition_penalty=1.2)  # examples/main_job.py's
+
+DEFAULTS = dict(
+    models=["scaleformer", "bart", "t5"], seeds=[0], minutes=20.0, max_steps=None, eval_every_seconds=60.0,
+    d_model=256, layers=3, heads=4, ffn_dim=1024, dropout=0.1, vocab_size=8000, lr=5e-4, warmup_steps=200,
+    train_examples=0, heldout_examples=0,
+)
+TASK_DEFAULTS = {
+    "verses": dict(batch_size=32, max_tokens=96, test_examples=0, max_new_tokens=96),
+    "chapters": dict(batch_size=2, max_tokens=None, test_examples=8, max_new_tokens=1024),
+}
+QUICK = dict(
+    models=["scaleformer", "bart", "t5"], seeds=[0], minutes=0.25, max_steps=6, eval_every_seconds=0.5,
+    d_model=32, layers=1, heads=2, ffn_dim=64, dropout=0.1, vocab_size=1000, lr=1e-3, warmup_steps=2,
+    train_examples=64, heldout_examples=16, batch_size=16, max_tokens=64, test_examples=8, max_new_tokens=16,
+)
+# what a run's result depends on, apart from the model and the seed: runs in one file must agree on all
+SETTING_KEYS = ("task", "quick", "minutes", "max_steps", "eval_every_seconds", "d_model", "layers", "heads", "ffn_dim",
+                "dropout", "vocab_size", "lr", "warmup_steps", "batch_size", "threads", "train_examples",
+                "heldout_examples", "test_examples", "max_tokens", "min_source_tokens", "max_source_tokens",
+                "max_target_tokens", "max_new_tokens", "bart_long", "repetition_guard", "data_dir")
+
+
+# ----------------------------------------------------------------------------------------------- arguments
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description="Held-out loss against training wall-clock and tokens seen, then BLEU and chrF, for Scaleformer, "
+        "BART and T5 of the same size on English -> Spanish Bible pairs; one (model, seed) run merged into --json "
+        "at a time.",
+    )
+    parser.add_argument("--task", choices=("verses", "chapters"), default="verses",
+                        help="verse pairs, or chapter pairs of 800-3200 source tokens (default: verses)")
+    parser.add_argument("--models", nargs="+", metavar="MODEL",
+                        help="scaleformer, scaleformer:TYPE (another attention_type), bart, t5 "
+                        f"(default: {' '.join(DEFAULTS['models'])})")
+    parser.add_argument("--seeds", type=int, nargs="+", metavar="S",
+                        help="seeds of the weights, dropout and data order; one run per model and seed (default: 0)")
+    parser.add_argument("--quick", action="store_true",
+                        help="smoke test: 64 training pairs, d_model 32, 1+1 layers, a few steps, 8 test pairs; "
+                        "explicit flags still apply")
+    budget = parser.add_argument_group("budget and curves")
+    budget.add_argument("--minutes", type=float, help="training wall-clock per run, evaluation excluded (default: 20)")
+    budget.add_argument("--max_steps", type=int, help="also stop after this many steps (default: none)")
+    budget.add_argument("--eval_every_seconds", type=float,
+                        help="training seconds between held-out evaluations (default: 60)")
+    model = parser.add_argument_group("model size (the same for every model)")
+    model.add_argument("--d_model", type=int, help="width (default: 256)")
+    model.add_argument("--layers", type=int, help="encoder layers, and as many decoder layers (default: 3)")
+    model.add_argument("--heads", type=int, help="attention heads (default: 4)")
+    model.add_argument("--ffn_dim", type=int, help="feed-forward width (default: 1024)")
+    model.add_argument("--dropout", type=float, help="dropout of every model (default: 0.1)")
+    model.add_argument("--vocab_size", type=int, help="BPE vocabulary trained on the training split (default: 8000)")
+    model.add_argument("--bart_long", choices=("table", "truncate"), default="truncate",
+                       help="chapters: enlarge BART's position table to the longest sequence (table), or cut BART's "
+                       "sources at 1024 tokens (truncate) (default: truncate)")
+    train = parser.add_argument_group("training")
+    train.add_argument("--lr", type=float, help="peak AdamW learning rate (default: 5e-4)")
+    train.add_argument("--warmup_steps", type=int, help="linear warm-up, then inverse square root (default: 200)")
+    train.add_argument("--batch_size", type=int, help="pairs per step (default: 32 verses, 2 chapters)")
+    train.add_argument("--threads", type=int, default=2, help="torch intra-op threads (default: 2)")
+    data = parser.add_argument_group("data")
+    data.add_argument("--train_examples", type=int, help="use only the first N training pairs, 0 for all (default: 0)")
+    data.add_argument("--heldout_examples", type=int,
+                      help="fixed held-out subset for the curves (a seeded sample), 0 for all (default: 0)")
+    data.add_argument("--test_examples", type=int,
+                      help="test pairs decoded (a seeded sample), 0 for all (default: all verses, 8 chapters)")
+    data.add_argument("--max_tokens", type=int,
+                      help="verses: leave out pairs with a longer source or target (default: 96)")
+    data.add_argument("--min_source_tokens", type=int, default=800,
+                      help="chapters: shortest source kept (default: 800)")
+    data.add_argument("--max_source_tokens", type=int, default=3200,
+                      help="chapters: longest source kept (default: 3200)")
+    data.add_argument("--max_target_tokens", type=int, default=1024,
+                      help="chapters: targets cut to this many tokens, for every model (default: 1024)")
+    decode = parser.add_argument_group("decoding")
+    decode.add_argument("--max_new_tokens", type=int, help="greedy decoding limit (default: 96 verses, 1024 chapters)")
+    decode.add_argument("--no_repetition_guard", action="store_true",
+                        help="plain greedy decoding, without examples/main_job.py's no_repeat_ngram_size=3 and "
+                        "repetition_penalty=1.2 (default: with them, for every model alike)")
+    data.add_argument("--data_dir", type=Path, default=DATA_DIR,
+                      help="folder of {train,validation,test}.jsonl with en, es, book, chapter (and verse) fields "
+                      "(default: the shipped sample, examples/data/bible)")
+    parser.add_argument("--output_dir", type=Path,
+                        help="where the tokenizer is cached (default: the folder of --json, else "
+                        "outputs/bench_quality)")
+    parser.add_argument("--json", type=Path, metavar="PATH",
+                        help="merge the runs into PATH (runs already there are skipped) and write every raw figure")
+    parser.add_argument("--plot", type=Path, metavar="PATH",
+                        help="write a PNG of held-out loss against training seconds and against tokens seen")
+    parser.add_argument("--overwrite", action="store_true", help="run (model, seed) pairs already in --json again")
+    args = parser.parse_args(argv)
+
+    preset = {**DEFAULTS, **TASK_DEFAULTS[args.task], **(QUICK if args.quick else {})}
+    for name, value in preset.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    args.models = list(dict.fromkeys(args.models))
+    args.seeds = list(dict.fromkeys(args.seeds))
+    for name in args.models:
+        kind, _, attention_type = name.partition(":")
+        if kind == "scaleformer" and (not attention_type or attention_type in ATTENTION_TYPES):
+            continue
+        if kind in BASELINES and not attention_type:
+            continue
+        parser.error(f"--models: unknown model {name!r}; use scaleformer, scaleformer:TYPE with TYPE in "
+                     f"{', '.join(ATTENTION_TYPES)}, bart or t5")
+    for name in ("d_model", "layers", "heads", "ffn_dim", "batch_size", "threads", "vocab_size", "max_new_tokens"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be at least 1, got {getattr(args, name)}")
+    if args.d_model % args.heads:
+        parser.error(f"--heads must divide --d_model ({args.d_model}), got {args.heads}")
+    if args.eval_every_seconds <= 0 or args.lr <= 0:
+        parser.error("--eval_every_seconds and --lr must be positive")
+    if args.minutes < 0 or args.warmup_steps < 0 or not 0 <= args.dropout < 1:
+        parser.error("--minutes and --warmup_steps must be >= 0 and --dropout in [0, 1)")
+    if args.minutes == 0 and args.max_steps is None:
+        parser.error("--minutes 0 (no time budget) needs --max_steps")
+    if args.task == "verses":  # chapter-only settings do not apply, and must not split files
+        args.min_source_tokens = args.max_source_tokens = args.max_target_tokens = args.bart_long = None
+    else:
+        args.max_tokens = None
+        if args.min_source_tokens > args.max_source_tokens:
+            parser.error("--min_source_tokens must be <= --max_source_tokens")
+    args.repetition_guard = not args.no_repetition_guard
+    if args.output_dir is None:
+        args.output_dir = args.json.parent if args.json is not None else ROOT / "outputs" / "bench_quality"
+    return args
+
+
+# ----------------------------------------------------------------------------------------------------- data
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def chapter_pairs(rows: list[dict]) -> list[dict]:
+    """The verses of each (book, chapter), in file order, joined with spaces (as `build_bible.py --level chapter`
+    writes them, whose records pass through unchanged); the verses of a chapter must be 1..n in order."""
+    if rows and "verse" not in rows[0]:
+        return rows
+    chapters: dict[tuple[str, int], list[dict]] = {}
+    for r in rows:
+        chapters.setdefault((r["book"], r["chapter"]), []).append(r)
+    pairs = []
+    for (book, chapter), verses in chapters.items():
+        numbers = [v["verse"] for v in verses]
+        if numbers != list(range(1, len(verses) + 1)):
+            raise ValueError(f"{book} {chapter}: verses {numbers[:5]}... are not 1..n in order")
+        pairs.append({"id": f"{book} {chapter}", "en": " ".join(v["en"] for v in verses),
+                      "es": " ".join(v["es"] for v in verses), "verses": len(verses)})
+    return pairs
+
+
+def raw_splits(args: argparse.Namespace) -> dict[str, list[dict]]:
+    splits = {}
+    for name, file in (("train", "train"), ("heldout", "validation"), ("test", "test")):
+        rows = read_jsonl(args.data_dir / f"{file}.jsonl")
+        splits[name] = chapter_pairs(rows) if args.task == "chapters" else rows
+    if args.train_examples:
+        splits["train"] = splits["train"][:args.train_examples]
+    return splits
+
+
+def get_tokenizer(train_rows: list[dict], args: argparse.Namespace) -> tuple[PreTrainedTokenizerFast, Path, str]:
+    """The BPE of the training text, trained once and cached under --output_dir (keyed by its text and size)."""
+    texts = [text for r in train_rows for text in (r["en"], r["es"])]
+    text_hash = hashlib.sha256("\n".join(texts).encode()).hexdigest()[:12]
+    folder = args.output_dir / f"bench_quality_tokenizer_{args.vocab_size}_{text_hash}"
+    if (folder / "tokenizer.json").exists():
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+        print(f"[tokenizer] loaded from {folder}", file=sys.stderr, flush=True)
+    else:
+        start = time.perf_counter()
+        tokenizer = train_bpe_tokenizer(texts, vocab_size=args.vocab_size)
+        tokenizer.save_pretrained(folder)
+        print(f"[tokenizer] trained in {time.perf_counter() - start:.1f} s, saved to {folder}", file=sys.stderr,
+              flush=True)
+    if (tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id) != (PAD_ID, BOS_ID, EOS_ID):
+        raise SystemExit(f"tokenizer in {folder} has unexpected special ids")
+    sha = hashlib.sha256((folder / "tokenizer.json").read_bytes()).hexdigest()
+    return tokenizer, folder, sha
+
+
+def encode_split(rows: list[dict], tokenizer: PreTrainedTokenizerFast, args: argparse.Namespace,
+                 name: str) -> tuple[list[dict], dict]:
+    """Token ids of the pairs kept, and what was kept or cut."""
+    src_ids = tokenizer([r["en"] for r in rows]).input_ids
+    tgt_ids = tokenizer([r["es"] for r in rows]).input_ids
+    kept, cut_targets = [], 0
+    for r, src, tgt in zip(rows, src_ids, tgt_ids):
+        if args.task == "verses":
+            if len(src) > args.max_tokens or len(tgt) > args.max_tokens:
+                continue
+        else:
+            if not args.min_source_tokens <= len(src) <= args.max_source_tokens:
+                continue
+            if len(tgt) > args.max_target_tokens:
+                tgt, cut_targets = tgt[:args.max_target_tokens - 1] + [EOS_ID], cut_targets + 1
+        reference = tokenizer.decode(tgt, skip_special_tokens=True)
+        kept.append({"source": r["en"], "reference": reference, "src": src, "tgt": tgt, "chars": len(reference)})
+    src_lengths = sorted(len(s) for s in src_ids)
+    info = {"split": name, "pairs": len(rows), "kept": len(kept), "targets_cut": cut_targets,
+            "source_tokens_all": [src_lengths[0], src_lengths[len(src_lengths) // 2], src_lengths[-1]] if rows else [],
+            "source_tokens_kept": ([min(len(p["src"]) for p in kept), max(len(p["src"]) for p in kept)]
+                                   if kept else []),
+            "target_tokens_kept": ([min(len(p["tgt"]) for p in kept), max(len(p["tgt"]) for p in kept)]
+                                   if kept else [])}
+    return kept, info
+
+
+def make_data(args: argparse.Namespace) -> tuple[dict[str, list[dict]], dict, PreTrainedTokenizerFast]:
+    raw = raw_splits(args)
+    tokenizer, folder, sha = get_tokenizer(raw["train"], args)
+    splits, described = {}, {}
+    for name, rows in raw.items():
+        splits[name], described[name] = encode_split(rows, tokenizer, args, name)
+    sample_sizes = {"heldout": args.heldout_examples, "test": args.test_examples}
+    for name, size in sample_sizes.items():
+        if size and size < len(splits[name]):
+            picked = sorted(random.Random(1234).sample(range(len(splits[name])), size))
+            splits[name] = [splits[name][i] for i in picked]
+        described[name]["used"] = len(splits[name])
+    described["train"]["used"] = len(splits["train"])
+    for name in ("train", "heldout", "test"):
+        if not splits[name]:
+            raise SystemExit(f"no {name} pair is left after the length limits: {described[name]}")
+    data = {"splits": described, "tokenizer": {"folder": str(folder), "sha256": sha, "vocabulary": len(tokenizer)},
+            "notes": data_notes(splits, args)}
+    return splits, data, tokenizer
+
+
+def data_notes(splits: dict[str, list[dict]], args: argparse.Namespace) -> list[str]:
+    """Warnings about chapter data too small or too short for what the task is meant to show."""
+    if args.task != "chapters":
+        return []
+    notes = []
+    few = {name: len(pairs) for name, pairs in splits.items() if len(pairs) < (200 if name == "train" else 20)}
+    if few:
+        notes.append("few chapters: " + ", ".join(f"{n} {name}" for name, n in few.items()) + " (the shipped sample "
+                     "has 161 train, 11 validation and 24 test chapters before the length limits); "
+                     "`python examples/data/build_bible.py --level chapter --output_dir DIR` builds all 1,167 where "
+                     "the SWORD packages are installed, then pass `--data_dir DIR`")
+    for name in ("heldout", "test"):
+        longer = sum(len(p["src"]) > BART_DEFAULT_POSITIONS for p in splits[name])
+        if longer < len(splits[name]) / 2:
+            notes.append(f"only {longer} of {len(splits[name])} {name} sources exceed {BART_DEFAULT_POSITIONS} tokens: "
+                         f"the {name} figures say little about inputs beyond BART's default position table")
+    return notes
+
+
+# --------------------------------------------------------------------------------------------------- models
+
+
+def bart_positions(splits: dict[str, list[dict]], args: argparse.Namespace) -> int:
+    """BART's position table: 1024 with `--bart_long truncate`; otherwise the longest source, target or decoded
+    sequence (+2, BART's offset), rounded up to a multiple of 64, so that the table holds what the task needs."""
+    if args.task == "chapters" and args.bart_long == "truncate":
+        return BART_DEFAULT_POSITIONS
+    longest = max(len(p[k]) for s in splits.values() for p in s for k in ("src", "tgt"))
+    longest = max(longest, args.max_new_tokens + 1) + 2
+    return 64 * math.ceil(longest / 64)
+
+
+def bart_source_limit(args: argparse.Namespace) -> int | None:
+    return BART_DEFAULT_POSITIONS if args.task == "chapters" and args.bart_long == "truncate" else None
+
+
+def build(name: str, seed: int, vocabulary: int, bart_max_positions: int, args: argparse.Namespace) -> PreTrainedModel:
+    size = ModelSize(vocab_size=vocabulary, d_model=args.d_model, layers=args.layers, heads=args.heads,
+                     ffn_dim=args.ffn_dim)
+    ids = dict(pad_token_id=PAD_ID, bos_token_id=BOS_ID, eos_token_id=EOS_ID, decoder_start_token_id=BOS_ID)
+    kind, _, attention_type = name.partition(":")
+    if kind == "t5":
+        config = T5Config(vocab_size=vocabulary, d_model=args.d_model, d_kv=args.d_model // args.heads,
+                          d_ff=args.ffn_dim, num_layers=args.layers, num_decoder_layers=args.layers,
+                          num_heads=args.heads, dropout_rate=args.dropout, tie_word_embeddings=True, **ids)
+        torch.manual_seed(seed)
+        return T5ForConditionalGeneration(config)
+    base = model_configs(size, bart_max_positions)
+    if kind == "bart":
+        config = base["bart"]
+        for key, value in {**ids, "dropout": args.dropout}.items():
+            setattr(config, key, value)
+        return build_model("bart", config, seed)
+    sf = base["scaleformer"]
+    config = ScaleformerConfig(
+        vocab_size=vocabulary, d_model=sf.d_model, encoder_layers=sf.encoder_layers, decoder_layers=sf.decoder_layers,
+        encoder_attention_heads=sf.encoder_attention_heads, decoder_attention_heads=sf.decoder_attention_heads,
+        encoder_ffn_dim=sf.encoder_ffn_dim, decoder_ffn_dim=sf.decoder_ffn_dim, dropout=args.dropout,
+        attention_type=attention_type or sf.attention_type, **ids,
+    )
+    return build_model("scaleformer", config, seed)
+
+
+def describe_model(name: str, model: PreTrainedModel, args: argparse.Namespace, cut: dict) -> str:
+    config = model.config
+    if name.startswith("scaleformer"):
+        return (f"attention_type {config.attention_type}, rpe_horizon {config.rpe_horizon}, attention_mode "
+                f"{config.attention_mode}; full sources")
+    if name == "t5":
+        return (f"d_kv {config.d_kv}, relative attention {config.relative_attention_num_buckets} buckets, max "
+                f"distance {config.relative_attention_max_distance}, FFN {config.feed_forward_proj}; full sources "
+                "(attention cost quadratic in length)")
+    text = f"max_position_embeddings {config.max_position_embeddings}"
+    if args.task == "chapters":
+        if args.bart_long == "table":
+            text += " (--bart_long table: enlarged to fit the longest sequence); full sources"
+        else:
+            text += (" (--bart_long truncate): sources cut to the first 1024 tokens: "
+                     + ", ".join(f"{k} {v[0]} of {v[1]}" for k, v in cut.items()))
+    else:
+        text += " (the longest sequence of the task, rounded up to 64); full sources"
+    return text
+
+
+# ------------------------------------------------------------------------------------------------- training
+
+
+def collate(pairs: list[dict], indices: list[int], source_limit: int | None) -> tuple[Tensor, Tensor, Tensor]:
+    """(input_ids, attention_mask, labels): sources padded with PAD_ID, labels with -100."""
+    src = [pairs[i]["src"] if source_limit is None else pairs[i]["src"][:source_limit] for i in indices]
+    tgt = [pairs[i]["tgt"] for i in indices]
+    input_ids = torch.full((len(src), max(map(len, src))), PAD_ID)
+    attention_mask = torch.zeros_like(input_ids)
+    labels = torch.full((len(tgt), max(map(len, tgt))), -100)
+    for row, (s, t) in enumerate(zip(src, tgt)):
+        input_ids[row, :len(s)] = torch.tensor(s)
+        attention_mask[row, :len(s)] = 1
+        labels[row, :len(t)] = torch.tensor(t)
+    return input_ids, attention_mask, labels
+
+
+def training_batches(pairs: list[dict], batch_size: int, seed: int):
+    """Endless batches of indices, the same for every model of a seed: per epoch, indices sorted by source
+    length with random tie-breaks, cut into batches of `batch_size`, the batches shuffled."""
+    rng = random.Random(seed)
+    while True:
+        order = sorted(range(len(pairs)), key=lambda i: (len(pairs[i]["src"]), rng.random()))
+        batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+        rng.shuffle(batches)
+        yield from batches
+
+
+def learning_rate(step: int, args: argparse.Namespace) -> float:
+    if args.warmup_steps == 0:
+        return args.lr
+    return args.lr * min((step + 1) / args.warmup_steps, math.sqrt(args.warmup_steps / (step + 1)))
+
+
+@torch.no_grad()
+def heldout_loss(model: PreTrainedModel, pairs: list[dict], batch_size: int, source_limit: int | None) -> dict:
+    """Summed target cross-entropy (nats) over `pairs`, per target token and per target character."""
+    model.eval()
+    order = sorted(range(len(pairs)), key=lambda i: len(pairs[i]["src"]))
+    total = 0.0
+    tokens = chars = 0
+    for start in range(0, len(order), batch_size):
+        indices = order[start:start + batch_size]
+        input_ids, attention_mask, labels = collate(pairs, indices, source_limit)
+        logits = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels, use_cache=False).logits
+        total += F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100,
+                                 reduction="sum").item()
+        tokens += int((labels != -100).sum())
+        chars += sum(pairs[i]["chars"] for i in indices)
+    model.train()
+    return {"loss_per_token": total / tokens, "loss_per_char": total / max(chars, 1), "tokens": tokens, "chars": chars}
+
+
+@torch.no_grad()
+def greedy_decode(model: PreTrainedModel, pairs: list[dict], batch_size: int, source_limit: int | None,
+                  tokenizer: PreTrainedTokenizerFast, args: argparse.Namespace) -> list[str]:
+    model.eval()
+    order = sorted(range(len(pairs)), key=lambda i: len(pairs[i]["src"]))
+    out: dict[int, str] = {}
+    guard = REPETITION_GUARD if args.repetition_guard else {}
+    for start in range(0, len(order), batch_size):
+        indices = order[start:start + batch_size]
+        input_ids, attention_mask, _ = collate(pairs, indices, source_limit)
+        generated = model.generate(input_ids=input_ids, attention_mask=attention_mask, do_sample=False, num_beams=1,
+                                   max_new_tokens=args.max_new_tokens, decoder_start_token_id=BOS_ID,
+                                   eos_token_id=EOS_ID, pad_token_id=PAD_ID, **guard)
+        for i, text in zip(indices, tokenizer.batch_decode(generated, skip_special_tokens=True)):
+            out[i] = text.strip()
+    return [out[i] for i in range(len(pairs))]
+
+
+def scores(hypotheses: list[str], references: list[str]) -> dict:
+    return {"bleu": sacrebleu.corpus_bleu(hypotheses, [references]).score,
+            "chrf": sacrebleu.corpus_chrf(hypotheses, [references]).score}
+
+
+def train_one(name: str, seed: int, splits: dict[str, list[dict]], tokenizer: PreTrainedTokenizerFast,
+              args: argparse.Namespace) -> dict:
+    info = machine_info(torch.get_num_threads())
+    start = time.perf_counter()
+    limit = bart_source_limit(args) if name == "bart" else None
+    model = build(name, seed, len(tokenizer), bart_positions(splits, args), args).train()
+    parameters = sum(p.numel() for p in model.parameters())
+    cut = {s: (sum(len(p["src"]) > limit for p in splits[s]), len(splits[s])) for s in splits} if limit else {}
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=WEIGHT_DECAY)
+    batches = training_batches(splits["train"], args.batch_size, seed)
+    budget_s = 60 * args.minutes if args.minutes > 0 else math.inf
+    steps = source_tokens = target_tokens = 0
+    train_seconds = eval_seconds = 0.0
+    losses: list[float] = []
+    curve: list[dict] = []
+    bar = tqdm(total=round(budget_s) if budget_s < math.inf else None, desc=f"{name} seed {seed}", unit="s",
+               file=sys.stderr, mininterval=2.0, dynamic_ncols=True,
+               bar_format="{desc}: {percentage:3.0f}%|{bar}| {n:.0f}/{total_fmt} train s [{elapsed}<{remaining}]"
+               "{postfix}")
+
+    def evaluate() -> None:
+        nonlocal eval_seconds
+        t0 = time.perf_counter()
+        loss = heldout_loss(model, splits["heldout"], args.batch_size, limit)
+        eval_seconds += time.perf_counter() - t0
+        curve.append({"step": steps, "train_seconds": train_seconds, "tokens_seen": source_tokens + target_tokens,
+                      "target_tokens_seen": target_tokens, "heldout_loss_per_token": loss["loss_per_token"],
+                      "heldout_loss_per_char": loss["loss_per_char"],
+                      "train_loss": statistics.fmean(losses) if losses else None, "eval_seconds": eval_seconds})
+        losses.clear()
+        bar.set_postfix_str(f"step {steps}, held-out {loss['loss_per_token']:.3f} nats/token", refresh=True)
+
+    evaluate()
+    next_eval = args.eval_every_seconds
+    stopped_by = None
+    while stopped_by is None:
+        t0 = time.perf_counter()
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate(steps, args)
+        input_ids, attention_mask, labels = collate(splits["train"], next(batches), limit)
+        optimizer.zero_grad(set_to_none=True)
+        loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels, use_cache=False).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
+        optimizer.step()
+        losses.append(loss.item())
+        elapsed = time.perf_counter() - t0
+        train_seconds += elapsed
+        steps += 1
+        source_tokens += int(attention_mask.sum())
+        target_tokens += int((labels != -100).sum())
+        bar.update(min(elapsed, max(0.0, bar.total - bar.n)) if bar.total else elapsed)
+        if args.max_steps is not None and steps >= args.max_steps:
+            stopped_by = "max_steps"
+        elif train_seconds >= budget_s:
+            stopped_by = "minutes"
+        if stopped_by is not None or train_seconds >= next_eval:
+            evaluate()
+            while next_eval <= train_seconds:
+                next_eval += args.eval_every_seconds
+    bar.close()
+
+    t0 = time.perf_counter()
+    hypotheses = greedy_decode(model, splits["test"], args.batch_size, limit, tokenizer, args)
+    decode_seconds = time.perf_counter() - t0
+    test = scores(hypotheses, [p["reference"] for p in splits["test"]])
+    info["load_average_at_end"] = os.getloadavg()
+    final = curve[-1]
+    print(f"[{name} seed {seed}] {steps} steps in {train_seconds:.1f} s of training, {eval_seconds:.1f} s of "
+          f"evaluation, {decode_seconds:.1f} s of decoding; held-out {final['heldout_loss_per_token']:.3f} nats/token; "
+          f"BLEU {test['bleu']:.2f}, chrF {test['chrf']:.1f}", file=sys.stderr, flush=True)
+    return {
+        "model": name, "seed": seed, "parameters": parameters, "description": describe_model(name, model, args, cut),
+        "sources_cut": {k: list(v) for k, v in cut.items()},
+        "steps": steps, "tokens_seen": source_tokens + target_tokens, "target_tokens_seen": target_tokens,
+        "train_seconds": train_seconds, "eval_seconds": eval_seconds, "decode_seconds": decode_seconds,
+        "total_seconds": time.perf_counter() - start, "ms_per_step": 1000 * train_seconds / steps,
+        "stopped_by": stopped_by, "final_heldout_loss_per_token": final["heldout_loss_per_token"],
+        "final_heldout_loss_per_char": final["heldout_loss_per_char"], "test": test,
+        "examples": [{"source": p["source"][:300], "generated": h[:300], "reference": p["reference"][:300]}
+                     for p, h in list(zip(splits["test"], hypotheses))[:3]],
+        "curve": curve, "machine": info,
+    }
+
+
+# ------------------------------------------------------------------------------------------------ reporting
+
+
+def settings_of(args: argparse.Namespace) -> dict:
+    settings = {key: getattr(args, key) for key in SETTING_KEYS}
+    data_dir = args.data_dir.resolve()
+    settings["data_dir"] = str(data_dir.relative_to(ROOT) if data_dir.is_relative_to(ROOT) else data_dir)
+    return settings
+
+
+def refuse(message: str) -> None:
+    print(f"{Path(__file__).name}: error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def load_previous(path: Path | None, settings: dict) -> dict | None:
+    """The report at `path`, if any; exit with status 2 if it was made with other settings or data."""
+    if path is None or not path.exists():
+        return None
+    try:
+        previous = json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        refuse(f"--json {path} exists but is not JSON ({error}); move it away or choose another path")
+    if not isinstance(previous, dict) or previous.get("benchmark") != BENCHMARK:
+        refuse(f"--json {path} is not a report of {BENCHMARK}.py; choose another path")
+    differ = {k: (previous["settings"].get(k), v) for k, v in settings.items() if previous["settings"].get(k) != v}
+    if differ:
+        lines = "; ".join(f"{k}: {there!r} there, {here!r} here" for k, (there, here) in differ.items())
+        refuse(f"--json {path} holds runs made with other settings ({lines}). Runs of one file share their data, "
+               "model size and training settings: choose another path, or delete the file to start again.")
+    return previous
+
+
+def write_json(path: Path, report: dict) -> None:
+    """Write atomically, so that an interrupted run leaves the previous file whole."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(report, indent=1) + "\n")
+    tmp.replace(path)
+
+
+def model_order(name: str) -> tuple[int, str]:
+    return (0 if name.startswith("scaleformer") else 1 + BASELINES.index(name), name)
+
+
+def spread(values: list[float], digits: int = 3) -> str:
+    mean = statistics.fmean(values)
+    if len(values) < 2:
+        return f"{mean:.{digits}f}"
+    return (f"{mean:.{digits}f} ± {statistics.stdev(values):.{digits}f} "
+            f"({min(values):.{digits}f}-{max(values):.{digits}f})")
+
+
+def print_header(info: dict, args: argparse.Namespace, data: dict) -> None:
+    print(f"# Quality per CPU-minute: Scaleformer against BART and T5 ({args.task})")
+    print()
+    print(f"- command: `{info['command']}`")
+    print(f"- date: {info['date']}")
+    print(f"- torch {info['torch']}, python {info['python']}, {info['threads']} torch threads")
+    print(f"- CPU: {info['cpu_model']} ({info['cpu_count']} logical CPUs), load average "
+          + " / ".join(f"{x:.2f}" for x in info["load_average_at_start"]) + " (1 / 5 / 15 min)")
+    tok = data["tokenizer"]
+    print(f"- tokenizer: byte-level BPE of {tok['vocabulary']} tokens trained on the training split, shared by every "
+          f"model ({tok['folder']}, sha256 {tok['sha256'][:12]})")
+    what = ("verse pairs, sources and targets of at most " f"{args.max_tokens} tokens (longer pairs left out)"
+            if args.task == "verses" else
+            f"chapter pairs (verses of one chapter joined), sources of {args.min_source_tokens}-"
+            f"{args.max_source_tokens} tokens, targets cut to {args.max_target_tokens} tokens for every model")
+    print(f"- data: {settings_of(args)['data_dir']} en -> es, {what}" + (" (--quick)" if args.quick else ""))
+    for name, d in data["splits"].items():
+        counts = f"{d['pairs']} {'chapters' if args.task == 'chapters' else 'pairs'}"
+        lengths = d["source_tokens_all"]
+        extra = f", source tokens min/median/max {lengths[0]}/{lengths[1]}/{lengths[2]}" if lengths else ""
+        cut = f", {d['targets_cut']} targets cut" if d["targets_cut"] else ""
+        print(f"  - {name}: {counts}{extra}; {d['kept']} within the limits{cut}; {d['used']} used")
+    for note in data["notes"]:
+        print(f"  - note: {note}")
+    print(f"- models: d_model {args.d_model}, {args.layers}+{args.layers} layers, {args.heads} heads, FFN "
+          f"{args.ffn_dim}, dropout {args.dropout:g}, fp32, random init from the seed")
+    budget = [b for b in (f"{args.minutes:g} min of training" if args.minutes > 0 else None,
+                          f"{args.max_steps} steps" if args.max_steps is not None else None) if b]
+    print(f"- training: batch {args.batch_size} pairs grouped by source length, the same order per seed for every "
+          f"model; AdamW lr {args.lr:g} (warm-up {args.warmup_steps} steps, then inverse square root), weight decay "
+          f"{WEIGHT_DECAY:g}, gradient norm clipped to {GRAD_CLIP:g}; budget per run: " + " or ".join(budget)
+          + (", whichever comes first" if len(budget) > 1 else "")
+          + f"; held-out loss every {args.eval_every_seconds:g} s of training (evaluation not counted)")
+    guard = "no_repeat_ngram_size 3, repetition_penalty 1.2" if args.repetition_guard else "no repetition guard"
+    print(f"- test: greedy decoding, at most {args.max_new_tokens} new tokens, {guard}; BLEU and chrF (sacreBLEU)")
+    print()
+
+
+def aggregate(runs: list[dict]) -> dict[str, list[dict]]:
+    by_model: dict[str, list[dict]] = {}
+    for r in sorted(runs, key=lambda r: (model_order(r["model"]), r["seed"])):
+        by_model.setdefault(r["model"], []).append(r)
+    return by_model
+
+
+def print_results(runs: list[dict], copy: dict, args: argparse.Namespace, ran_now: set, json_path: Path | None) -> None:
+    by_model = aggregate(runs)
+    print("## Held-out loss at the end of the budget (equal wall-clock), test BLEU and chrF")
+    print()
+    print("| model | seeds | held-out nats/token: mean ± sd (min-max) | nats/char | BLEU | chrF | steps | tokens seen "
+          "| train s | ms/step | parameters |")
+    print("|:---|:---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for name, rs in by_model.items():
+        mean = lambda key: statistics.fmean(r[key] for r in rs)  # noqa: E731
+        print(f"| {name} | {', '.join(str(r['seed']) for r in rs)} "
+              f"| {spread([r['final_heldout_loss_per_token'] for r in rs])} "
+              f"| {spread([r['final_heldout_loss_per_char'] for r in rs], 4)} "
+              f"| {spread([r['test']['bleu'] for r in rs], 2)} | {spread([r['test']['chrf'] for r in rs], 1)} "
+              f"| {mean('steps'):,.0f} | {mean('tokens_seen'):,.0f} | {mean('train_seconds'):,.1f} "
+              f"| {mean('ms_per_step'):,.0f} | {rs[0]['parameters']:,} |")
+    print(f"| copy the source | – | – | – | {copy['bleu']:.2f} | {copy['chrf']:.1f} "
+          "| – | – | – | – | – |")
+    print()
+    print("| model | seed | held-out nats/token | BLEU | chrF | steps | train s | eval s | decode s | stopped by "
+          "| load avg start, end (1 min) | date |")
+    print("|:---|---:|---:|---:|---:|---:|---:|---:|---:|:---|:---|:---|")
+    for name, rs in by_model.items():
+        for r in rs:
+            m = r["machine"]
+            note = "" if (r["model"], r["seed"]) in ran_now else " (from the JSON)"
+            print(f"| {name} | {r['seed']} | {r['final_heldout_loss_per_token']:.3f} | {r['test']['bleu']:.2f} "
+                  f"| {r['test']['chrf']:.1f} | {r['steps']:,} | {r['train_seconds']:,.1f} | {r['eval_seconds']:,.1f} "
+                  f"| {r['decode_seconds']:,.1f} | {r['stopped_by']} | {m['load_average_at_start'][0]:.2f}, "
+                  f"{m['load_average_at_end'][0]:.2f} | {m['date']}{note} |")
+    print()
+    for name, rs in by_model.items():
+        print(f"- {name}: {rs[0]['description']}")
+    if json_path is not None and len(ran_now) < len(runs):
+        print(f"- Runs marked (from the JSON) were read from {json_path}, made with the same settings earlier.")
+    print()
+
+
+def evaluate_targets(runs: list[dict], args: argparse.Namespace) -> tuple[str, list[tuple[str, str, str]]]:
+    """The ratio line and (target, status, figure) for this task."""
+    by_model = aggregate(runs)
+    loss = {name: statistics.fmean(r["final_heldout_loss_per_token"] for r in rs) for name, rs in by_model.items()}
+    baselines = {name: loss[name] for name in BASELINES if name in loss}
+    sf = loss.get("scaleformer")
+    if sf is None or not baselines:
+        line = ("Scaleformer vs best baseline at equal wall-clock: loss ratio N/A (scaleformer or every baseline "
+                "missing)")
+        ratio = None
+    else:
+        best = min(baselines, key=baselines.get)
+        ratio = sf / baselines[best]
+        seeds = {name: len(by_model[name]) for name in ["scaleformer", *baselines]}
+        line = (f"Scaleformer vs best baseline at equal wall-clock: loss ratio {ratio:.3f} (scaleformer {sf:.3f} / "
+                f"{best} {baselines[best]:.3f} nats/token; seeds " + ", ".join(f"{k} {v}" for k, v in seeds.items())
+                + ")")
+    missing = [name for name in ("scaleformer", *BASELINES) if name not in loss]
+    if args.task == "verses":
+        name = f"verses: Scaleformer's held-out loss within {100 * (VERSE_TARGET_RATIO - 1):.0f}% of the best baseline"
+        ok = ratio is not None and ratio <= VERSE_TARGET_RATIO
+    else:
+        name = "chapters: Scaleformer's held-out loss lower than every baseline's"
+        ok = sf is not None and all(sf < v for v in baselines.values())
+    if args.quick:
+        smoke = "--quick smoke settings"
+        target = (name, "N/A", f"{smoke} (ratio {ratio:.3f})" if ratio is not None else smoke)
+    elif missing:
+        target = (name, "N/A", f"no run of {', '.join(missing)} in the report")
+    else:
+        figure = f"ratio {ratio:.3f}" if args.task == "verses" else ", ".join(
+            f"scaleformer {sf:.3f} vs {k} {v:.3f}" for k, v in baselines.items())
+        target = (name, "PASS" if ok else "FAIL", figure)
+    return line, [target]
+
+
+def curve_band(rs: list[dict], axis: str):
+    """Grid, mean and min/max of held-out loss across seeds, each run interpolated onto the grid."""
+    import numpy as np
+
+    end = min(r["curve"][-1][axis] for r in rs)
+    grid = np.linspace(0.0, end, 60) if end > 0 else np.zeros(1)
+    ys = np.array([np.interp(grid, [p[axis] for p in r["curve"]], [p["heldout_loss_per_token"] for p in r["curve"]])
+                   for r in rs])
+    return grid, ys.mean(0), ys.min(0), ys.max(0)
+
+
+def write_plot(path: Path, runs: list[dict], args: argparse.Namespace) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8), sharey=True)
+    for index, (name, rs) in enumerate(aggregate(runs).items()):
+        for ax, axis in zip(axes, ("train_seconds", "tokens_seen")):
+            grid, mean, low, high = curve_band(rs, axis)
+            ax.plot(grid, mean, color=f"C{index}", label=f"{name} ({len(rs)} seed{'s' * (len(rs) > 1)})")
+            if len(rs) > 1:
+                ax.fill_between(grid, low, high, color=f"C{index}", alpha=0.2)
+    axes[0].set_xlabel("training wall-clock (s, evaluation excluded)")
+    axes[1].set_xlabel("tokens seen (source + target, no padding)")
+    axes[0].set_ylabel("held-out cross-entropy (nats / target token)")
+    for ax in axes:
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"Bible en->es {args.task}: d_model {args.d_model}, {args.layers}+{args.layers} layers, batch "
+                 f"{args.batch_size}, {args.threads} threads; mean and min-max across seeds", fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    info = machine_info(torch.get_num_threads())
+    splits, data, tokenizer = make_data(args)
+    settings = {**settings_of(args), "tokenizer_sha256": data["tokenizer"]["sha256"]}
+    previous = load_previous(args.json, settings)
+    runs = {(r["model"], r["seed"]): r for r in (previous or {}).get("runs", [])}
+    print_header(info, args, data)
+
+    copy = scores([p["source"] for p in splits["test"]], [p["reference"] for p in splits["test"]])
+    report = {"benchmark": BENCHMARK, "settings": settings, "machine": info, "data": data,
+              "copy_baseline": copy, "runs": list(runs.values())}
+    ran_now: set[tuple[str, int]] = set()
+    for seed in args.seeds:
+        for name in args.models:
+            key = (name, seed)
+            if key in runs and not args.overwrite:
+                print(f"[{name} seed {seed}] already in {args.json}: skipped (--overwrite runs it again)",
+                      file=sys.stderr, flush=True)
+                continue
+            runs[key] = train_one(name, seed, splits, tokenizer, args)
+            ran_now.add(key)
+            if args.json is not None:
+                report["runs"] = list(runs.values())
+                write_json(args.json, report)
+
+    all_runs = list(runs.values())
+    if all_runs:
+        print_results(all_runs, copy, args, ran_now, args.json)
+    line, targets = evaluate_targets(all_runs, args)
+    print(line)
+    print()
+    print("## Targets")
+    print()
+    for name, status, figure in targets:
+        print(f"- {status} {name}: {figure}")
+    print()
+    info["load_average_at_end"] = os.getloadavg()
+    report["runs"] = all_runs
+    report["ratio_line"] = line
+    report["targets"] = [{"name": n, "status": s, "figure": f} for n, s, f in targets]
+    if args.json is not None:
+        write_json(args.json, report)
+        print(f"- raw figures written to {args.json}")
+    if args.plot is not None and all_runs:
+        write_plot(args.plot, all_runs, args)
+        print(f"- plot written to {args.plot}")
+    print(f"Summary: {len(ran_now)} run(s) trained now, {len(all_runs)} reported; copy baseline BLEU "
+          f"{copy['bleu']:.2f}, chrF {copy['chrf']:.1f}; 1-min load average "
+          f"{info['load_average_at_start'][0]:.2f} at start, "
+          f"{info['load_average_at_end'][0]:.2f} at end")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
