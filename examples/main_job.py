@@ -5,6 +5,12 @@ AutoModelForSeq2SeqLM.
     python examples/main_job.py                                # about 10 minutes on 2 CPU cores
     python examples/main_job.py --task translation             # English -> Spanish Bible verses
     python examples/main_job.py --train_minutes 1              # a quick look
+    python examples/main_job.py --task translation --tokenizer train --tokens_per_batch 3000 \
+        --learning_rate 2e-3 --dropout 0                       # the more token-efficient recipe
+
+On the verses, that last recipe (a BPE of the verses' own text, smaller batches, a higher learning rate
+and no dropout) reached a held-out cross-entropy of 1.58 nats per target character after 1 M training
+tokens, where the defaults reached 1.86; its BLEU and chrF after 1 M tokens were not yet higher.
 
 Tasks:
 - `docstrings` (default): Python function source -> first docstring paragraph, built in seconds from the
@@ -134,19 +140,19 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--task", choices=["docstrings", "translation"], default="docstrings")
     parser.add_argument("--data_dir", default=None, help="translation: folder of {train,test}.jsonl (en, es)")
-    parser.add_argument("--tokenizer", default=None,
-                        help="a saved tokenizer to use instead of training one on the training split")
+    parser.add_argument("--tokenizer", default=str(ROOT / "examples" / "tokenizer"),
+                        help="a saved tokenizer, or `train` to train a byte-level BPE on the training split")
     parser.add_argument("--tokenizer_vocab_size", type=int, default=8000,
-                        help="vocabulary of the byte-level BPE trained on the training split's sources and targets")
+                        help="vocabulary of the BPE trained with --tokenizer train")
     parser.add_argument("--config", default=str(ROOT / "configs" / "scaleformer-tiny.json"))
     parser.add_argument("--output_dir", default=str(ROOT / "outputs" / "main-job"))
     parser.add_argument("--train_minutes", type=float, default=9.0, help="wall-clock training budget")
     parser.add_argument("--max_source_tokens", type=int, default=256)
     parser.add_argument("--max_target_tokens", type=int, default=64)
-    parser.add_argument("--tokens_per_batch", type=int, default=3000)
-    parser.add_argument("--learning_rate", type=float, default=2e-3)
-    parser.add_argument("--dropout", type=float, default=0.0,
-                        help="dropout of the model (a run of minutes underfits: none by default)")
+    parser.add_argument("--tokens_per_batch", type=int, default=6000)
+    parser.add_argument("--learning_rate", type=float, default=1.5e-3)
+    parser.add_argument("--dropout", type=float, default=None,
+                        help="dropout of the model (default: the config's)")
     parser.add_argument("--warmup_steps", type=int, default=60)
     parser.add_argument("--eval_examples", type=int, default=200, help="test examples to generate for (0: all)")
     parser.add_argument("--threads", type=int, default=2)
@@ -159,11 +165,11 @@ def main(argv=None) -> None:
     torch.manual_seed(args.seed)
     rng = random.Random(args.seed)
     train, test, metric, test_description = load_task(args.task, args.data_dir)
-    if args.tokenizer is not None:
+    if args.tokenizer != "train":
         tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
     else:
-        # a tokenizer of the task's own text (training split only) cuts tokens per example by a fifth
-        # against the shipped general one, and the training budget buys that many more examples
+        # a tokenizer of the task's own text (training split only): Bible verses take a fifth fewer
+        # tokens than with the shipped general one, so the budget buys that many more examples
         t0 = time.time()
         tokenizer = train_bpe_tokenizer([text for pair in train for text in pair], vocab_size=args.tokenizer_vocab_size)
         print(f"tokenizer: byte-level BPE of {len(tokenizer)} tokens trained on the training split in "
@@ -176,7 +182,8 @@ def main(argv=None) -> None:
 
     config = ScaleformerConfig.from_pretrained(args.config, vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
                                                bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                                               decoder_start_token_id=tokenizer.bos_token_id, dropout=args.dropout)
+                                               decoder_start_token_id=tokenizer.bos_token_id,
+                                               **({} if args.dropout is None else {"dropout": args.dropout}))
     model = ScaleformerForConditionalGeneration(config)
     n_params = sum(p.numel() for p in model.parameters())
     print(f"model: {n_params / 1e6:.2f} M parameters, d_model {config.d_model}, "
@@ -241,7 +248,9 @@ def main(argv=None) -> None:
         testing_data=f"{len(test)} held-out pairs ({test_description}), greedy decoding",
         hyperparameters={"steps": step, "train_minutes": args.train_minutes, "learning_rate": args.learning_rate,
                          "tokens_per_batch": args.tokens_per_batch, "warmup_steps": args.warmup_steps,
-                         "dropout": args.dropout, "tokenizer": args.tokenizer or f"BPE {len(tokenizer)} trained on the training split"},
+                         "dropout": config.dropout,
+                         "tokenizer": f"BPE {len(tokenizer)} trained on the training split" if args.tokenizer == "train"
+                         else "examples/tokenizer (8k byte-level BPE)"},
         hardware=f"CPU, {args.threads} threads",
         example_input=sources[0],
         language=["en", "es"] if args.task == "translation" else ["en", "code"],
