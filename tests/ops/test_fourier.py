@@ -4,6 +4,7 @@ import math
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from modeling_scaleformer import ops_fourier
 from modeling_scaleformer.ops_fourier import (
@@ -436,3 +437,107 @@ def test_chunk_size_and_step_and_prefill_reject_bad_inputs():
         fourier_prefill_state(args["k"], args["v"], torch.randn(3, 4))
     with pytest.raises(ValueError, match="`k_positions`"):
         fourier_prefill_state(args["k"], args["v"], torch.randn(3, 4, 2, dtype=F64))
+
+
+def eps_between_rows(q, k, v, params, causal, key_mask, offset, positions):
+    """An eps in the widest gap between the middle values of |den| / M, so that the guard acts on some
+    rows only, and no row sits near either kink of the guard (|den| = eps M, or den = 0 when guarded)."""
+    _, den, big = loop_sums(q, k, v, params, causal, key_mask, offset, positions)
+    ratios = (den.abs() / big)[big > 0].sort().values
+    lo, hi = len(ratios) // 4, 3 * len(ratios) // 4
+    gaps = ratios[lo + 1 : hi + 1] / ratios[lo:hi]
+    i = lo + int(gaps.argmax())
+    assert float(gaps.max()) > 1.05 and float(ratios[0]) > 1e-3
+    return math.sqrt(float(ratios[i] * ratios[i + 1]))
+
+
+@pytest.mark.parametrize(
+    "causal, npos",
+    [pytest.param(False, None, id="bidirectional-token-positions"), pytest.param(True, 2, id="causal-2d-positions")],
+)
+def test_chunk_gradcheck(monkeypatch, causal, npos):
+    """Finite differences of the autograd.Function, in many blocks, with the guard acting on some rows."""
+    monkeypatch.setattr(ops_fourier, "BLOCK_ELEMENTS", 40)  # one chunk per span
+    q, k, v, params, _, positions = make_inputs(b=1, h=2, lq=6, lk=5, d=2, dv=2, npos=npos)
+    key_mask = torch.tensor([[1, 0, 1, 1, 1]])
+    eps = eps_between_rows(q, k, v, params, causal, key_mask, 1, positions)
+    inputs = tuple(t.requires_grad_(True) for t in (q, k, v, *params))
+    torch.autograd.gradcheck(
+        lambda *x: ops_fourier._ChunkFourier.apply(*x, *positions, key_mask, causal, 1, 2, eps), inputs
+    )
+
+
+# queries at positions 5..27, keys 0..18: spans of keys only, of both, and of queries only
+OFFSET_CASE = dict(lq=23, lk=19, mask="padding", npos=2, shared_positions=True, offset=5)
+
+
+@pytest.mark.parametrize(
+    "block_elements, groups, span_chunks, case",
+    [
+        pytest.param(1, 6, 1, OFFSET_CASE, id="one-row-one-chunk"),
+        pytest.param(120, 4, 1, OFFSET_CASE, id="heads-split"),
+        pytest.param(200, 2, 1, OFFSET_CASE, id="one-batch-row"),
+        pytest.param(1000, 1, 3, OFFSET_CASE, id="chunks-per-span"),
+        pytest.param(1000, 1, 3, dict(lq=9, lk=11, mask="random", offset=30), id="offset-past-keys"),
+    ],
+)
+@pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
+def test_chunk_in_small_blocks(monkeypatch, block_elements, groups, span_chunks, case, causal):
+    """Row groups of heads or batch rows, spans of one or more chunks: blocking must not change results."""
+    monkeypatch.setattr(ops_fourier, "BLOCK_ELEMENTS", block_elements)
+    plan = ops_fourier._plan(2, 3, 4, 5, 4)
+    assert (len(plan.groups), plan.span_chunks) == (groups, span_chunks)
+    (q, k, v, params, key_mask, positions), offset = split_case(case)
+
+    def fn(*args, **kwargs):
+        return chunk_fourier_attention(*args, chunk_size=4, **kwargs)
+
+    check_against_naive(fn, q, k, v, params, key_mask, positions, causal, offset)
+
+
+class _LargeAllocations(TorchDispatchMode):
+    """Records the size of every new tensor (not a view or an in-place result) above `limit` elements."""
+
+    def __init__(self, limit):
+        super().__init__()
+        self.limit, self.sizes = limit, []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if all(r.alias_info is None for r in func._schema.returns):
+            leaves = out if isinstance(out, (tuple, list)) else [out]
+            self.sizes += [t.numel() for t in leaves if isinstance(t, torch.Tensor) and t.numel() > self.limit]
+        return out
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
+def test_temporaries_stay_below_block_elements(monkeypatch, causal):
+    """Forward and backward create nothing larger than BLOCK_ELEMENTS but the output and the gradients."""
+    limit = 2048
+    monkeypatch.setattr(ops_fourier, "BLOCK_ELEMENTS", limit)
+    q, k, v, params, key_mask, _ = make_inputs(b=2, h=2, lq=150, lk=130, d=8, dv=6, mask="padding")
+    inputs = [t.requires_grad_(True) for t in (q, k, v, *params)]
+    upstream = torch.randn(2, 2, 150, 6, dtype=F64)
+    with _LargeAllocations(limit) as forward:
+        out = chunk_fourier_attention(*inputs, causal=causal, key_mask=key_mask, query_offset=7, chunk_size=16)
+    with _LargeAllocations(limit) as backward:
+        torch.autograd.grad(out, inputs, upstream)
+    assert forward.sizes == [out.numel()]
+    assert sorted(backward.sizes) == sorted([q.numel(), k.numel(), v.numel()])
+
+
+def test_backward_saves_only_the_inputs():
+    """What autograd keeps for the backward pass is q, k, v, a, b, c, positions and key mask: O(L (D + Dv))."""
+    q, k, v, params, key_mask, positions = make_inputs(b=2, h=3, lq=300, lk=260, d=6, dv=5, npos=2, mask="padding")
+    inputs = [t.requires_grad_(True) for t in (q, k, v, *params)]
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        for causal in (False, True):
+            chunk_fourier_attention(
+                *inputs, causal=causal, key_mask=key_mask, q_positions=positions[0], k_positions=positions[1],
+                chunk_size=8,
+            )
+    expected = [*inputs, *positions, key_mask]
+    assert len(saved) == 2 * len(expected)
+    for got, want in zip(saved, expected * 2):
+        assert got.data_ptr() == want.data_ptr() and got.shape == want.shape
