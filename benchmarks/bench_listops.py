@@ -225,20 +225,21 @@ def settings_of(args: argparse.Namespace) -> dict:
 
 
 def refuse(message: str) -> None:
-    print(f"{Path(__file__).name}: error: {message}", file=sys.stderr)
+    """Print an error in argparse's style, naming the running script, and exit with status 2."""
+    print(f"{Path(sys.argv[0]).name}: error: {message}", file=sys.stderr)
     sys.exit(2)
 
 
-def load_previous(path: Path | None, settings: dict) -> dict | None:
-    """The report at `path`, if any; exit with status 2 if it was made with other settings."""
+def load_previous(path: Path | None, settings: dict, benchmark: str = BENCHMARK) -> dict | None:
+    """The report of `benchmark` at `path`, if any; exit with status 2 if it was made with other settings."""
     if path is None or not path.exists():
         return None
     try:
         previous = json.loads(path.read_text())
     except json.JSONDecodeError as error:
         refuse(f"--json {path} exists but is not JSON ({error}); move it away or choose another path")
-    if not isinstance(previous, dict) or previous.get("benchmark") != BENCHMARK:
-        refuse(f"--json {path} is not a report of {BENCHMARK}.py; choose another path")
+    if not isinstance(previous, dict) or previous.get("benchmark") != benchmark:
+        refuse(f"--json {path} is not a report of {benchmark}.py; choose another path")
     differ = {k: (previous["settings"].get(k), v) for k, v in settings.items() if previous["settings"].get(k) != v}
     if differ:
         lines = "; ".join(f"{k}: {there!r} there, {here!r} here" for k, (there, here) in differ.items())

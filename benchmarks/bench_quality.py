@@ -101,6 +101,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples" / "data"))
 
 from bench_attention import machine_info  # noqa: E402
+from bench_listops import load_previous, write_json  # noqa: E402
 from bench_generate import ModelSize, build_model, model_configs  # noqa: E402
 from train_tokenizer import train_bpe_tokenizer  # noqa: E402
 
@@ -606,37 +607,6 @@ def settings_of(args: argparse.Namespace) -> dict:
     return settings
 
 
-def refuse(message: str) -> None:
-    print(f"{Path(__file__).name}: error: {message}", file=sys.stderr)
-    sys.exit(2)
-
-
-def load_previous(path: Path | None, settings: dict) -> dict | None:
-    """The report at `path`, if any; exit with status 2 if it was made with other settings or data."""
-    if path is None or not path.exists():
-        return None
-    try:
-        previous = json.loads(path.read_text())
-    except json.JSONDecodeError as error:
-        refuse(f"--json {path} exists but is not JSON ({error}); move it away or choose another path")
-    if not isinstance(previous, dict) or previous.get("benchmark") != BENCHMARK:
-        refuse(f"--json {path} is not a report of {BENCHMARK}.py; choose another path")
-    differ = {k: (previous["settings"].get(k), v) for k, v in settings.items() if previous["settings"].get(k) != v}
-    if differ:
-        lines = "; ".join(f"{k}: {there!r} there, {here!r} here" for k, (there, here) in differ.items())
-        refuse(f"--json {path} holds runs made with other settings ({lines}). Runs of one file share their data, "
-               "model size and training settings: choose another path, or delete the file to start again.")
-    return previous
-
-
-def write_json(path: Path, report: dict) -> None:
-    """Write atomically, so that an interrupted run leaves the previous file whole."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(report, indent=1) + "\n")
-    tmp.replace(path)
-
-
 def model_order(name: str) -> tuple[int, str]:
     return (0 if name.startswith("scaleformer") else 1 + BASELINES.index(name), name)
 
@@ -811,7 +781,7 @@ def main(argv: list[str] | None = None) -> int:
     info = machine_info(torch.get_num_threads())
     splits, data, tokenizer = make_data(args)
     settings = {**settings_of(args), "tokenizer_sha256": data["tokenizer"]["sha256"]}
-    previous = load_previous(args.json, settings)
+    previous = load_previous(args.json, settings, BENCHMARK)
     runs = {(r["model"], r["seed"]): r for r in (previous or {}).get("runs", [])}
     print_header(info, args, data)
 
