@@ -16,16 +16,7 @@ from modeling_scaleformer import (
     ScaleformerForConditionalGeneration,
     ScaleformerModel,
 )
-
-
-def tiny_config(**overrides) -> ScaleformerConfig:
-    kwargs = dict(
-        vocab_size=60, d_model=16, encoder_layers=2, decoder_layers=2, encoder_attention_heads=2,
-        decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, rpe_horizon=3, dropout=0.0,
-        init_std=0.3,  # large enough that greedy decoding of a random model is not one repeated token
-    )
-    kwargs.update(overrides)
-    return ScaleformerConfig(**kwargs)
+from modeling_fixtures import batch, tiny_config
 
 
 CONFIGS = [
@@ -34,17 +25,6 @@ CONFIGS = [
     pytest.param(dict(attention_type="kernelized"), id="kernelized"),
     pytest.param(dict(attention_mode="linear", rpe_horizon=1), id="linear-h1"),
 ]
-
-
-def batch(vocab=60, b=3, ls=11, padding="left", seed=0):
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(3, vocab, (b, ls), generator=g)
-    mask = torch.ones(b, ls, dtype=torch.long)
-    for row, n in ((1, 4), (2, 1)):
-        if row < b:
-            mask[row, :n] = 0 if padding == "left" else 1
-            mask[row, ls - n :] = 1 if padding == "left" else 0
-    return ids.masked_fill(mask == 0, 0), mask
 
 
 @pytest.mark.parametrize("padding", ["left", "right"])

@@ -12,16 +12,12 @@ from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
 from modeling_scaleformer import ScaleformerConfig, ScaleformerForCausalLM, ScaleformerForConditionalGeneration
 from modeling_scaleformer.ops_registry import ATTENTION_TYPES, ATTENTION_VARIANTS, cross_attention_type
+from modeling_fixtures import batch
+from modeling_fixtures import tiny_config as shared_tiny_config
 
 
 def tiny_config(attention_type, **overrides) -> ScaleformerConfig:
-    kwargs = dict(
-        vocab_size=60, d_model=16, encoder_layers=2, decoder_layers=2, encoder_attention_heads=2,
-        decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, rpe_horizon=3, dropout=0.0,
-        init_std=0.3, attention_type=attention_type,
-    )
-    kwargs.update(overrides)
-    return ScaleformerConfig(**kwargs)
+    return shared_tiny_config(attention_type=attention_type, **overrides)
 
 
 def randomise_variant_parameters(model, seed=0):
@@ -32,16 +28,6 @@ def randomise_variant_parameters(model, seed=0):
             if name.rsplit(".", 1)[-1] in ("rel", "rel_bias", "content_bias", "phases", "amplitudes", "frequencies"):
                 param.add_(0.3 * torch.randn(param.shape, generator=g, dtype=param.dtype))
     return model
-
-
-def batch(vocab=60, b=3, ls=11, padding="left", seed=0):
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(3, vocab, (b, ls), generator=g)
-    mask = torch.ones(b, ls, dtype=torch.long)
-    for row, n in ((1, 4), (2, 1))[: b - 1]:
-        mask[row, :n] = 0 if padding == "left" else 1
-        mask[row, ls - n :] = 1 if padding == "left" else 0
-    return ids.masked_fill(mask == 0, 0), mask
 
 
 TYPES = [pytest.param(t, id=t) for t in ATTENTION_TYPES]

@@ -1,0 +1,27 @@
+"""A tiny Scaleformer configuration and padded batches, shared by the model tests."""
+
+import torch
+
+from modeling_scaleformer import ScaleformerConfig
+
+
+def tiny_config(**overrides) -> ScaleformerConfig:
+    kwargs = dict(
+        vocab_size=60, d_model=16, encoder_layers=2, decoder_layers=2, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, rpe_horizon=3, dropout=0.0,
+        init_std=0.3,  # large enough that greedy decoding of a random model is not one repeated token
+    )
+    kwargs.update(overrides)
+    return ScaleformerConfig(**kwargs)
+
+
+def batch(vocab=60, b=3, ls=11, padding="left", seed=0):
+    """Random ids (b, ls) with row 1 padded by 4 and row 2 by 1 position, on the left or the right."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, vocab, (b, ls), generator=g)
+    mask = torch.ones(b, ls, dtype=torch.long)
+    for row, n in ((1, 4), (2, 1)):
+        if row < b:
+            mask[row, :n] = 0 if padding == "left" else 1
+            mask[row, ls - n :] = 1 if padding == "left" else 0
+    return ids.masked_fill(mask == 0, 0), mask
