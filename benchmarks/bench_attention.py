@@ -59,7 +59,7 @@ from torch import Tensor
 
 from modeling_scaleformer.ops_kernelized import choose_mode, kernelized_rpe_attention
 from modeling_scaleformer.ops_naive import naive_kernelized_rpe_attention
-from modeling_scaleformer.ops_registry import ATTENTION_VARIANTS
+from modeling_scaleformer.ops_registry import ATTENTION_VARIANTS, rotary_spectrum
 
 
 BATCH = 1
@@ -231,7 +231,7 @@ def variant_parameters(variant: str, g: torch.Generator, dtype: torch.dtype) -> 
         if spec.init == "ones":
             noise += 1
         elif spec.init == "frequencies":
-            noise = 10000.0 ** (-torch.arange(DIM, dtype=dtype) / DIM)[None, :, None].expand(spec.shape).clone()
+            noise = rotary_spectrum(DIM, dtype)[None, :, None].expand(spec.shape).clone()
         params[name] = noise
     return params
 

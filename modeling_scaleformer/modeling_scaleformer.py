@@ -22,6 +22,7 @@ from transformers.utils.generic import can_return_tuple
 from .cache import ScaleformerCache
 from .configuration_scaleformer import ScaleformerConfig
 from .layers import ScaleformerAttention, ScaleformerFeedForward
+from .ops_registry import rotary_spectrum
 
 
 logger = logging.get_logger(__name__)
@@ -37,11 +38,11 @@ def shift_tokens_right(input_ids: Tensor, pad_token_id: int, decoder_start_token
     return shifted.masked_fill(shifted == -100, pad_token_id)
 
 
-def check_labels(labels: Tensor, vocab_size: int) -> None:
+def check_labels(labels: Tensor, vocab_size: int, what: str = "token ids") -> None:
     invalid = (labels >= vocab_size) | ((labels < 0) & (labels != -100))
     if bool(invalid.any()):
         bad = labels[invalid][0].item()
-        raise ValueError(f"`labels` must be token ids in [0, {vocab_size}) or -100 (ignored), found {bad}")
+        raise ValueError(f"`labels` must be {what} in [0, {vocab_size}) or -100 (ignored), found {bad}")
 
 
 def check_mask(mask: Tensor | None, name: str, batch: int, lengths: tuple[int, ...]) -> None:
@@ -141,10 +142,9 @@ class ScaleformerPreTrainedModel(PreTrainedModel):
                     init.zeros_(param)
                 elif spec.init == "ones":
                     init.ones_(param)
-                else:  # "frequencies": a_k = 10000^(-k/D) along the head dimension, as rotary embeddings
-                    k = torch.arange(param.shape[1], dtype=torch.float64)
-                    spectrum = 10000.0 ** (-k / param.shape[1])
-                    init.copy_(param, spectrum[None, :, None].expand(param.shape).to(param.dtype))
+                else:  # "frequencies": the rotary spectrum along the head dimension
+                    spectrum = rotary_spectrum(param.shape[1], param.dtype)
+                    init.copy_(param, spectrum[None, :, None].expand(param.shape))
 
 
 class ScaleformerStack(ScaleformerPreTrainedModel):
@@ -350,6 +350,11 @@ def seq2seq_loss(logits: Tensor, labels: Tensor, num_items_in_batch: int | Tenso
     total = F.cross_entropy(
         logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1).to(logits.device), ignore_index=-100, reduction="sum"
     )
+    return divide_by_items(total, labels, num_items_in_batch)
+
+
+def divide_by_items(total: Tensor, labels: Tensor, num_items_in_batch: int | Tensor | None) -> Tensor:
+    """A summed loss over `num_items_in_batch`, or over the labels that are not -100 when it is None."""
     if num_items_in_batch is None:
         num_items_in_batch = (labels != -100).sum()
     if isinstance(num_items_in_batch, Tensor):
@@ -541,17 +546,9 @@ def sequence_classification_loss(
                 f"`labels` for single-label classification must be integer class ids of shape ({batch},), "
                 f"got dtype {labels.dtype} and shape {tuple(labels.shape)}"
             )
-        invalid = (labels >= num_labels) | ((labels < 0) & (labels != -100))
-        if bool(invalid.any()):
-            raise ValueError(
-                f"`labels` must be class ids in [0, {num_labels}) or -100 (ignored), found {labels[invalid][0].item()}"
-            )
+        check_labels(labels, num_labels, "class ids")
         total = F.cross_entropy(logits, labels.long(), ignore_index=-100, reduction="sum")
-        if num_items_in_batch is None:
-            num_items_in_batch = (labels != -100).sum()
-        if isinstance(num_items_in_batch, Tensor):
-            num_items_in_batch = num_items_in_batch.to(total.device)
-        return total / num_items_in_batch
+        return divide_by_items(total, labels, num_items_in_batch)
     if problem_type == "regression":
         if labels.dim() not in (1, 2) or labels.shape[0] != batch or labels.numel() != batch * num_labels:
             raise ValueError(

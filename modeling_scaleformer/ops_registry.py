@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Literal, NamedTuple
 
+import torch
 from torch import Tensor
 
 from .ops_fourier import fourier_attention, fourier_prefill_state, fourier_step
@@ -57,6 +58,11 @@ class ParameterSpec(NamedTuple):
 
     shape: tuple[int, ...]
     init: Init
+
+
+def rotary_spectrum(head_dim: int, dtype: torch.dtype = torch.float32) -> Tensor:
+    """a_k = 10000^(-k / D), k = 0..D-1: the values of a "frequencies" parameter at initialisation."""
+    return 10000.0 ** (-torch.arange(head_dim, dtype=torch.float64) / head_dim).to(dtype)
 
 
 class AttentionVariant(NamedTuple):
