@@ -1,69 +1,104 @@
-"""Greedy generation with Scaleformer against BART of the same size: ms per token and cache bytes.
+"""Greedy generation with Scaleformer against BART and T5 of the same size: ms per token and cache bytes.
 
-What is measured, for batch 1, fp32, eval mode, random weights (`torch.manual_seed`):
+What is measured, for batch 1, fp32, eval mode, random weights (`torch.manual_seed`), for each model of
+`--models` (default: `scaleformer bart`):
 
 * `scaleformer`: `ScaleformerForConditionalGeneration`, default attention (`kernelized_rpe`, horizon 16),
   decoding from its constant-size `ScaleformerCache`;
+* `scaleformer:TYPE`: the same with another `attention_type` (kernelized_rpe, kernelized, fourier, toeplitz,
+  xl_relative, shaw_softmax, softmax). The softmax types (softmax, shaw_softmax, xl_relative) keep every key
+  and value in their `ScaleformerCache`, so their cache grows by one token a step, as BART's does;
 * `bart`: `transformers.BartForConditionalGeneration` with its default attention implementation,
   decoding from its key/value `EncoderDecoderCache` (self-attention keys and values grow by one
   token a step; cross-attention keys and values are computed once);
+* `t5`: `transformers.T5ForConditionalGeneration`, d_kv = d_model / heads, ReLU FFN, tied embeddings,
+  relative attention buckets at their defaults (32 buckets, max distance 128), decoding from the same
+  kind of `EncoderDecoderCache` as BART. Its attention is quadratic: in transformers 5.23 its default
+  implementation is `sdpa`, and the relative position bias goes to SDPA as a dense float mask of shape
+  (1, heads, Lq, Lk), so every decoding step attends over the whole history (the header says which
+  implementation was used);
 
-both d_model 512, 6 + 6 layers, 8 heads, FFN 2048, vocabulary 32000. BART has learned absolute
+all d_model 512, 6 + 6 layers, 8 heads, FFN 2048, vocabulary 32000, special ids pad 0, bos 1, eos 2 and
+decoder start 1 for Scaleformer and T5 (BART keeps its own, also below 4). BART has learned absolute
 positions, so its `max_position_embeddings` is set to max(source length, new tokens), 4096 by default
 (the header says which value was used).
 
 How: one random source of `--source-length` tokens is encoded once per model, then each model decodes
 greedily `--new-tokens` tokens in a hand-written loop, one decoder call per token with the cache the
 model's own forward returns (`use_cache=True`); end-of-sequence is suppressed, as `generate()` does
-with `min_new_tokens == max_new_tokens`. The two loops advance in lockstep, alternating which model
-goes first, so that a change in machine load hits both alike. Every step (decoder call, argmax and
+with `min_new_tokens == max_new_tokens`. The loops advance in lockstep, rotating which model goes
+first, so that a change in machine load hits every model alike. Every step (decoder call, argmax and
 the next input) is timed with `time.perf_counter`. Position p is the step that feeds the decoder its
 p-th input (the start token is input 1) and returns new token p; the reported ms/token at p is the
 median over the `--window` steps ending at p (single steps are noisy on shared machines). Cache bytes
 are read after step p: for Scaleformer `ScaleformerCache.nbytes` (all) and `.self_attention_nbytes`,
-for BART the bytes of all key and value tensors of the self-attention and cross-attention caches.
+for BART and T5 the bytes of all key and value tensors of the self-attention and cross-attention
+caches. A model whose step raises MemoryError or RuntimeError stops there and is reported as skipped
+at that position and above. The tables give each model's figures and, for every other model, its
+ms/token over that of the first Scaleformer model of `--models`.
 
-Before timing, the script checks for both models that 16 tokens of the hand-written loop equal
+Before timing, the script checks for every model that 16 tokens of the hand-written loop equal
 `model.generate(..., do_sample=False)` on the same source, that the raw logits of every step agree
 (random weights often repeat one token, so equal tokens alone prove little) and that both leave caches
 of the same size; it exits with status 1 if not. The report ends with the targets, PASS or FAIL with
-the figure: Scaleformer's ms/token at the last position within 1.15x of the first (4096 against 128),
-its self-attention state and its whole cache the same number of bytes at every step in between, and
-Scaleformer faster than BART at every position from a quarter of the new tokens on (1024, 2048, 4096).
-The exit status is 0 whether or not a target is met.
+the figure (N/A when `scaleformer` or `bart` is not in `--models`): Scaleformer's ms/token at the last
+position within 1.15x of the first (4096 against 128), its self-attention state and its whole cache the
+same number of bytes at every step in between, and Scaleformer faster than BART at every position from
+a quarter of the new tokens on (1024, 2048, 4096). The exit status is 0 whether or not a target is met.
 
 Run from the repository root with the package installed (`pip install -e ".[bench]"`):
 
     python benchmarks/bench_generate.py                     # source 2048, 4096 new tokens, ~5 min idle
     python benchmarks/bench_generate.py --quick             # smoke test: source 256, 512 tokens, ~1 min
     python benchmarks/bench_generate.py --json gen.json --plot gen.png
+    # every attention type against both baselines, up to 8k decoded positions
+    python benchmarks/bench_generate.py --new-tokens 8192 --positions 128 512 1024 2048 4096 8192 \
+        --models scaleformer scaleformer:kernelized scaleformer:fourier scaleformer:toeplitz scaleformer:softmax bart t5
 
 The machines this was written for are shared 2-core CPUs: with another job running, 2 torch threads
-can collapse, so `--threads` defaults to 1; keep it fixed when comparing runs, and compare the two
+can collapse, so `--threads` defaults to 1; keep it fixed when comparing runs, and compare the
 models within one run.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
 
 import torch
 from torch import Tensor
-from transformers import BartConfig, BartForConditionalGeneration, PreTrainedConfig, PreTrainedModel
+from transformers import (
+    BartConfig,
+    BartForConditionalGeneration,
+    PreTrainedConfig,
+    PreTrainedModel,
+    T5Config,
+    T5ForConditionalGeneration,
+)
 from transformers.cache_utils import Cache, EncoderDecoderCache
 
 from bench_attention import MIB, Target, machine_info, print_targets
 from modeling_scaleformer import ScaleformerCache, ScaleformerConfig, ScaleformerForConditionalGeneration
+from modeling_scaleformer.ops_registry import ATTENTION_TYPES, ATTENTION_VARIANTS
 
 
-MODELS = ("scaleformer", "bart")
+DEFAULT_ATTENTION_TYPE = "kernelized_rpe"  # what `scaleformer` alone runs: ScaleformerConfig's default
+BASELINES = ("bart", "t5")
+MODEL_NAMES = ("scaleformer", *(f"scaleformer:{t}" for t in ATTENTION_TYPES), *BASELINES)
+DEFAULT_MODELS = ("scaleformer", "bart")
+MODEL_CLASSES = {
+    "scaleformer": ScaleformerForConditionalGeneration,
+    "bart": BartForConditionalGeneration,
+    "t5": T5ForConditionalGeneration,
+}
 BATCH = 1
 DTYPE = torch.float32
 
@@ -76,7 +111,7 @@ QUICK_POSITIONS = (64, 128, 256, 512)
 DEFAULT_WINDOW = 32
 VERIFY_TOKENS = 16
 VERIFY_LOGITS_TOLERANCE = 1e-4  # the same computation in fp32; a wrong cache moves logits far more
-FIRST_SOURCE_ID = 4  # ids below are special tokens of one model or the other
+FIRST_SOURCE_ID = 4  # ids below are special tokens of some model
 
 GROWTH_MAX = 1.15  # Scaleformer ms/token at the last position over the first
 FASTER_FROM_FRACTION = 4  # Scaleformer must beat BART at positions >= new_tokens / 4 (1024 of 4096)
@@ -98,11 +133,49 @@ class CacheBytes(NamedTuple):
     self_attention: int
 
 
+def add_models_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--models", nargs="+", metavar="MODEL",
+                        help="models to compare, in this order: scaleformer (attention_type "
+                        f"{DEFAULT_ATTENTION_TYPE}), scaleformer:TYPE with TYPE in {', '.join(ATTENTION_TYPES)}, "
+                        f"{', '.join(BASELINES)} (default: {' '.join(DEFAULT_MODELS)})")
+
+
+def check_models(parser: argparse.ArgumentParser, names: list[str] | None) -> list[str]:
+    """`--models` in order, repeats dropped and `scaleformer:kernelized_rpe` read as `scaleformer`; an unknown
+    name is a parser error that lists the accepted ones."""
+    if names is None:
+        return list(DEFAULT_MODELS)
+    unknown = [name for name in names if name not in MODEL_NAMES]
+    if unknown:
+        parser.error(f"--models: unknown model(s) {', '.join(map(repr, unknown))}; accepted: "
+                     f"{', '.join(MODEL_NAMES)}")
+    return list(dict.fromkeys("scaleformer" if name == f"scaleformer:{DEFAULT_ATTENTION_TYPE}" else name
+                              for name in names))
+
+
+def reference_model(names: Sequence[str]) -> str:
+    """The model the others are compared with: the first Scaleformer model, else the first model."""
+    return next((name for name in names if name.startswith("scaleformer")), names[0])
+
+
+def attention_type_of(name: str) -> str | None:
+    """The attention_type of a Scaleformer model name, None for a baseline."""
+    kind, _, attention_type = name.partition(":")
+    return (attention_type or DEFAULT_ATTENTION_TYPE) if kind == "scaleformer" else None
+
+
+def grows_with_position(name: str) -> bool:
+    """Whether the model's self-attention cache gains one token a step: the baselines and the softmax types."""
+    attention_type = attention_type_of(name)
+    return attention_type is None or not ATTENTION_VARIANTS[attention_type].constant_state
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        description="Benchmark greedy generation of Scaleformer against BART of the same size: ms per token "
-        "and cache bytes at several decoder positions, and the project's targets.",
+        description="Benchmark greedy generation of Scaleformer (any attention_type) against BART and T5 of the "
+        "same size: ms per token and cache bytes at several decoder positions, and the project's targets.",
     )
+    add_models_argument(parser)
     parser.add_argument("--quick", action="store_true",
                         help=f"smoke test: source {QUICK_SOURCE_LENGTH}, {QUICK_NEW_TOKENS} new tokens, positions "
                         f"{', '.join(map(str, QUICK_POSITIONS))}; the models keep their full size")
@@ -124,6 +197,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="write a PNG of ms/token and cache MiB against position to PATH")
     args = parser.parse_args(argv)
 
+    args.models = check_models(parser, args.models)
     if args.source_length is None:
         args.source_length = QUICK_SOURCE_LENGTH if args.quick else DEFAULT_SOURCE_LENGTH
     if args.new_tokens is None:
@@ -152,35 +226,97 @@ def bart_max_positions(args: argparse.Namespace) -> int:
     return max(args.source_length, args.new_tokens)
 
 
-def model_configs(size: ModelSize, bart_max_position_embeddings: int) -> dict[str, PreTrainedConfig]:
-    """Scaleformer (default attention: kernelized_rpe, horizon 16) and BART configs of the same size."""
+def model_configs(size: ModelSize, bart_max_position_embeddings: int,
+                  models: Sequence[str] = DEFAULT_MODELS) -> dict[str, PreTrainedConfig]:
+    """Configs of one size for `models` (names of `MODEL_NAMES`), by default Scaleformer (default attention:
+    kernelized_rpe, horizon 16) and BART.
+
+    T5 takes Scaleformer's dropout and special ids; its relative attention buckets keep their defaults.
+    """
     shape = dict(
         vocab_size=size.vocab_size, d_model=size.d_model, encoder_layers=size.layers, decoder_layers=size.layers,
         encoder_attention_heads=size.heads, decoder_attention_heads=size.heads,
         encoder_ffn_dim=size.ffn_dim, decoder_ffn_dim=size.ffn_dim,
     )
-    return {
-        "scaleformer": ScaleformerConfig(**shape),
-        # no forced end-of-sequence: decoding runs to the requested length, as for Scaleformer
-        "bart": BartConfig(**shape, max_position_embeddings=bart_max_position_embeddings, forced_eos_token_id=None),
-    }
+    scaleformer = ScaleformerConfig(**shape)
+    configs: dict[str, PreTrainedConfig] = {}
+    for name in models:
+        kind, _, attention_type = name.partition(":")
+        if name == "scaleformer":
+            configs[name] = scaleformer
+        elif kind == "scaleformer" and attention_type in ATTENTION_TYPES:
+            configs[name] = ScaleformerConfig(**shape, attention_type=attention_type)
+        elif name == "bart":
+            # no forced end-of-sequence: decoding runs to the requested length, as for Scaleformer
+            configs[name] = BartConfig(**shape, max_position_embeddings=bart_max_position_embeddings,
+                                       forced_eos_token_id=None)
+        elif name == "t5":
+            configs[name] = T5Config(
+                vocab_size=size.vocab_size, d_model=size.d_model, d_kv=size.d_model // size.heads, d_ff=size.ffn_dim,
+                num_layers=size.layers, num_decoder_layers=size.layers, num_heads=size.heads,
+                dropout_rate=scaleformer.dropout, tie_word_embeddings=True,
+                pad_token_id=scaleformer.pad_token_id, bos_token_id=scaleformer.bos_token_id,
+                eos_token_id=scaleformer.eos_token_id, decoder_start_token_id=scaleformer.decoder_start_token_id,
+            )
+        else:
+            raise ValueError(f"`models` takes names of {', '.join(MODEL_NAMES)}, got {name!r}")
+    return configs
 
 
 def build_model(name: str, config: PreTrainedConfig, seed: int) -> PreTrainedModel:
-    """Random weights from `torch.manual_seed(seed)`, fp32."""
+    """Random weights from `torch.manual_seed(seed)`, fp32; the class follows the name (`scaleformer:TYPE`
+    builds a Scaleformer)."""
+    kind = name.partition(":")[0]
+    if kind not in MODEL_CLASSES:
+        raise ValueError(f"`name` must be scaleformer, scaleformer:TYPE, bart or t5, got {name!r}")
     torch.manual_seed(seed)
-    model_class = ScaleformerForConditionalGeneration if name == "scaleformer" else BartForConditionalGeneration
-    return model_class(config).to(DTYPE)
+    return MODEL_CLASSES[kind](config).to(DTYPE)
 
 
 def build_models(args: argparse.Namespace) -> dict[str, PreTrainedModel]:
-    """Both models at the same size, random weights seeded from `--seed`, eval mode, fp32."""
-    configs = model_configs(MODEL_SIZE, bart_max_positions(args))
+    """The models of `--models` at the same size, random weights seeded from `--seed`, eval mode, fp32."""
+    configs = model_configs(MODEL_SIZE, bart_max_positions(args), args.models)
     return {name: build_model(name, config, args.seed).eval() for name, config in configs.items()}
 
 
+def count_parameters(model: PreTrainedModel) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def describe_model(name: str, model: PreTrainedModel, bart_positions_note: str, *, decoding: bool) -> str:
+    """One header line: parameters and what decides the model's cost in length (with `decoding`, in its cache)."""
+    config = model.config
+    text = f"{name}: {count_parameters(model) / 1e6:.1f} M parameters, "
+    if name.startswith("scaleformer"):
+        text += (f"attention_type {config.attention_type}, rpe_horizon {config.rpe_horizon}, attention_mode "
+                 f"{config.attention_mode}")
+        if decoding:
+            return text + ("; self-attention state grows with position (keys and values)" if grows_with_position(name)
+                           else "; self-attention state of constant size")
+        return text + ("; softmax attention: quadratic in length" if grows_with_position(name) else "")
+    if name == "t5":
+        cost = "every step attends over the whole history" if decoding else "quadratic in length"
+        return text + (f"attention implementation {config._attn_implementation}, relative attention "
+                       f"{config.relative_attention_num_buckets} buckets, max distance "
+                       f"{config.relative_attention_max_distance}; the position bias is added to every score "
+                       f"(a dense heads x Lq x Lk mask): {cost}")
+    return text + (f"attention implementation {config._attn_implementation}, max_position_embeddings "
+                   f"{config.max_position_embeddings} ({bart_positions_note}; BART's default is 1024)")
+
+
+def describe_error(error: BaseException) -> str:
+    first_line = (str(error).strip().splitlines() or [""])[0][:160]
+    return f"{type(error).__name__}: {first_line}" if first_line else type(error).__name__
+
+
+def rotated(names: Sequence[str], turn: int) -> list[str]:
+    """`names` starting at index `turn` mod len: over len(names) turns each model goes first once."""
+    k = turn % len(names) if names else 0
+    return [*names[k:], *names[:k]]
+
+
 def make_source(args: argparse.Namespace) -> tuple[Tensor, Tensor]:
-    """Random source ids (no special token of either model) and its all-ones attention mask."""
+    """Random source ids (no special token of any model) and its all-ones attention mask."""
     g = torch.Generator().manual_seed(args.seed)
     input_ids = torch.randint(FIRST_SOURCE_ID, MODEL_SIZE.vocab_size, (BATCH, args.source_length), generator=g)
     return input_ids, torch.ones_like(input_ids)
@@ -265,19 +401,25 @@ class GreedyDecoder:
 def verify(models: dict[str, PreTrainedModel], input_ids: Tensor, attention_mask: Tensor) -> list[dict]:
     """The hand-written loop against `generate(do_sample=False)`: same tokens, logits and cache size.
 
-    Random weights often repeat one token, so the raw logits of every step are compared as well.
+    Random weights often repeat one token, so the raw logits of every step are compared as well. A model
+    that raises MemoryError or RuntimeError here gets a check with its `error` and no verdict: it is skipped.
     """
     checks = []
     for name, model in models.items():
-        with torch.no_grad():
-            reference = model.generate(
-                input_ids, attention_mask=attention_mask, do_sample=False, num_beams=1,
-                min_new_tokens=VERIFY_TOKENS, max_new_tokens=VERIFY_TOKENS,
-                return_dict_in_generate=True, output_logits=True,
-            )
-        decoder = GreedyDecoder(model, input_ids, attention_mask, keep_logits=True)
-        for _ in range(VERIFY_TOKENS):
-            decoder.step()
+        try:
+            with torch.no_grad():
+                reference = model.generate(
+                    input_ids, attention_mask=attention_mask, do_sample=False, num_beams=1,
+                    min_new_tokens=VERIFY_TOKENS, max_new_tokens=VERIFY_TOKENS,
+                    return_dict_in_generate=True, output_logits=True,
+                )
+            decoder = GreedyDecoder(model, input_ids, attention_mask, keep_logits=True)
+            for _ in range(VERIFY_TOKENS):
+                decoder.step()
+        except (MemoryError, RuntimeError) as error:
+            checks.append({"model": name, "tokens": VERIFY_TOKENS, "error": describe_error(error), "passed": None})
+            gc.collect()
+            continue
         expected = reference.sequences[:, 1:]  # generate() returns the start token first
         manual = decoder.generated()
         logits_err = max((a.float() - b).abs().max().item() for a, b in zip(reference.logits, decoder.logits))
@@ -292,8 +434,9 @@ def verify(models: dict[str, PreTrainedModel], input_ids: Tensor, attention_mask
             "cache_bytes_equal": ref_bytes == manual_bytes,
         })
     for c in checks:
-        logits_ok = c["logits_max_abs_err"] <= VERIFY_LOGITS_TOLERANCE
-        c["passed"] = c["tokens_equal"] and c["cache_bytes_equal"] and logits_ok
+        if "error" not in c:
+            logits_ok = c["logits_max_abs_err"] <= VERIFY_LOGITS_TOLERANCE
+            c["passed"] = c["tokens_equal"] and c["cache_bytes_equal"] and logits_ok
     return checks
 
 
@@ -302,6 +445,9 @@ def print_verification(checks: list[dict], source_length: int) -> None:
           f"{VERIFY_TOKENS} tokens, source {source_length}")
     print()
     for c in checks:
+        if "error" in c:
+            print(f"- SKIPPED {c['model']}: {c['error']}")
+            continue
         manual = c["manual_cache_bytes"]
         print(f"- {'PASS' if c['passed'] else 'FAIL'} {c['model']}: tokens "
               f"{'equal' if c['tokens_equal'] else 'DIFFER'} ({c['distinct_tokens']} distinct in {c['tokens']}); "
@@ -314,23 +460,45 @@ def print_verification(checks: list[dict], source_length: int) -> None:
     print()
 
 
+class Decoding(NamedTuple):
+    decoders: dict[str, GreedyDecoder]
+    bytes_after: dict[str, list[CacheBytes]]  # after every completed step
+    failed: dict[str, tuple[int, str]]  # model -> (position whose step raised, error); skipped from there on
+
+
 def run_decoding(models: dict[str, PreTrainedModel], input_ids: Tensor, attention_mask: Tensor,
-                 args: argparse.Namespace) -> tuple[dict[str, GreedyDecoder], dict[str, list[CacheBytes]]]:
-    """Both models decode `--new-tokens` tokens in lockstep; cache bytes are read after every step."""
-    decoders = {name: GreedyDecoder(model, input_ids, attention_mask) for name, model in models.items()}
+                 args: argparse.Namespace, skipped: dict[str, str]) -> Decoding:
+    """The models decode `--new-tokens` tokens in lockstep, rotating which goes first; cache bytes are read
+    after every step. A model whose step raises MemoryError or RuntimeError stops there; the models of
+    `skipped` (name -> reason) do not run."""
+    decoders = {}
+    failed = {name: (1, reason) for name, reason in skipped.items()}
+    for name, model in models.items():
+        if name in skipped:
+            continue
+        try:
+            decoders[name] = GreedyDecoder(model, input_ids, attention_mask)
+        except (MemoryError, RuntimeError) as error:
+            failed[name] = (1, f"the encoder raised {describe_error(error)}")
     bytes_after: dict[str, list[CacheBytes]] = {name: [] for name in models}
-    order = list(models)
+    running = list(decoders)
     start = time.perf_counter()
     report_every = max(args.new_tokens // 8, 1)
     for step in range(1, args.new_tokens + 1):
-        for name in order if step % 2 else reversed(order):
-            decoders[name].step()
-        for name, decoder in decoders.items():
-            bytes_after[name].append(cache_bytes(decoder.cache))
+        for name in rotated(running, step - 1):
+            try:
+                decoders[name].step()
+            except (MemoryError, RuntimeError) as error:
+                failed[name] = (step, describe_error(error))
+                running.remove(name)
+                decoders[name].cache = None  # free what it held for the models still running
+                gc.collect()
+                continue
+            bytes_after[name].append(cache_bytes(decoders[name].cache))
         if step % report_every == 0:
             print(f"[decode] {step}/{args.new_tokens} tokens in {time.perf_counter() - start:.1f} s",
                   file=sys.stderr, flush=True)
-    return decoders, bytes_after
+    return Decoding(decoders, bytes_after, failed)
 
 
 def window_median_s(step_s: list[float], position: int, window: int) -> float:
@@ -342,72 +510,123 @@ def fmt_mib(n: int) -> str:
     return f"{n / MIB:,.2f}"
 
 
-def summarize(decoders: dict[str, GreedyDecoder], bytes_after: dict[str, list[CacheBytes]],
-              args: argparse.Namespace) -> list[dict]:
+def summarize(decoding: Decoding, args: argparse.Namespace) -> list[dict]:
+    """One row per position: `{name}_ms`, `{name}_bytes` and `{name}_self_bytes` of every model, None where the
+    model stopped before that position."""
     rows = []
     for p in args.positions:
         row = {"position": p}
-        for name, decoder in decoders.items():
-            row[f"{name}_ms"] = window_median_s(decoder.step_s, p, args.window) * 1e3
-            row[f"{name}_bytes"] = bytes_after[name][p - 1].total
-            row[f"{name}_self_bytes"] = bytes_after[name][p - 1].self_attention
+        for name, after in decoding.bytes_after.items():
+            reached = len(after) >= p
+            row[f"{name}_ms"] = (window_median_s(decoding.decoders[name].step_s, p, args.window) * 1e3
+                                 if reached else None)
+            row[f"{name}_bytes"] = after[p - 1].total if reached else None
+            row[f"{name}_self_bytes"] = after[p - 1].self_attention if reached else None
         rows.append(row)
     return rows
 
 
-def print_tables(rows: list[dict], decoders: dict[str, GreedyDecoder], args: argparse.Namespace) -> None:
+def skipped_cell(failed: dict[str, tuple[int, str]], name: str) -> str:
+    return f"skipped (failed at {failed[name][0]})" if name in failed else "–"
+
+
+def print_tables(rows: list[dict], decoding: Decoding, args: argparse.Namespace) -> None:
+    names = list(decoding.bytes_after)
+    ref = reference_model(names)
+    others = [name for name in names if name != ref]
     print(f"## Greedy decoding, source {args.source_length}: median ms/token over the {args.window} steps "
           f"ending at each position, cache after that step")
     print()
-    print("| position | scaleformer ms/token | bart ms/token | bart / scaleformer | scaleformer cache MiB "
-          "(self-attn) | bart cache MiB (self-attn) |")
-    print("|---:|---:|---:|---:|---:|---:|")
+    columns = ([f"{name} ms/token" for name in names] + [f"{name} / {ref}" for name in others]
+               + [f"{name} cache MiB (self-attn)" for name in names])
+    print("| position | " + " | ".join(columns) + " |")
+    print("|---:|" + "---:|" * len(columns))
     for r in rows:
-        print(f"| {r['position']} | {r['scaleformer_ms']:.2f} | {r['bart_ms']:.2f} | "
-              f"{r['bart_ms'] / r['scaleformer_ms']:.2f}x | {fmt_mib(r['scaleformer_bytes'])} "
-              f"({fmt_mib(r['scaleformer_self_bytes'])}) | {fmt_mib(r['bart_bytes'])} "
-              f"({fmt_mib(r['bart_self_bytes'])}) |")
+        ms = {name: r[f"{name}_ms"] for name in names}
+        cells = [str(r["position"])]
+        cells += [skipped_cell(decoding.failed, name) if ms[name] is None else f"{ms[name]:.2f}" for name in names]
+        cells += ["–" if ms[name] is None or ms[ref] is None else f"{ms[name] / ms[ref]:.2f}x" for name in others]
+        cells += [skipped_cell(decoding.failed, name) if ms[name] is None
+                  else f"{fmt_mib(r[f'{name}_bytes'])} ({fmt_mib(r[f'{name}_self_bytes'])})" for name in names]
+        print("| " + " | ".join(cells) + " |")
     print()
     print("| model | encoder ms (once) | step 1 ms | mean ms/token, all steps | decoding s, all steps |")
     print("|:---|---:|---:|---:|---:|")
-    for name, d in decoders.items():
+    for name, d in decoding.decoders.items():
+        if not d.step_s:
+            continue
         print(f"| {name} | {d.encode_s * 1e3:,.1f} | {d.step_s[0] * 1e3:,.1f} | "
               f"{statistics.fmean(d.step_s) * 1e3:.2f} | {sum(d.step_s):,.1f} |")
     print()
-    print("- Position p: the decoder call that takes input p (the start token is input 1) and returns new token "
-          "p; the self-attention history then holds p tokens. Step 1 also builds Scaleformer's cross-attention "
-          "summary and BART's cross-attention keys and values.")
-    print("- Cache MiB: Scaleformer `ScaleformerCache.nbytes` (`self_attention_nbytes`); BART: bytes of all key "
-          "and value tensors of the self- and cross-attention caches (self-attention alone).")
+    growing = [name for name in names if attention_type_of(name) is not None and grows_with_position(name)]
+    notes = [
+        "Position p: the decoder call that takes input p (the start token is input 1) and returns new token p; the "
+        "self-attention history then holds p tokens. Step 1 also builds Scaleformer's cross-attention summary and "
+        "the baselines' cross-attention keys and values.",
+        "Cache MiB: Scaleformer `ScaleformerCache.nbytes` (`self_attention_nbytes`); BART and T5: bytes of all key "
+        "and value tensors of the self- and cross-attention caches (self-attention alone).",
+    ]
+    if others:
+        notes.insert(1, f"MODEL / {ref}: the model's ms/token over {ref}'s at the same position (above 1: {ref} is "
+                        "faster).")
+    if growing:
+        notes.append(f"{', '.join(growing)}: softmax attention type(s), whose cache holds every key and value and "
+                     "so grows by one token a step, as the baselines' does.")
+    for name, (position, error) in decoding.failed.items():
+        notes.append(f"{name}: skipped from position {position} on: {error}.")
+    for note in notes:
+        print(f"- {note}")
     print()
 
 
-def evaluate_targets(rows: list[dict], bytes_after: dict[str, list[CacheBytes]],
-                     args: argparse.Namespace) -> list[Target]:
+def evaluate_targets(rows: list[dict], decoding: Decoding, args: argparse.Namespace) -> list[Target]:
     first, last = rows[0], rows[-1]
     p0, p1 = first["position"], last["position"]
+    faster_from = args.new_tokens / FASTER_FROM_FRACTION
+    names = {
+        "a": f"(a) scaleformer ms/token at position {p1} <= {GROWTH_MAX}x its ms/token at {p0}",
+        "b": [f"(b) scaleformer {label} bytes constant from position {p0} to {p1}"
+              for label in ("self-attention state", "total cache")],
+        "c": [f"(c) scaleformer faster than bart at position {r['position']}" for r in rows
+              if r["position"] >= faster_from],
+    }
+    absent = [name for name in ("scaleformer", "bart") if name not in decoding.bytes_after]
+    if "scaleformer" in absent:
+        why = "scaleformer is not in --models"
+        return [Target(name, "N/A", why) for name in (names["a"], *names["b"], *names["c"])]
     targets = []
-    ratio = last["scaleformer_ms"] / first["scaleformer_ms"]
-    targets.append(Target(
-        f"(a) scaleformer ms/token at position {p1} <= {GROWTH_MAX}x its ms/token at {p0}",
-        "PASS" if ratio <= GROWTH_MAX else "FAIL",
-        f"{ratio:.2f}x ({last['scaleformer_ms']:.2f} ms against {first['scaleformer_ms']:.2f} ms)",
-    ))
-    span = bytes_after["scaleformer"][p0 - 1:p1]
-    for label, field in (("self-attention state", "self_attention"), ("total cache", "total")):
+    failed = decoding.failed.get("scaleformer")
+    stopped = f"stopped at position {failed[0]} ({failed[1]})" if failed else ""
+    if last["scaleformer_ms"] is None:
+        targets.append(Target(names["a"], "FAIL", stopped))
+    else:
+        ratio = last["scaleformer_ms"] / first["scaleformer_ms"]
+        targets.append(Target(
+            names["a"], "PASS" if ratio <= GROWTH_MAX else "FAIL",
+            f"{ratio:.2f}x ({last['scaleformer_ms']:.2f} ms against {first['scaleformer_ms']:.2f} ms)",
+        ))
+    span = decoding.bytes_after["scaleformer"][p0 - 1:p1]
+    for name, field in zip(names["b"], ("self_attention", "total")):
         sizes = sorted({getattr(b, field) for b in span})
+        if len(span) < p1 - p0 + 1:
+            targets.append(Target(name, "FAIL", stopped))
+            continue
         constant = len(sizes) == 1
         figure = (f"{sizes[0]:,} bytes at every step" if constant
                   else f"{len(sizes)} sizes, {sizes[0]:,} to {sizes[-1]:,} bytes")
-        targets.append(Target(f"(b) scaleformer {label} bytes constant from position {p0} to {p1}",
-                              "PASS" if constant else "FAIL", figure))
-    faster_from = args.new_tokens / FASTER_FROM_FRACTION
-    for r in rows:
-        if r["position"] >= faster_from:
+        targets.append(Target(name, "PASS" if constant else "FAIL", figure))
+    for name, r in zip(names["c"], [r for r in rows if r["position"] >= faster_from]):
+        if absent:
+            targets.append(Target(name, "N/A", "bart is not in --models"))
+        elif r["scaleformer_ms"] is None:
+            targets.append(Target(name, "FAIL", stopped))
+        elif r["bart_ms"] is None:
+            position, error = decoding.failed["bart"]
+            targets.append(Target(name, "N/A", f"bart stopped at position {position} ({error})"))
+        else:
             speedup = r["bart_ms"] / r["scaleformer_ms"]
             targets.append(Target(
-                f"(c) scaleformer faster than bart at position {r['position']}",
-                "PASS" if speedup > 1 else "FAIL",
+                name, "PASS" if speedup > 1 else "FAIL",
                 f"bart / scaleformer {speedup:.2f}x ({r['scaleformer_ms']:.2f} ms against {r['bart_ms']:.2f} ms)",
             ))
     return targets
@@ -418,30 +637,34 @@ def rolling_medians_ms(step_s: list[float], window: int) -> tuple[list[int], lis
     return positions, [window_median_s(step_s, p, window) * 1e3 for p in positions]
 
 
-def write_plot(path: Path, decoders: dict[str, GreedyDecoder], bytes_after: dict[str, list[CacheBytes]],
-               args: argparse.Namespace) -> None:
+def write_plot(path: Path, decoding: Decoding, args: argparse.Namespace) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, (ax_time, ax_mem) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for name, decoder in decoders.items():
-        xs, ys = rolling_medians_ms(decoder.step_s, args.window)
-        line, = ax_time.plot(xs, ys, linewidth=1, label=f"{name} (rolling median of {args.window})")
-        ax_time.plot(args.positions, [window_median_s(decoder.step_s, p, args.window) * 1e3 for p in args.positions],
-                     marker="o", linestyle="none", color=line.get_color())
-        steps = range(1, len(bytes_after[name]) + 1)
-        mem_line, = ax_mem.plot(steps, [b.total / MIB for b in bytes_after[name]], label=f"{name}, total")
-        ax_mem.plot(steps, [b.self_attention / MIB for b in bytes_after[name]], linestyle="--",
-                    color=mem_line.get_color(), label=f"{name}, self-attention")
+    for name, after in decoding.bytes_after.items():
+        color = f"C{list(decoding.bytes_after).index(name) % 10}"
+        if not after:
+            continue
+        step_s = decoding.decoders[name].step_s
+        xs, ys = rolling_medians_ms(step_s, args.window)
+        ax_time.plot(xs, ys, linewidth=1, color=color, label=f"{name} (rolling median of {args.window})")
+        reached = [p for p in args.positions if p <= len(step_s)]
+        ax_time.plot(reached, [window_median_s(step_s, p, args.window) * 1e3 for p in reached],
+                     marker="o", linestyle="none", color=color)
+        steps = range(1, len(after) + 1)
+        ax_mem.plot(steps, [b.total / MIB for b in after], color=color, label=f"{name}, total")
+        ax_mem.plot(steps, [b.self_attention / MIB for b in after], linestyle="--", color=color,
+                    label=f"{name}, self-attention")
     for ax, ticks in ((ax_time, args.positions), (ax_mem, [1, *args.positions])):
         ax.set_xscale("log", base=2)
         ax.set_xticks(ticks, [str(p) for p in ticks])
         ax.minorticks_off()
         ax.set_xlabel("decoder position")
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend()
+        ax.legend(fontsize="small" if len(decoding.bytes_after) > 2 else None)
     ax_time.set_ylabel("ms / token")
     ax_time.set_ylim(bottom=0)
     ax_mem.set_ylabel("cache MiB")
@@ -455,13 +678,9 @@ def write_plot(path: Path, decoders: dict[str, GreedyDecoder], bytes_after: dict
     plt.close(fig)
 
 
-def count_parameters(model: PreTrainedModel) -> int:
-    return sum(p.numel() for p in model.parameters())
-
-
 def print_header(info: dict, models: dict[str, PreTrainedModel], args: argparse.Namespace) -> None:
     size = MODEL_SIZE
-    print("# Greedy generation benchmark: Scaleformer against BART")
+    print(f"# Greedy generation benchmark: {', '.join(models)}")
     print()
     print(f"- command: `{info['command']}`")
     print(f"- date: {info['date']}")
@@ -469,18 +688,14 @@ def print_header(info: dict, models: dict[str, PreTrainedModel], args: argparse.
     print(f"- CPU: {info['cpu_model']} ({info['cpu_count']} logical CPUs), load average "
           + " / ".join(f"{x:.2f}" for x in info["load_average_at_start"]) + " (1 / 5 / 15 min)")
     quick = " (the same with --quick)" if args.quick else ""
-    print(f"- both models: d_model {size.d_model}, {size.layers}+{size.layers} layers, {size.heads} heads, FFN "
+    print(f"- every model: d_model {size.d_model}, {size.layers}+{size.layers} layers, {size.heads} heads, FFN "
           f"{size.ffn_dim}, vocabulary {size.vocab_size}{quick}; random init (seed {args.seed}), eval, fp32, "
           f"batch {BATCH}")
-    sf, bart = models["scaleformer"].config, models["bart"].config
-    print(f"- scaleformer: {count_parameters(models['scaleformer']) / 1e6:.1f} M parameters, attention_type "
-          f"{sf.attention_type}, rpe_horizon {sf.rpe_horizon}, attention_mode {sf.attention_mode}")
-    print(f"- bart: {count_parameters(models['bart']) / 1e6:.1f} M parameters, attention implementation "
-          f"{bart._attn_implementation}, max_position_embeddings {bart.max_position_embeddings} "
-          f"(max(source, new tokens); BART's default is 1024)")
+    for name, model in models.items():
+        print(f"- {describe_model(name, model, 'max(source, new tokens)', decoding=True)}")
     print(f"- source {args.source_length} random tokens; {args.new_tokens} new tokens per model, end-of-sequence "
-          f"suppressed; positions {', '.join(map(str, args.positions))}; window {args.window} steps; the two "
-          "models step in lockstep, alternating which goes first")
+          f"suppressed; positions {', '.join(map(str, args.positions))}; window {args.window} steps; the "
+          "models step in lockstep, rotating which goes first")
     print()
 
 
@@ -494,14 +709,15 @@ def main(argv: list[str] | None = None) -> int:
 
     checks = verify(models, input_ids, attention_mask)
     print_verification(checks, args.source_length)
-    if not all(c["passed"] for c in checks):
+    if any(c["passed"] is False for c in checks):
         print("Summary: verification FAIL, nothing timed")
         return 1
 
-    decoders, bytes_after = run_decoding(models, input_ids, attention_mask, args)
-    rows = summarize(decoders, bytes_after, args)
-    print_tables(rows, decoders, args)
-    targets = evaluate_targets(rows, bytes_after, args)
+    skipped = {c["model"]: f"verification raised {c['error']}" for c in checks if "error" in c}
+    decoding = run_decoding(models, input_ids, attention_mask, args, skipped)
+    rows = summarize(decoding, args)
+    print_tables(rows, decoding, args)
+    targets = evaluate_targets(rows, decoding, args)
     print_targets(targets)
 
     info["load_average_at_end"] = os.getloadavg()
@@ -512,21 +728,24 @@ def main(argv: list[str] | None = None) -> int:
             "settings": {"model_size": MODEL_SIZE._asdict(), "quick": args.quick, "dtype": str(DTYPE), "batch": BATCH,
                          "source_length": args.source_length, "new_tokens": args.new_tokens,
                          "positions": args.positions, "window": args.window, "seed": args.seed,
-                         "bart_max_position_embeddings": bart_max_positions(args)},
+                         "models": args.models, "bart_max_position_embeddings": bart_max_positions(args)},
             "verification": checks,
             "rows": rows,
-            "encode_s": {name: d.encode_s for name, d in decoders.items()},
-            "step_s": {name: d.step_s for name, d in decoders.items()},
-            "cache_bytes": {name: [b._asdict() for b in bytes_after[name]] for name in bytes_after},
+            "encode_s": {name: d.encode_s for name, d in decoding.decoders.items()},
+            "step_s": {name: d.step_s for name, d in decoding.decoders.items()},
+            "cache_bytes": {name: [b._asdict() for b in after] for name, after in decoding.bytes_after.items()},
+            "skipped": [{"model": name, "position": position, "reason": error}
+                        for name, (position, error) in decoding.failed.items()],
             "targets": [t._asdict() for t in targets],
         }, indent=1) + "\n")
         print(f"- raw figures written to {args.json}")
     if args.plot is not None:
-        write_plot(args.plot, decoders, bytes_after, args)
+        write_plot(args.plot, decoding, args)
         print(f"- plot written to {args.plot}")
 
-    counts = {s: sum(t.status == s for t in targets) for s in ("PASS", "FAIL")}
-    print(f"Summary: verification PASS; targets {counts['PASS']} PASS, {counts['FAIL']} FAIL; 1-min load average "
+    counts = {s: sum(t.status == s for t in targets) for s in ("PASS", "FAIL", "N/A")}
+    print(f"Summary: verification PASS; targets {counts['PASS']} PASS, {counts['FAIL']} FAIL, {counts['N/A']} N/A; "
+          "1-min load average "
           f"{info['load_average_at_start'][0]:.2f} at start, {info['load_average_at_end'][0]:.2f} at end")
     return 0
 

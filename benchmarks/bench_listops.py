@@ -404,6 +404,23 @@ def write_json(path: Path, report: dict) -> None:
     tmp.replace(path)
 
 
+def save_runs(path: Path, report: dict, runs: dict, ran_now: set, key, settings: dict,
+              benchmark: str = BENCHMARK) -> None:
+    """Write `report` with `runs` (key -> run) to `path`, first taking in the runs that another process wrote
+    there since this one started (runs made here win), under an exclusive lock on `path.lock`: several
+    processes, each with its own models or seeds, can fill one file at once. `runs` is updated in place."""
+    import fcntl
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        for run in (load_previous(path, settings, benchmark) or {}).get("runs", []):
+            if key(run) not in ran_now:
+                runs[key(run)] = run
+        report["runs"] = list(runs.values())
+        write_json(path, report)
+
+
 def pct(x: float | None) -> str:
     return "–" if x is None else f"{100 * x:.1f}"
 
@@ -538,12 +555,16 @@ def write_plot(path: Path, runs: list[dict], majority: dict, args: argparse.Name
     plt.close(fig)
 
 
+def run_key(run: dict) -> tuple[str, int]:
+    return run["attention_type"], run["seed"]
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     settings = settings_of(args)
     previous = load_previous(args.json, settings)
-    runs = {(r["attention_type"], r["seed"]): r for r in (previous or {}).get("runs", [])}
+    runs = {run_key(r): r for r in (previous or {}).get("runs", [])}
 
     info = machine_info(torch.get_num_threads())
     splits, majority, data_seconds = make_data(args)
@@ -568,16 +589,14 @@ def main(argv: list[str] | None = None) -> int:
             runs[key] = train_one(attention_type, seed, splits, args)
             ran_now.add(key)
             if args.json is not None:
-                report["runs"] = list(runs.values())
-                write_json(args.json, report)
+                save_runs(args.json, report, runs, ran_now, run_key, settings)
 
-    all_runs = list(runs.values())
-    print_results(all_runs, majority, args, ran_now, args.json)
     info["load_average_at_end"] = os.getloadavg()
     if args.json is not None:
-        report["runs"] = all_runs
-        write_json(args.json, report)
+        save_runs(args.json, report, runs, ran_now, run_key, settings)
         print(f"- raw figures written to {args.json}")
+    all_runs = list(runs.values())
+    print_results(all_runs, majority, args, ran_now, args.json)
     if args.plot is not None:
         write_plot(args.plot, all_runs, majority, args)
         print(f"- plot written to {args.plot}")

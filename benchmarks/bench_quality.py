@@ -9,7 +9,8 @@ end, greedy decoding on the test split gives BLEU and chrF (sacreBLEU), beside t
 Models, all d_model 256, 3 + 3 layers, 4 heads, FFN 1024, dropout 0.1, fp32 by default (`--d_model` ...):
 
 * `scaleformer`: `ScaleformerForConditionalGeneration`, attention_type `kernelized_rpe` (horizon 16);
-  `scaleformer:TYPE` runs another attention_type (e.g. `scaleformer:softmax`);
+  `scaleformer:TYPE` runs another attention_type (e.g. `scaleformer:softmax`), `scaleformer+cross_rpe` adds
+  relative positions to cross-attention (`cross_attention_rpe`);
 * `bart`: `transformers.BartForConditionalGeneration` (the builder of `bench_generate.py`), learned absolute
   positions; `max_position_embeddings` fits the longest sequence of the task (128 for verses of at most 96
   tokens); for chapters see `--bart_long`;
@@ -52,7 +53,9 @@ chapters lower than every baseline's. Each is PASS, FAIL or N/A (a model missing
 
 Runs accumulate: with `--json PATH`, the (model, seed) runs already in PATH are skipped (unless
 `--overwrite`), each finished run is merged into PATH at once, and the tables and the plot cover every run
-in the file. A file made with other data, model or training settings is refused. So the full verse
+in the file. A file made with other data, model or training settings is refused. Several processes may
+fill one file at once (each with its own models or seeds): a run is merged under a lock with what the others
+wrote meanwhile. So the full verse
 benchmark (3 models x 3 seeds x 20 minutes of training; with evaluation, about 12 s per held-out pass on a
 loaded 2-core machine, and decoding, about 4 hours in all) is run one (model, seed) at a time, possibly across
 sessions:
@@ -62,7 +65,10 @@ sessions:
             --json benchmarks/results/quality_verses.json --plot benchmarks/results/quality_verses.png
     done; done
 
-and the long-input comparison the same way (test decoding of 8 chapters of up to 1024 new tokens adds
+or, on 2 cores, two such loops at once with `--threads 1` each (one core per run; the figures in the README
+were made that way).
+
+The long-input comparison runs the same way (test decoding of 8 chapters of up to 1024 new tokens adds
 minutes per run; `--bart_long table` for the other BART setting, in its own JSON):
 
     PYTHONPATH=. python benchmarks/bench_quality.py --task chapters --models scaleformer --seeds 0 --minutes 20 \\
@@ -101,7 +107,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples" / "data"))
 
 from bench_attention import machine_info  # noqa: E402
-from bench_listops import load_previous, write_json  # noqa: E402
+from bench_listops import load_previous, save_runs  # noqa: E402
 from bench_generate import ModelSize, build_model, model_configs  # noqa: E402
 from train_tokenizer import train_bpe_tokenizer  # noqa: E402
 
@@ -218,13 +224,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.models = list(dict.fromkeys(args.models))
     args.seeds = list(dict.fromkeys(args.seeds))
     for name in args.models:
-        kind, _, attention_type = name.partition(":")
-        if kind == "scaleformer" and (not attention_type or attention_type in ATTENTION_TYPES):
-            continue
-        if kind in BASELINES and not attention_type:
-            continue
-        parser.error(f"--models: unknown model {name!r}; use scaleformer, scaleformer:TYPE with TYPE in "
-                     f"{', '.join(ATTENTION_TYPES)}, bart or t5")
+        try:
+            parse_model_name(name)
+        except ValueError as error:
+            parser.error(f"--models: {error}")
     for name in ("d_model", "layers", "heads", "ffn_dim", "batch_size", "threads", "vocab_size", "max_new_tokens"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be at least 1, got {getattr(args, name)}")
@@ -374,6 +377,22 @@ def data_notes(splits: dict[str, list[dict]], args: argparse.Namespace) -> list[
 # --------------------------------------------------------------------------------------------------- models
 
 
+def parse_model_name(name: str) -> tuple[str, str | None, bool]:
+    """`scaleformer`, `scaleformer:TYPE`, `scaleformer+cross_rpe` (relative positions in cross-attention too,
+    kernelized_rpe only), `bart` or `t5` -> (kind, attention_type or None, cross_attention_rpe)."""
+    base, plus, suffix = name.partition("+")
+    kind, _, attention_type = base.partition(":")
+    usage = (f"unknown model {name!r}; use scaleformer, scaleformer:TYPE with TYPE in {', '.join(ATTENTION_TYPES)}, "
+             "scaleformer+cross_rpe, bart or t5")
+    if kind in BASELINES and not attention_type and not plus:
+        return kind, None, False
+    if kind != "scaleformer" or (attention_type and attention_type not in ATTENTION_TYPES):
+        raise ValueError(usage)
+    if plus and (suffix != "cross_rpe" or attention_type not in ("", "kernelized_rpe")):
+        raise ValueError(usage)
+    return kind, attention_type or None, bool(plus)
+
+
 def bart_positions(splits: dict[str, list[dict]], args: argparse.Namespace) -> int:
     """BART's position table: 1024 with `--bart_long truncate`; otherwise the longest source, target or decoded
     sequence (+2, BART's offset), rounded up to a multiple of 64, so that the table holds what the task needs."""
@@ -392,7 +411,7 @@ def build(name: str, seed: int, vocabulary: int, bart_max_positions: int, args: 
     size = ModelSize(vocab_size=vocabulary, d_model=args.d_model, layers=args.layers, heads=args.heads,
                      ffn_dim=args.ffn_dim)
     ids = dict(pad_token_id=PAD_ID, bos_token_id=BOS_ID, eos_token_id=EOS_ID, decoder_start_token_id=BOS_ID)
-    kind, _, attention_type = name.partition(":")
+    kind, attention_type, cross_rpe = parse_model_name(name)
     if kind == "t5":
         config = T5Config(vocab_size=vocabulary, d_model=args.d_model, d_kv=args.d_model // args.heads,
                           d_ff=args.ffn_dim, num_layers=args.layers, num_decoder_layers=args.layers,
@@ -410,7 +429,7 @@ def build(name: str, seed: int, vocabulary: int, bart_max_positions: int, args: 
         vocab_size=vocabulary, d_model=sf.d_model, encoder_layers=sf.encoder_layers, decoder_layers=sf.decoder_layers,
         encoder_attention_heads=sf.encoder_attention_heads, decoder_attention_heads=sf.decoder_attention_heads,
         encoder_ffn_dim=sf.encoder_ffn_dim, decoder_ffn_dim=sf.decoder_ffn_dim, dropout=args.dropout,
-        attention_type=attention_type or sf.attention_type, **ids,
+        attention_type=attention_type or sf.attention_type, cross_attention_rpe=cross_rpe, **ids,
     )
     return build_model("scaleformer", config, seed)
 
@@ -418,8 +437,8 @@ def build(name: str, seed: int, vocabulary: int, bart_max_positions: int, args: 
 def describe_model(name: str, model: PreTrainedModel, args: argparse.Namespace, cut: dict) -> str:
     config = model.config
     if name.startswith("scaleformer"):
-        return (f"attention_type {config.attention_type}, rpe_horizon {config.rpe_horizon}, attention_mode "
-                f"{config.attention_mode}; full sources")
+        return (f"attention_type {config.attention_type}, rpe_horizon {config.rpe_horizon}, cross_attention_rpe "
+                f"{config.cross_attention_rpe}, attention_mode {config.attention_mode}; full sources")
     if name == "t5":
         return (f"d_kv {config.d_kv}, relative attention {config.relative_attention_num_buckets} buckets, max "
                 f"distance {config.relative_attention_max_distance}, FFN {config.feed_forward_proj}; full sources "
@@ -775,6 +794,10 @@ def write_plot(path: Path, runs: list[dict], args: argparse.Namespace) -> None:
     plt.close(fig)
 
 
+def run_key(run: dict) -> tuple[str, int]:
+    return run["model"], run["seed"]
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -782,7 +805,7 @@ def main(argv: list[str] | None = None) -> int:
     splits, data, tokenizer = make_data(args)
     settings = {**settings_of(args), "tokenizer_sha256": data["tokenizer"]["sha256"]}
     previous = load_previous(args.json, settings, BENCHMARK)
-    runs = {(r["model"], r["seed"]): r for r in (previous or {}).get("runs", [])}
+    runs = {run_key(r): r for r in (previous or {}).get("runs", [])}
     print_header(info, args, data)
 
     copy = scores([p["source"] for p in splits["test"]], [p["reference"] for p in splits["test"]])
@@ -799,9 +822,10 @@ def main(argv: list[str] | None = None) -> int:
             runs[key] = train_one(name, seed, splits, tokenizer, args)
             ran_now.add(key)
             if args.json is not None:
-                report["runs"] = list(runs.values())
-                write_json(args.json, report)
+                save_runs(args.json, report, runs, ran_now, run_key, settings, BENCHMARK)
 
+    if args.json is not None:  # take in what parallel processes added meanwhile
+        save_runs(args.json, report, runs, ran_now, run_key, settings, BENCHMARK)
     all_runs = list(runs.values())
     if all_runs:
         print_results(all_runs, copy, args, ran_now, args.json)
@@ -814,11 +838,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"- {status} {name}: {figure}")
     print()
     info["load_average_at_end"] = os.getloadavg()
-    report["runs"] = all_runs
     report["ratio_line"] = line
     report["targets"] = [{"name": n, "status": s, "figure": f} for n, s, f in targets]
     if args.json is not None:
-        write_json(args.json, report)
+        save_runs(args.json, report, runs, ran_now, run_key, settings, BENCHMARK)
         print(f"- raw figures written to {args.json}")
     if args.plot is not None and all_runs:
         write_plot(args.plot, all_runs, args)

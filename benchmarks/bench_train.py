@@ -1,38 +1,51 @@
-"""One training step of Scaleformer against BART of the same size: time and peak memory against source length.
+"""One training step of Scaleformer against BART and T5 of the same size: time and peak memory against source length.
 
-What is measured, for batch 1, fp32, train mode (dropout on), random weights (`torch.manual_seed`):
+What is measured, for batch 1, fp32, train mode (dropout on), random weights (`torch.manual_seed`), for each
+model of `--models` (default: `scaleformer bart`; the builders are those of `bench_generate.py`):
 
 * `scaleformer`: `ScaleformerForConditionalGeneration`, default attention (`kernelized_rpe`, horizon 16,
   `attention_mode="auto"`);
+* `scaleformer:TYPE`: the same with another `attention_type` (kernelized_rpe, kernelized, fourier, toeplitz,
+  xl_relative, shaw_softmax, softmax); the softmax types are quadratic in L;
 * `bart`: `transformers.BartForConditionalGeneration` with its default attention implementation;
+* `t5`: `transformers.T5ForConditionalGeneration`, d_kv = d_model / heads, ReLU FFN, tied embeddings,
+  relative attention buckets at their defaults (32 buckets, max distance 128). Its attention is quadratic:
+  in transformers 5.23 its default implementation is `sdpa`, and the relative position bias goes to SDPA
+  as a dense float mask of shape (1, heads, L, L) in every self-attention layer (the header says which
+  implementation was used);
 
-both d_model 512, 6 + 6 layers, 8 heads, FFN 2048, vocabulary 32000. One step is `zero_grad`, forward
+all d_model 512, 6 + 6 layers, 8 heads, FFN 2048, vocabulary 32000. One step is `zero_grad`, forward
 with `labels` (cross-entropy), backward and `torch.optim.AdamW.step()`, on a random source of L tokens
 and a random target of 128 tokens, without attention masks (nothing is padded). BART has learned
 absolute positions, so its `max_position_embeddings` is set to the largest source length it runs at
 (the header says which value was used); its position tables then hold more parameters than the
 default 1024 would.
 
-How: for each length, both models take one warm-up step, then `--repeats` rounds of one step each,
-alternating which model goes first; the median wall time is reported, with user and system CPU time
+How: for each length, every model takes one warm-up step, then `--repeats` rounds of one step each,
+rotating which model goes first; the median wall time is reported, with user and system CPU time
 and minor page faults. Peak memory is measured in a fresh subprocess per (model, length), run before
 the timed steps of that length: the subprocess builds the model and its optimizer, takes one step at
 source length 128 (so that AdamW's state exists and every code path is loaded), builds the inputs,
 reads its resident memory from /proc/self/statm as the baseline, takes one step at length L and
 reports the high-water mark `ru_maxrss` minus that baseline as the peak extra. A model that raises
 MemoryError or RuntimeError, or whose subprocess dies, is reported as skipped, with the reason, at
-that length and above; `--max-bart-length` skips BART above a length on purpose. The report ends with
-log2-log2 slopes of time against length (least squares over 2048-16384) and the project's targets
-(PASS or FAIL with the figure); the exit status is 0 whether or not a target is met.
+that length and above; `--max-bart-length` skips BART above a length on purpose. The tables give each
+model's figures and, for every other model, its step time over that of the first Scaleformer model of
+`--models`. The report ends with log2-log2 slopes of time against length per model (least squares over
+2048-16384) and the project's targets (PASS or FAIL with the figure, N/A when `scaleformer` is not in
+`--models`); the exit status is 0 whether or not a target is met.
 
 Run from the repository root with the package installed (`pip install -e ".[bench]"`):
 
     python benchmarks/bench_train.py                          # L = 512 ... 16384, ~20 min idle, mostly BART at 16384
     python benchmarks/bench_train.py --quick                  # smoke test: small models, L = 256 ... 1024, ~1 min
     python benchmarks/bench_train.py --max-bart-length 8192 --json train.json --plot train.png
+    # every attention type against both baselines, up to 32k or until a model runs out of memory (hours)
+    python benchmarks/bench_train.py --lengths 512 2048 8192 16384 32768 \
+        --models scaleformer scaleformer:kernelized scaleformer:fourier scaleformer:toeplitz scaleformer:softmax bart t5
 
 The machines this was written for are shared 2-core CPUs: absolute times move by 20% or more between
-runs, so compare the two models within one run, and keep `--threads` fixed when comparing runs.
+runs, so compare the models within one run, and keep `--threads` fixed when comparing runs.
 """
 
 from __future__ import annotations
@@ -63,7 +76,19 @@ from bench_attention import (
     peak_rss_bytes,
     print_targets,
 )
-from bench_generate import MODEL_SIZE, MODELS, ModelSize, build_model, model_configs
+from bench_generate import (
+    MODEL_NAMES,
+    MODEL_SIZE,
+    ModelSize,
+    add_models_argument,
+    build_model,
+    check_models,
+    describe_error,
+    describe_model,
+    model_configs,
+    reference_model,
+    rotated,
+)
 
 
 BATCH = 1
@@ -72,7 +97,7 @@ DEFAULT_LENGTHS = (512, 2048, 8192, 16384)
 QUICK_LENGTHS = (256, 512, 1024)
 QUICK_SIZE = ModelSize(vocab_size=8000, d_model=256, layers=3, heads=4, ffn_dim=1024)
 LEARNING_RATE = 1e-4
-FIRST_TOKEN_ID = 4  # ids below are special tokens of one model or the other
+FIRST_TOKEN_ID = 4  # ids below are special tokens of some model
 
 MEMORY_WARMUP_LENGTH = 128
 
@@ -102,9 +127,11 @@ class Trainer(NamedTuple):
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        description="Benchmark one training step (forward, backward, AdamW) of Scaleformer against BART of the "
-        "same size: time and peak memory against source length, growth slopes and the project's targets.",
+        description="Benchmark one training step (forward, backward, AdamW) of Scaleformer (any attention_type) "
+        "against BART and T5 of the same size: time and peak memory against source length, growth slopes and the "
+        "project's targets.",
     )
+    add_models_argument(parser)
     parser.add_argument("--lengths", type=int, nargs="+", metavar="L",
                         help=f"source lengths (default: {', '.join(map(str, DEFAULT_LENGTHS))})")
     parser.add_argument("--quick", action="store_true",
@@ -125,6 +152,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--measure-memory", nargs=2, metavar=("MODEL", "LENGTH"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
+    args.models = check_models(parser, args.models)
     if args.lengths is None:
         args.lengths = list(QUICK_LENGTHS if args.quick else DEFAULT_LENGTHS)
     args.lengths = sorted(set(args.lengths))
@@ -137,8 +165,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"--threads must be at least 1, got {args.threads}")
     if args.measure_memory is not None:
         model, length = args.measure_memory
-        if model not in MODELS or not length.isdigit():
-            parser.error(f"--measure-memory takes MODEL in {MODELS} and a length, got {args.measure_memory}")
+        if model not in MODEL_NAMES or not length.isdigit():
+            parser.error(f"--measure-memory takes MODEL in {', '.join(MODEL_NAMES)} and a length, got "
+                         f"{args.measure_memory}")
     return args
 
 
@@ -155,13 +184,13 @@ def bart_max_positions(args: argparse.Namespace) -> int:
 
 
 def build_trainer(name: str, args: argparse.Namespace) -> Trainer:
-    config = model_configs(args.size, bart_max_positions(args))[name]
+    config = model_configs(args.size, bart_max_positions(args), [name])[name]
     model = build_model(name, config, args.seed).train()
     return Trainer(model, torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE))
 
 
 def make_batch(length: int, vocab_size: int, seed: int) -> tuple[Tensor, Tensor]:
-    """Random source ids (B, length) and labels (B, TARGET_LENGTH), no special token of either model."""
+    """Random source ids (B, length) and labels (B, TARGET_LENGTH), no special token of any model."""
     g = torch.Generator().manual_seed(seed * 1_000_003 + length)
     input_ids = torch.randint(FIRST_TOKEN_ID, vocab_size, (BATCH, length), generator=g)
     labels = torch.randint(FIRST_TOKEN_ID, vocab_size, (BATCH, TARGET_LENGTH), generator=g)
@@ -179,11 +208,6 @@ def train_step(trainer: Trainer, input_ids: Tensor, labels: Tensor) -> Sample:
     wall = time.perf_counter() - t0
     r1 = resource.getrusage(resource.RUSAGE_SELF)
     return Sample(wall, r1.ru_utime - r0.ru_utime, r1.ru_stime - r0.ru_stime, r1.ru_minflt - r0.ru_minflt)
-
-
-def describe_error(error: BaseException) -> str:
-    first_line = (str(error).strip().splitlines() or [""])[0][:160]
-    return f"{type(error).__name__}: {first_line}" if first_line else type(error).__name__
 
 
 def measure_memory_here(name: str, length: int, args: argparse.Namespace) -> dict:
@@ -231,15 +255,16 @@ def measure_memory(name: str, length: int, args: argparse.Namespace) -> dict:
 
 def run_benchmark(args: argparse.Namespace) -> tuple[dict[tuple[str, int], list[Sample]], dict[tuple[str, int], dict],
                                                       dict[tuple[str, int], Skip]]:
-    """Per length: memory subprocesses, then one warm-up and `--repeats` interleaved timed steps per model."""
-    trainers = {name: build_trainer(name, args) for name in MODELS}
+    """Per length: memory subprocesses, then one warm-up and `--repeats` interleaved timed steps per model. A model
+    that fails is dropped, its trainer freed, and skipped at the longer lengths."""
+    trainers = {name: build_trainer(name, args) for name in args.models}
     samples: dict[tuple[str, int], list[Sample]] = {}
     memory: dict[tuple[str, int], dict] = {}
     skipped: dict[tuple[str, int], Skip] = {}
     failed: dict[str, tuple[int, str]] = {}  # model -> (length, error) where it stopped; skipped above
     for length in args.lengths:
         running = []
-        for name in MODELS:
+        for name in args.models:
             skip = planned_skip(name, length, args)
             if skip is None and name in failed:
                 at, error = failed[name]
@@ -254,13 +279,14 @@ def run_benchmark(args: argparse.Namespace) -> tuple[dict[tuple[str, int], list[
                     failed[name] = (length, record["error"])
                     skipped[(name, length)] = Skip("skipped (memory subprocess failed)",
                                                    f"skipped: the memory subprocess failed ({record['error']})")
+                    del trainers[name]
+                    gc.collect()
                     continue
             running.append(name)
         input_ids, labels = make_batch(length, args.size.vocab_size, args.seed)
         start = time.perf_counter()
         for round_index in range(args.repeats + 1):  # round 0 is the warm-up
-            order = running if round_index % 2 == 0 else running[::-1]
-            for name in list(order):
+            for name in rotated(running, round_index):
                 if name not in running:
                     continue
                 try:
@@ -271,7 +297,7 @@ def run_benchmark(args: argparse.Namespace) -> tuple[dict[tuple[str, int], list[
                                                    f"skipped: the step raised {describe_error(error)}")
                     samples.pop((name, length), None)
                     running.remove(name)
-                    trainers[name].optimizer.zero_grad(set_to_none=True)
+                    del trainers[name]
                     gc.collect()
                     continue
                 if round_index > 0:
@@ -303,21 +329,24 @@ def print_tables(samples: dict[tuple[str, int], list[Sample]], memory: dict[tupl
     print(f"## One training step (forward + backward + AdamW), target {TARGET_LENGTH} tokens: median wall time of "
           f"{args.repeats} step(s)")
     print()
-    print("| source L | scaleformer s | bart s | bart / scaleformer | scaleformer peak extra MiB "
-          "| bart peak extra MiB |")
-    print("|---:|---:|---:|---:|---:|---:|")
+    ref = reference_model(args.models)
+    others = [name for name in args.models if name != ref]
+    columns = ([f"{name} s" for name in args.models] + [f"{name} / {ref}" for name in others]
+               + [f"{name} peak extra MiB" for name in args.models])
+    print("| source L | " + " | ".join(columns) + " |")
+    print("|---:|" + "---:|" * len(columns))
     for length in args.lengths:
-        t = {name: median_of(samples, name, length) for name in MODELS}
+        t = {name: median_of(samples, name, length) for name in args.models}
         cells = [str(length)] + [fmt_s(t[name], skipped[(name, length)].short if (name, length) in skipped else "–")
-                                 for name in MODELS]
-        cells.append("–" if None in t.values() else f"{t['bart'] / t['scaleformer']:.2f}x")
-        cells += [memory_cell(memory, name, length) for name in MODELS]
+                                 for name in args.models]
+        cells += ["–" if t[name] is None or t[ref] is None else f"{t[name] / t[ref]:.2f}x" for name in others]
+        cells += [memory_cell(memory, name, length) for name in args.models]
         print("| " + " | ".join(cells) + " |")
     print()
     print("| source L | model | wall s | user CPU s | system CPU s | minor page faults |")
     print("|---:|:---|---:|---:|---:|---:|")
     for length in args.lengths:
-        for name in MODELS:
+        for name in args.models:
             if (name, length) not in samples:
                 continue
             faults = median_of(samples, name, length, "minor_faults")
@@ -329,13 +358,16 @@ def print_tables(samples: dict[tuple[str, int], list[Sample]], memory: dict[tupl
              "fresh process per (model, L). The baseline holds the weights, AdamW's state (after one step at L="
              f"{MEMORY_WARMUP_LENGTH}) and the inputs; gradients are set to None before each step, so the extra "
              "includes them."]
+    if others:
+        notes.insert(0, f"MODEL / {ref}: the model's step time over {ref}'s at the same L (above 1: {ref} is "
+                        "faster).")
     if args.no_memory:
         notes.append("Memory was not measured (--no-memory).")
     else:
         if args.quick:
             notes.append(f"With --quick, memory is measured at L={args.lengths[-1]} only.")
         baselines = {name: [r["baseline_bytes"] for (m, _), r in memory.items() if m == name and "error" not in r]
-                     for name in MODELS}
+                     for name in args.models}
         spans = {name: sorted({round(x / MIB) for x in b}) for name, b in baselines.items() if b}
         cells = [f"{name} {span[0]:,}" + (f"-{span[-1]:,}" if len(span) > 1 else "") + " MiB"
                  for name, span in spans.items()]
@@ -348,11 +380,13 @@ def print_tables(samples: dict[tuple[str, int], list[Sample]], memory: dict[tupl
     print()
 
 
-def compute_slopes(samples: dict[tuple[str, int], list[Sample]], lengths: list[int]) -> list[dict]:
-    """Least-squares slope of log2(time) against log2(L) over SLOPE_RANGE (all measured lengths if < 2 there)."""
+def compute_slopes(samples: dict[tuple[str, int], list[Sample]], lengths: list[int],
+                   models: list[str]) -> list[dict]:
+    """Least-squares slope of log2(time) against log2(L) over SLOPE_RANGE (all measured lengths if < 2 there),
+    per model and time (wall, user CPU)."""
     lo, hi = SLOPE_RANGE
     rows = []
-    for name in MODELS:
+    for name in models:
         for field in ("wall_s", "user_s"):
             points = [(n, t) for n in lengths if (t := median_of(samples, name, n, field)) is not None and t > 0]
             in_range = [(n, t) for n, t in points if lo <= n <= hi]
@@ -391,17 +425,21 @@ def evaluate_targets(samples: dict[tuple[str, int], list[Sample]], slopes: list[
                      memory: dict[tuple[str, int], dict], skipped: dict[tuple[str, int], Skip],
                      args: argparse.Namespace) -> list[Target]:
     lo, hi = SLOPE_RANGE
+    top = args.lengths[-1]
+    names = [f"(a) scaleformer step time: slope {lo}-{hi} <= {SLOPE_MAX}",
+             f"(b) scaleformer trains at L={top} (ran, peak resident memory < {MEMORY_LIMIT_BYTES / GIB:g} GiB)"]
+    if "scaleformer" not in args.models:
+        return [Target(name, "N/A", "scaleformer is not in --models") for name in names]
     targets = []
     row = next(r for r in slopes if r["model"] == "scaleformer" and r["time"] == "wall_s")
-    name = f"(a) scaleformer step time: slope {lo}-{hi} <= {SLOPE_MAX}"
+    name = names[0]
     if row["slope"] is None:
         targets.append(Target(name, "N/A", "fewer than 2 lengths measured"))
     else:
         partial = "" if row["range"] == [lo, hi] else f" (fit over {row['range'][0]}-{row['range'][1]} only)"
         status = "PASS" if row["slope"] <= SLOPE_MAX else "FAIL"
         targets.append(Target(name, status, f"slope {row['slope']:.2f}{partial}"))
-    top = args.lengths[-1]
-    name = f"(b) scaleformer trains at L={top} (ran, peak resident memory < {MEMORY_LIMIT_BYTES / GIB:g} GiB)"
+    name = names[1]
     step = median_of(samples, "scaleformer", top)
     record = memory.get(("scaleformer", top))
     if step is None:
@@ -425,7 +463,7 @@ def write_plot(path: Path, samples: dict[tuple[str, int], list[Sample]], memory:
     import matplotlib.pyplot as plt
 
     fig, (ax_time, ax_mem) = plt.subplots(1, 2, figsize=(11, 4.5))
-    for name in MODELS:
+    for name in args.models:
         points = [(n, t) for n in args.lengths if (t := median_of(samples, name, n)) is not None]
         if points:
             ax_time.plot(*zip(*points), marker="o", label=name)
@@ -433,11 +471,15 @@ def write_plot(path: Path, samples: dict[tuple[str, int], list[Sample]], memory:
                if (r := memory.get((name, n))) is not None and "error" not in r]
         if mem:
             ax_mem.plot(*zip(*mem), marker="o", label=name)
-    sf = [(n, t) for n in args.lengths if (t := median_of(samples, "scaleformer", n)) is not None]
-    if sf:
-        n0, t0 = sf[0]
+    ref = reference_model(args.models)
+    measured = [(n, t) for n in args.lengths if (t := median_of(samples, ref, n)) is not None]
+    if measured:
+        n0, t0 = measured[0]
         ax_time.plot(args.lengths, [t0 * n / n0 for n in args.lengths], linestyle="--", linewidth=1, color="black",
-                     label="slope 1 (from scaleformer)")
+                     label=f"slope 1 (from {ref})")
+        if len(args.models) > 2:
+            ax_time.plot(args.lengths, [t0 * (n / n0) ** 2 for n in args.lengths], linestyle=":", linewidth=1,
+                         color="black", label=f"slope 2 (from {ref})")
     for ax in (ax_time, ax_mem):
         ax.set_xscale("log", base=2)
         ax.set_xticks(args.lengths, [str(n) for n in args.lengths])
@@ -445,7 +487,8 @@ def write_plot(path: Path, samples: dict[tuple[str, int], list[Sample]], memory:
         ax.set_yscale("log")
         ax.set_xlabel("source length L")
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend()
+        if ax.get_legend_handles_labels()[0]:  # nothing to label without memory figures
+            ax.legend(fontsize="small" if len(args.models) > 2 else None)
     ax_time.set_ylabel("median step time (s)")
     ax_mem.set_ylabel("peak extra resident memory (MiB)")
     size = args.size
@@ -459,14 +502,12 @@ def write_plot(path: Path, samples: dict[tuple[str, int], list[Sample]], memory:
 
 def print_header(info: dict, args: argparse.Namespace) -> None:
     size = args.size
-    configs = model_configs(size, bart_max_positions(args))
-    params, attention = {}, {}
-    for name, config in configs.items():
+    descriptions = []
+    for name, config in model_configs(size, bart_max_positions(args), args.models).items():
         with torch.device("meta"):
             model = build_model(name, config, args.seed)
-        params[name] = sum(p.numel() for p in model.parameters())
-        attention[name] = model.config._attn_implementation
-    print("# Training-step benchmark: Scaleformer against BART")
+        descriptions.append(describe_model(name, model, "the largest source length it runs at", decoding=False))
+    print(f"# Training-step benchmark: {', '.join(args.models)}")
     print()
     print(f"- command: `{info['command']}`")
     print(f"- date: {info['date']}")
@@ -474,17 +515,13 @@ def print_header(info: dict, args: argparse.Namespace) -> None:
     print(f"- CPU: {info['cpu_model']} ({info['cpu_count']} logical CPUs), load average "
           + " / ".join(f"{x:.2f}" for x in info["load_average_at_start"]) + " (1 / 5 / 15 min)")
     quick = " (smaller models: --quick)" if args.quick else ""
-    print(f"- both models: d_model {size.d_model}, {size.layers}+{size.layers} layers, {size.heads} heads, FFN "
+    print(f"- every model: d_model {size.d_model}, {size.layers}+{size.layers} layers, {size.heads} heads, FFN "
           f"{size.ffn_dim}, vocabulary {size.vocab_size}{quick}; random init (seed {args.seed}), train mode (dropout "
           f"0.1), fp32, batch {BATCH}, AdamW lr {LEARNING_RATE:g}")
-    sf, bart = configs["scaleformer"], configs["bart"]
-    print(f"- scaleformer: {params['scaleformer'] / 1e6:.1f} M parameters, attention_type {sf.attention_type}, "
-          f"rpe_horizon {sf.rpe_horizon}, attention_mode {sf.attention_mode}")
-    print(f"- bart: {params['bart'] / 1e6:.1f} M parameters, attention implementation "
-          f"{attention['bart']}, max_position_embeddings {bart.max_position_embeddings} "
-          "(the largest source length it runs at; BART's default is 1024)")
+    for description in descriptions:
+        print(f"- {description}")
     print(f"- source lengths {', '.join(map(str, args.lengths))}, target {TARGET_LENGTH}; 1 warm-up + {args.repeats} "
-          "timed step(s) per model and length, the models alternating; median")
+          "timed step(s) per model and length, the models taking turns to go first; median")
     print()
 
 
@@ -500,7 +537,7 @@ def main(argv: list[str] | None = None) -> int:
     print_header(info, args)
     samples, memory, skipped = run_benchmark(args)
     print_tables(samples, memory, skipped, args)
-    slopes = compute_slopes(samples, args.lengths)
+    slopes = compute_slopes(samples, args.lengths, args.models)
     print_slopes(slopes, args.lengths)
     targets = evaluate_targets(samples, slopes, memory, skipped, args)
     print_targets(targets)
@@ -513,7 +550,7 @@ def main(argv: list[str] | None = None) -> int:
             "settings": {"model_size": args.size._asdict(), "quick": args.quick, "batch": BATCH,
                          "target_length": TARGET_LENGTH, "lengths": args.lengths, "repeats": args.repeats,
                          "seed": args.seed, "learning_rate": LEARNING_RATE, "max_bart_length": args.max_bart_length,
-                         "bart_max_position_embeddings": bart_max_positions(args)},
+                         "models": args.models, "bart_max_position_embeddings": bart_max_positions(args)},
             "timings": [{"model": name, "length": length, "median_s": median_of(samples, name, length),
                          **{field: [getattr(s, field) for s in runs] for field in Sample._fields}}
                         for (name, length), runs in samples.items()],

@@ -22,6 +22,7 @@ from transformers.utils.generic import can_return_tuple
 from .cache import ScaleformerCache
 from .configuration_scaleformer import ScaleformerConfig
 from .layers import ScaleformerAttention, ScaleformerFeedForward
+from .ops_common import compute_dtype
 from .ops_registry import rotary_spectrum
 
 
@@ -345,10 +346,12 @@ def seq2seq_loss(logits: Tensor, labels: Tensor, num_items_in_batch: int | Tenso
     """Cross-entropy of logits[:, i] against labels[:, i] (no shift), -100 ignored.
 
     Summed and divided by `num_items_in_batch` when given (so that gradient accumulation gives the
-    loss of the whole batch), else averaged over the non-ignored labels. Computed in float32.
+    loss of the whole batch), else averaged over the non-ignored labels. Computed in float32 at least
+    (half-precision logits are upcast; float64 stays float64).
     """
+    logits = logits.to(compute_dtype(logits.dtype))
     total = F.cross_entropy(
-        logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1).to(logits.device), ignore_index=-100, reduction="sum"
+        logits.reshape(-1, logits.shape[-1]), labels.reshape(-1).to(logits.device), ignore_index=-100, reduction="sum"
     )
     return divide_by_items(total, labels, num_items_in_batch)
 
@@ -538,7 +541,7 @@ def sequence_classification_loss(
     `"multi_label_classification"`: binary cross-entropy with logits against `labels` (B, num_labels) in [0, 1].
     """
     batch, num_labels = logits.shape
-    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    logits = logits.to(compute_dtype(logits.dtype))
     labels = labels.to(logits.device)
     if problem_type == "single_label_classification":
         if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool or labels.shape != (batch,):

@@ -186,6 +186,20 @@ def test_seq2seq_loss_aligned_with_shifted_labels():
     torch.testing.assert_close(summed, expected / 2)
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16], ids=["float64", "bfloat16"])
+def test_seq2seq_loss_dtype(dtype):
+    """float64 logits give a float64 loss (no rounding to float32); half precision is computed in float32."""
+    from modeling_scaleformer.modeling_scaleformer import seq2seq_loss
+
+    logits = torch.randn(2, 5, 11, dtype=torch.float64, generator=torch.Generator().manual_seed(0)).to(dtype)
+    labels = torch.randint(0, 11, (2, 5), generator=torch.Generator().manual_seed(1))
+    labels[0, -2:] = -100
+    loss = seq2seq_loss(logits, labels)
+    assert loss.dtype == (torch.float64 if dtype == torch.float64 else torch.float32)
+    expected = torch.nn.functional.cross_entropy(logits.double().reshape(-1, 11), labels.reshape(-1))
+    torch.testing.assert_close(loss.double(), expected, rtol=1e-12 if dtype == torch.float64 else 1e-6, atol=0)
+
+
 def test_causal_lm_loss_shifts_labels():
     torch.manual_seed(0)
     model = ScaleformerForCausalLM(tiny_config()).eval()
