@@ -715,6 +715,13 @@ def write_plot(path: Path, samples: dict[Config, list[Sample]], lengths: list[in
         ax.legend()
     axes[0].set_ylabel("median wall time (s)")
     fig.suptitle(f"B={BATCH}, H={HEADS}, D={DIM}, fp32, h={HORIZON}, {torch.get_num_threads()} threads")
+    save_figure(fig, path)
+
+
+def save_figure(fig, path: Path) -> None:
+    """Lay out `fig`, write it to `path` as a 120-dpi PNG (creating the folder) and close it."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)

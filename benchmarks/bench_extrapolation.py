@@ -70,9 +70,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench_attention import machine_info  # noqa: E402
-from bench_listops import load_previous, save_runs  # noqa: E402
-from bench_quality import BOS_ID, EOS_ID, GRAD_CLIP, PAD_ID, WEIGHT_DECAY, build, parse_model_name  # noqa: E402
+from bench_attention import machine_info, save_figure  # noqa: E402
+from bench_listops import load_previous, run_missing, save_runs  # noqa: E402
+from bench_quality import (  # noqa: E402
+    BOS_ID, EOS_ID, GRAD_CLIP, PAD_ID, WEIGHT_DECAY, build, learning_rate, parse_model_name,
+)
 
 
 BENCHMARK = "bench_extrapolation"
@@ -223,12 +225,6 @@ def collate(examples: list[tuple[list[int], list[int]]]) -> tuple[Tensor, Tensor
 
 
 # ------------------------------------------------------------------------------------------- train and test
-
-
-def learning_rate(step: int, args: argparse.Namespace) -> float:
-    if args.warmup_steps == 0:
-        return args.lr
-    return args.lr * min((step + 1) / args.warmup_steps, math.sqrt(args.warmup_steps / (step + 1)))
 
 
 def bart_positions(args: argparse.Namespace) -> int:
@@ -422,10 +418,7 @@ def write_plot(path: Path, runs: list[dict], args: argparse.Namespace) -> None:
         ax.legend(fontsize=8)
     fig.suptitle(f"Length extrapolation: d_model {args.d_model}, {args.layers}+{args.layers} layers, {args.steps} "
                  f"steps of {args.batch_size}", fontsize=10)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -436,22 +429,10 @@ def main(argv: list[str] | None = None) -> int:
     previous = load_previous(args.json, settings, BENCHMARK)
     runs = {run_key(r): r for r in (previous or {}).get("runs", [])}
     report = {"benchmark": BENCHMARK, "settings": settings, "machine": info, "runs": list(runs.values())}
-    ran_now: set[tuple[str, str, int]] = set()
-    for task in args.tasks:
-        tests = test_sets(task, args)
-        for seed in args.seeds:
-            for name in args.models:
-                key = (task, name, seed)
-                if key in runs and not args.overwrite:
-                    print(f"[{task} {name} seed {seed}] already in {args.json}: skipped (--overwrite runs it again)",
-                          file=sys.stderr, flush=True)
-                    continue
-                runs[key] = train_one(task, name, seed, tests, args)
-                ran_now.add(key)
-                if args.json is not None:
-                    save_runs(args.json, report, runs, ran_now, run_key, settings, BENCHMARK)
-    if args.json is not None:  # take in what parallel processes added meanwhile
-        save_runs(args.json, report, runs, ran_now, run_key, settings, BENCHMARK)
+    keys = [(task, name, seed) for task in args.tasks for seed in args.seeds for name in args.models]
+    tests = {task: test_sets(task, args) for task in args.tasks}
+    ran_now = run_missing(keys, runs, lambda task, name, seed: train_one(task, name, seed, tests[task], args),
+                          lambda k: f"{k[0]} {k[1]} seed {k[2]}", args, report, run_key, settings, BENCHMARK)
     all_runs = list(runs.values())
     targets = print_report(info, args, all_runs, ran_now) if all_runs else []
     report["targets"] = targets
@@ -462,7 +443,7 @@ def main(argv: list[str] | None = None) -> int:
         write_plot(args.plot, all_runs, args)
         print(f"- plot written to {args.plot}")
     print(f"Summary: {len(ran_now)} run(s) trained now, {len(all_runs)} reported; "
-          + "; ".join(f"{t['status']} {t['name'].split(':')[0]}" for t in targets))
+          + "; ".join(f"{t['status']} {t['name'].split(': exact match')[0]}" for t in targets))
     return 0
 
 

@@ -85,7 +85,7 @@ from transformers import (
 )
 from transformers.cache_utils import Cache, EncoderDecoderCache
 
-from bench_attention import MIB, Target, machine_info, print_targets
+from bench_attention import MIB, Target, machine_info, print_targets, save_figure
 from modeling_scaleformer import ScaleformerCache, ScaleformerConfig, ScaleformerForConditionalGeneration
 from modeling_scaleformer.ops_registry import ATTENTION_TYPES, ATTENTION_VARIANTS
 
@@ -672,10 +672,7 @@ def write_plot(path: Path, decoding: Decoding, args: argparse.Namespace) -> None
     size = MODEL_SIZE
     fig.suptitle(f"greedy decoding, source {args.source_length}, d_model {size.d_model}, {size.layers}+{size.layers} "
                  f"layers, fp32, {torch.get_num_threads()} thread(s)")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def print_header(info: dict, models: dict[str, PreTrainedModel], args: argparse.Namespace) -> None:

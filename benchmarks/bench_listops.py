@@ -75,7 +75,7 @@ from torch import Tensor
 from torch.nn.utils.rnn import pad_sequence
 from tqdm import tqdm
 
-from bench_attention import machine_info
+from bench_attention import machine_info, save_figure
 from listops import LISTOPS_VOCAB, NUM_LABELS, PAD_ID, generate_listops, tokenize
 from modeling_scaleformer import ScaleformerConfig, ScaleformerForSequenceClassification
 from modeling_scaleformer.ops_registry import ATTENTION_TYPES
@@ -421,6 +421,26 @@ def save_runs(path: Path, report: dict, runs: dict, ran_now: set, key, settings:
         write_json(path, report)
 
 
+def run_missing(keys: list[tuple], runs: dict, train, label, args: argparse.Namespace, report: dict, key,
+                settings: dict, benchmark: str = BENCHMARK) -> set:
+    """Train `train(*k)` for every k of `keys` not in `runs` yet (every one with `args.overwrite`), merging each
+    finished run into `args.json` at once (`save_runs`), then take in what parallel processes added. `label(k)`
+    names a run in messages. Returns the keys trained now; `runs` is updated in place."""
+    ran_now: set = set()
+    for k in keys:
+        if k in runs and not args.overwrite:
+            print(f"[{label(k)}] already in {args.json}: skipped (--overwrite runs it again)", file=sys.stderr,
+                  flush=True)
+            continue
+        runs[k] = train(*k)
+        ran_now.add(k)
+        if args.json is not None:
+            save_runs(args.json, report, runs, ran_now, key, settings, benchmark)
+    if args.json is not None:
+        save_runs(args.json, report, runs, ran_now, key, settings, benchmark)
+    return ran_now
+
+
 def pct(x: float | None) -> str:
     return "–" if x is None else f"{100 * x:.1f}"
 
@@ -549,10 +569,7 @@ def write_plot(path: Path, runs: list[dict], majority: dict, args: argparse.Name
     ax.legend(fontsize=8)
     ax.set_title(f"ListOps {args.min_length}-{args.max_length} tokens, {args.train:,} train; d_model {args.d_model}, "
                  f"{args.layers} layer(s), batch {args.batch_size}, {args.device.type}", fontsize=10)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def run_key(run: dict) -> tuple[str, int]:
@@ -578,22 +595,11 @@ def main(argv: list[str] | None = None) -> int:
                        "listops_test_accuracy": {name: value for name, (value, _) in REFERENCES.items()}},
         "runs": [],
     }
-    ran_now: set[tuple[str, int]] = set()
-    for seed in args.seed:
-        for attention_type in args.attention_types:
-            key = (attention_type, seed)
-            if key in runs and not args.overwrite:
-                print(f"[{attention_type} seed {seed}] already in {args.json}: skipped (--overwrite runs it again)",
-                      file=sys.stderr, flush=True)
-                continue
-            runs[key] = train_one(attention_type, seed, splits, args)
-            ran_now.add(key)
-            if args.json is not None:
-                save_runs(args.json, report, runs, ran_now, run_key, settings)
-
+    keys = [(attention_type, seed) for seed in args.seed for attention_type in args.attention_types]
+    ran_now = run_missing(keys, runs, lambda attention_type, seed: train_one(attention_type, seed, splits, args),
+                          lambda k: f"{k[0]} seed {k[1]}", args, report, run_key, settings)
     info["load_average_at_end"] = os.getloadavg()
     if args.json is not None:
-        save_runs(args.json, report, runs, ran_now, run_key, settings)
         print(f"- raw figures written to {args.json}")
     all_runs = list(runs.values())
     print_results(all_runs, majority, args, ran_now, args.json)

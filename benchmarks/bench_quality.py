@@ -106,8 +106,8 @@ from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerFast
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples" / "data"))
 
-from bench_attention import machine_info  # noqa: E402
-from bench_listops import load_previous, save_runs  # noqa: E402
+from bench_attention import machine_info, save_figure  # noqa: E402
+from bench_listops import load_previous, run_missing, save_runs  # noqa: E402
 from bench_generate import ModelSize, build_model, model_configs  # noqa: E402
 from train_tokenizer import train_bpe_tokenizer  # noqa: E402
 
@@ -788,10 +788,7 @@ def write_plot(path: Path, runs: list[dict], args: argparse.Namespace) -> None:
         ax.legend(fontsize=8)
     fig.suptitle(f"Bible en->es {args.task}: d_model {args.d_model}, {args.layers}+{args.layers} layers, batch "
                  f"{args.batch_size}, {args.threads} threads; mean and min-max across seeds", fontsize=10)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def run_key(run: dict) -> tuple[str, int]:
@@ -811,21 +808,9 @@ def main(argv: list[str] | None = None) -> int:
     copy = scores([p["source"] for p in splits["test"]], [p["reference"] for p in splits["test"]])
     report = {"benchmark": BENCHMARK, "settings": settings, "machine": info, "data": data,
               "copy_baseline": copy, "runs": list(runs.values())}
-    ran_now: set[tuple[str, int]] = set()
-    for seed in args.seeds:
-        for name in args.models:
-            key = (name, seed)
-            if key in runs and not args.overwrite:
-                print(f"[{name} seed {seed}] already in {args.json}: skipped (--overwrite runs it again)",
-                      file=sys.stderr, flush=True)
-                continue
-            runs[key] = train_one(name, seed, splits, tokenizer, args)
-            ran_now.add(key)
-            if args.json is not None:
-                save_runs(args.json, report, runs, ran_now, run_key, settings, BENCHMARK)
-
-    if args.json is not None:  # take in what parallel processes added meanwhile
-        save_runs(args.json, report, runs, ran_now, run_key, settings, BENCHMARK)
+    keys = [(name, seed) for seed in args.seeds for name in args.models]
+    ran_now = run_missing(keys, runs, lambda name, seed: train_one(name, seed, splits, tokenizer, args),
+                          lambda k: f"{k[0]} seed {k[1]}", args, report, run_key, settings, BENCHMARK)
     all_runs = list(runs.values())
     if all_runs:
         print_results(all_runs, copy, args, ran_now, args.json)

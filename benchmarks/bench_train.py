@@ -75,6 +75,7 @@ from bench_attention import (
     machine_info,
     peak_rss_bytes,
     print_targets,
+    save_figure,
 )
 from bench_generate import (
     MODEL_NAMES,
@@ -494,10 +495,7 @@ def write_plot(path: Path, samples: dict[tuple[str, int], list[Sample]], memory:
     size = args.size
     fig.suptitle(f"training step, target {TARGET_LENGTH}, d_model {size.d_model}, {size.layers}+{size.layers} layers, "
                  f"fp32, {torch.get_num_threads()} threads")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def print_header(info: dict, args: argparse.Namespace) -> None:

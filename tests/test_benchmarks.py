@@ -162,3 +162,25 @@ def test_extrapolation_data_and_scoring():
     # symbols after the first EOS do not count; an answer that runs on without EOS is not exact
     assert be.score_bin(stub([right[0] + [7, 7], right[1][:-1] + [7]]), examples, 8) == {
         "exact_match": 0.5, "token_accuracy": 1.0}
+
+
+def test_save_runs_merges_what_other_processes_wrote(tmp_path):
+    """Two processes filling one JSON: each save keeps the other's runs, and a run made here replaces the file's."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from bench_listops import save_runs
+
+    path = tmp_path / "runs.json"
+    settings = {"size": 1}
+    key = lambda run: (run["model"], run["seed"])  # noqa: E731
+    first = {("a", 0): {"model": "a", "seed": 0, "value": 1}}
+    save_runs(path, {"benchmark": "bench_x", "settings": settings}, first, {("a", 0)}, key, settings, "bench_x")
+    # a second process started before "a" existed, made "b", and re-made "a" with --overwrite
+    second = {("b", 0): {"model": "b", "seed": 0, "value": 2}, ("a", 0): {"model": "a", "seed": 0, "value": 3}}
+    report = {"benchmark": "bench_x", "settings": settings}
+    save_runs(path, report, second, {("b", 0), ("a", 0)}, key, settings, "bench_x")
+    on_disk = {key(r): r["value"] for r in json.loads(path.read_text())["runs"]}
+    assert on_disk == {("a", 0): 3, ("b", 0): 2}
+    # the first process saves again without having re-made "a": it takes the file's newer "a"
+    save_runs(path, {"benchmark": "bench_x", "settings": settings}, first, set(), key, settings, "bench_x")
+    assert first[("a", 0)]["value"] == 3 and ("b", 0) in first
+    assert {key(r): r["value"] for r in json.loads(path.read_text())["runs"]} == {("a", 0): 3, ("b", 0): 2}
