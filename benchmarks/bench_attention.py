@@ -718,6 +718,15 @@ def write_plot(path: Path, samples: dict[Config, list[Sample]], lengths: list[in
     save_figure(fig, path)
 
 
+def print_machine(info: dict) -> None:
+    """The command, date, versions, threads, CPU and load average lines of a report header."""
+    print(f"- command: `{info['command']}`")
+    print(f"- date: {info['date']}")
+    print(f"- torch {info['torch']}, python {info['python']}, {info['threads']} torch threads")
+    print(f"- CPU: {info['cpu_model']} ({info['cpu_count']} logical CPUs), load average "
+          + " / ".join(f"{x:.2f}" for x in info["load_average_at_start"]) + " (1 / 5 / 15 min)")
+
+
 def save_figure(fig, path: Path) -> None:
     """Lay out `fig`, write it to `path` as a 120-dpi PNG (creating the folder) and close it."""
     import matplotlib.pyplot as plt
@@ -739,11 +748,7 @@ def main(argv: list[str] | None = None) -> int:
     info = machine_info(torch.get_num_threads())
     print("# Kernelized RPE attention benchmark")
     print()
-    print(f"- command: `{info['command']}`")
-    print(f"- date: {info['date']}")
-    print(f"- torch {info['torch']}, python {info['python']}, {info['threads']} torch threads")
-    print(f"- CPU: {info['cpu_model']} ({info['cpu_count']} logical CPUs), load average "
-          + " / ".join(f"{x:.2f}" for x in info["load_average_at_start"]) + " (1 / 5 / 15 min)")
+    print_machine(info)
     print(f"- B={BATCH}, H={HEADS}, D={DIM}, fp32, horizon h={HORIZON} (rel {HEADS}x{2 * HORIZON + 1}x{DIM}); "
           f"lengths {', '.join(map(str, args.lengths))}; {args.repeats} repeat(s), interleaved, median")
     print()

@@ -106,7 +106,7 @@ from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerFast
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples" / "data"))
 
-from bench_attention import machine_info, save_figure  # noqa: E402
+from bench_attention import machine_info, print_machine, save_figure  # noqa: E402
 from bench_listops import load_previous, run_missing, save_runs  # noqa: E402
 from bench_generate import ModelSize, build_model, model_configs  # noqa: E402
 from train_tokenizer import train_bpe_tokenizer  # noqa: E402
@@ -641,11 +641,7 @@ def spread(values: list[float], digits: int = 3) -> str:
 def print_header(info: dict, args: argparse.Namespace, data: dict) -> None:
     print(f"# Quality per CPU-minute: Scaleformer against BART and T5 ({args.task})")
     print()
-    print(f"- command: `{info['command']}`")
-    print(f"- date: {info['date']}")
-    print(f"- torch {info['torch']}, python {info['python']}, {info['threads']} torch threads")
-    print(f"- CPU: {info['cpu_model']} ({info['cpu_count']} logical CPUs), load average "
-          + " / ".join(f"{x:.2f}" for x in info["load_average_at_start"]) + " (1 / 5 / 15 min)")
+    print_machine(info)
     tok = data["tokenizer"]
     print(f"- tokenizer: byte-level BPE of {tok['vocabulary']} tokens trained on the training split, shared by every "
           f"model ({tok['folder']}, sha256 {tok['sha256'][:12]})")

@@ -74,6 +74,7 @@ from bench_attention import (
     least_squares_slope,
     machine_info,
     peak_rss_bytes,
+    print_machine,
     print_targets,
     save_figure,
 )
@@ -507,11 +508,7 @@ def print_header(info: dict, args: argparse.Namespace) -> None:
         descriptions.append(describe_model(name, model, "the largest source length it runs at", decoding=False))
     print(f"# Training-step benchmark: {', '.join(args.models)}")
     print()
-    print(f"- command: `{info['command']}`")
-    print(f"- date: {info['date']}")
-    print(f"- torch {info['torch']}, python {info['python']}, {info['threads']} torch threads")
-    print(f"- CPU: {info['cpu_model']} ({info['cpu_count']} logical CPUs), load average "
-          + " / ".join(f"{x:.2f}" for x in info["load_average_at_start"]) + " (1 / 5 / 15 min)")
+    print_machine(info)
     quick = " (smaller models: --quick)" if args.quick else ""
     print(f"- every model: d_model {size.d_model}, {size.layers}+{size.layers} layers, {size.heads} heads, FFN "
           f"{size.ffn_dim}, vocabulary {size.vocab_size}{quick}; random init (seed {args.seed}), train mode (dropout "
