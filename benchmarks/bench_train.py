@@ -1,4 +1,5 @@
-"""One training step of Scaleformer against BART and T5 of the same size: time and peak memory against source length.
+"""One training step and one forward pass of Scaleformer against BART and T5 of the same size: time and peak memory
+against source length.
 
 What is measured, for batch 1, fp32, train mode (dropout on), random weights (`torch.manual_seed`), for each
 model of `--models` (default: `scaleformer bart`; the builders are those of `bench_generate.py`):
@@ -16,23 +17,27 @@ model of `--models` (default: `scaleformer bart`; the builders are those of `ben
 
 all d_model 512, 6 + 6 layers, 8 heads, FFN 2048, vocabulary 32000. One step is `zero_grad`, forward
 with `labels` (cross-entropy), backward and `torch.optim.AdamW.step()`, on a random source of L tokens
-and a random target of 128 tokens, without attention masks (nothing is padded). BART has learned
+and a random target of 128 tokens, without attention masks (nothing is padded). One forward pass is the
+same forward with `labels` in eval mode (no dropout) under `torch.inference_mode()`: what scoring or the
+encoder pass of generation costs. BART has learned
 absolute positions, so its `max_position_embeddings` is set to the largest source length it runs at
 (the header says which value was used); its position tables then hold more parameters than the
 default 1024 would.
 
-How: for each length, every model takes one warm-up step, then `--repeats` rounds of one step each,
-rotating which model goes first; the median wall time is reported, with user and system CPU time
-and minor page faults. Peak memory is measured in a fresh subprocess per (model, length), run before
+How: for each length, every model takes one warm-up step and forward pass, then `--repeats` rounds of one
+step and one forward pass each, rotating which model goes first; the median wall time is reported, with user
+and system CPU time and minor page faults. Peak memory is measured in a fresh subprocess per (model, length), run before
 the timed steps of that length: the subprocess builds the model and its optimizer, takes one step at
 source length 128 (so that AdamW's state exists and every code path is loaded), builds the inputs,
 reads its resident memory from /proc/self/statm as the baseline, takes one step at length L and
 reports the high-water mark `ru_maxrss` minus that baseline as the peak extra. A model that raises
 MemoryError or RuntimeError, or whose subprocess dies, is reported as skipped, with the reason, at
-that length and above; `--max-bart-length` skips BART above a length on purpose. The tables give each
+that length and above; `--max-bart-length` skips BART above a length on purpose, and `--max-quadratic-length`
+every model whose attention is quadratic in length (BART, T5 and the softmax types: xl_relative,
+shaw_softmax, softmax), so that a run reaches the long lengths in hours rather than days. The tables give each
 model's figures and, for every other model, its step time over that of the first Scaleformer model of
-`--models`. The report ends with log2-log2 slopes of time against length per model (least squares over
-2048-16384) and the project's targets (PASS or FAIL with the figure, N/A when `scaleformer` is not in
+`--models`. The report ends with log2-log2 slopes of time against length per model, for the step and for the forward
+pass (least squares over 2048-16384) and the project's targets (PASS or FAIL with the figure, N/A when `scaleformer` is not in
 `--models`); the exit status is 0 whether or not a target is met.
 
 Run from the repository root with the package installed (`pip install -e ".[bench]"`):
@@ -41,7 +46,7 @@ Run from the repository root with the package installed (`pip install -e ".[benc
     python benchmarks/bench_train.py --quick                  # smoke test: small models, L = 256 ... 1024, ~1 min
     python benchmarks/bench_train.py --max-bart-length 8192 --json train.json --plot train.png
     # every attention type against both baselines, up to 32k or until a model runs out of memory (hours)
-    python benchmarks/bench_train.py --lengths 512 2048 8192 16384 32768 \
+    python benchmarks/bench_train.py --lengths 512 2048 8192 16384 32768 --max-quadratic-length 16384 \
         --models scaleformer scaleformer:kernelized scaleformer:fourier scaleformer:toeplitz scaleformer:softmax bart t5
 
 The machines this was written for are shared 2-core CPUs: absolute times move by 20% or more between
@@ -65,6 +70,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 from transformers import PreTrainedModel
+
+from modeling_scaleformer.ops_registry import SOFTMAX_TYPES
 
 from bench_attention import (
     MEMORY_LAUNCHER,
@@ -146,6 +153,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads (default: 2)")
     parser.add_argument("--max-bart-length", type=int, metavar="L",
                         help="skip BART above source length L (default: run it at every length)")
+    parser.add_argument("--max-quadratic-length", type=int, metavar="L",
+                        help="skip the models with attention quadratic in length (bart, t5, scaleformer:"
+                        f"{{{','.join(SOFTMAX_TYPES)}}}) above source length L (default: run them at every length)")
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
     parser.add_argument("--seed", type=int, default=0, help="seed of the weights and the inputs (default: 0)")
     parser.add_argument("--json", type=Path, metavar="PATH", help="write every raw figure to PATH")
@@ -165,6 +175,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"--repeats must be at least 1, got {args.repeats}")
     if args.threads < 1:
         parser.error(f"--threads must be at least 1, got {args.threads}")
+    for flag in ("max_bart_length", "max_quadratic_length"):
+        if getattr(args, flag) is not None and getattr(args, flag) < 1:
+            parser.error(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
     if args.measure_memory is not None:
         model, length = args.measure_memory
         if model not in MODEL_NAMES or not length.isdigit():
@@ -173,9 +186,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def is_quadratic(model: str) -> bool:
+    """Whether the model's attention cost grows quadratically with length: the baselines and the softmax types."""
+    kind, _, attention_type = model.partition(":")
+    return kind != "scaleformer" or attention_type in SOFTMAX_TYPES
+
+
 def planned_skip(model: str, length: int, args: argparse.Namespace) -> Skip | None:
     if model == "bart" and args.max_bart_length is not None and length > args.max_bart_length:
         reason = f"skipped (--max-bart-length {args.max_bart_length})"
+        return Skip(reason, reason)
+    if is_quadratic(model) and args.max_quadratic_length is not None and length > args.max_quadratic_length:
+        reason = f"skipped (--max-quadratic-length {args.max_quadratic_length})"
         return Skip(reason, reason)
     return None
 
@@ -212,6 +234,21 @@ def train_step(trainer: Trainer, input_ids: Tensor, labels: Tensor) -> Sample:
     return Sample(wall, r1.ru_utime - r0.ru_utime, r1.ru_stime - r0.ru_stime, r1.ru_minflt - r0.ru_minflt)
 
 
+def forward_pass(trainer: Trainer, input_ids: Tensor, labels: Tensor) -> Sample:
+    """One forward with labels in eval mode under inference_mode (no dropout, no autograd graph); timed."""
+    model = trainer.model.eval()
+    r0 = resource.getrusage(resource.RUSAGE_SELF)
+    t0 = time.perf_counter()
+    try:
+        with torch.inference_mode():
+            model(input_ids=input_ids, labels=labels, use_cache=False)
+    finally:
+        model.train()
+    wall = time.perf_counter() - t0
+    r1 = resource.getrusage(resource.RUSAGE_SELF)
+    return Sample(wall, r1.ru_utime - r0.ru_utime, r1.ru_stime - r0.ru_stime, r1.ru_minflt - r0.ru_minflt)
+
+
 def measure_memory_here(name: str, length: int, args: argparse.Namespace) -> dict:
     """Peak extra resident memory of one step at `length`, in this (fresh) process."""
     trainer = build_trainer(name, args)
@@ -239,6 +276,8 @@ def measure_memory(name: str, length: int, args: argparse.Namespace) -> dict:
         command.append("--quick")
     if args.max_bart_length is not None:
         command += ["--max-bart-length", str(args.max_bart_length)]
+    if args.max_quadratic_length is not None:
+        command += ["--max-quadratic-length", str(args.max_quadratic_length)]
     start = time.perf_counter()
     proc = subprocess.run(command, capture_output=True, text=True)
     elapsed = time.perf_counter() - start
@@ -255,12 +294,17 @@ def measure_memory(name: str, length: int, args: argparse.Namespace) -> dict:
     return {"model": name, "length": length, **result}
 
 
-def run_benchmark(args: argparse.Namespace) -> tuple[dict[tuple[str, int], list[Sample]], dict[tuple[str, int], dict],
+Samples = dict[tuple[str, int], list[Sample]]
+
+
+def run_benchmark(args: argparse.Namespace) -> tuple[Samples, Samples, dict[tuple[str, int], dict],
                                                       dict[tuple[str, int], Skip]]:
-    """Per length: memory subprocesses, then one warm-up and `--repeats` interleaved timed steps per model. A model
-    that fails is dropped, its trainer freed, and skipped at the longer lengths."""
+    """Per length: memory subprocesses, then one warm-up and `--repeats` interleaved rounds of a timed step and a
+    timed forward pass per model. A model that fails is dropped, its trainer freed, and skipped at the longer
+    lengths. Returns (steps, forward passes, memory, skipped)."""
     trainers = {name: build_trainer(name, args) for name in args.models}
-    samples: dict[tuple[str, int], list[Sample]] = {}
+    samples: Samples = {}
+    forwards: Samples = {}
     memory: dict[tuple[str, int], dict] = {}
     skipped: dict[tuple[str, int], Skip] = {}
     failed: dict[str, tuple[int, str]] = {}  # model -> (length, error) where it stopped; skipped above
@@ -293,20 +337,23 @@ def run_benchmark(args: argparse.Namespace) -> tuple[dict[tuple[str, int], list[
                     continue
                 try:
                     sample = train_step(trainers[name], input_ids, labels)
+                    forward = forward_pass(trainers[name], input_ids, labels)
                 except (MemoryError, RuntimeError) as error:
                     failed[name] = (length, describe_error(error))
                     skipped[(name, length)] = Skip(f"skipped ({type(error).__name__})",
-                                                   f"skipped: the step raised {describe_error(error)}")
+                                                   f"skipped: the step or forward pass raised {describe_error(error)}")
                     samples.pop((name, length), None)
+                    forwards.pop((name, length), None)
                     running.remove(name)
                     del trainers[name]
                     gc.collect()
                     continue
                 if round_index > 0:
                     samples.setdefault((name, length), []).append(sample)
-        print(f"[time] L={length}: {len(running)} model(s) x (1 warm-up + {args.repeats}) steps in "
-              f"{time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
-    return samples, memory, skipped
+                    forwards.setdefault((name, length), []).append(forward)
+        print(f"[time] L={length}: {len(running)} model(s) x (1 warm-up + {args.repeats}) steps and forward passes "
+              f"in {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
+    return samples, forwards, memory, skipped
 
 
 def median_of(samples: dict[tuple[str, int], list[Sample]], name: str, length: int,
@@ -326,15 +373,14 @@ def memory_cell(memory: dict[tuple[str, int], dict], name: str, length: int) -> 
     return f"{record['extra_bytes'] / MIB:,.0f}"
 
 
-def print_tables(samples: dict[tuple[str, int], list[Sample]], memory: dict[tuple[str, int], dict],
-                 skipped: dict[tuple[str, int], Skip], args: argparse.Namespace) -> None:
-    print(f"## One training step (forward + backward + AdamW), target {TARGET_LENGTH} tokens: median wall time of "
-          f"{args.repeats} step(s)")
-    print()
+def print_time_table(samples: Samples, memory: dict[tuple[str, int], dict] | None,
+                     skipped: dict[tuple[str, int], Skip], args: argparse.Namespace) -> None:
+    """Median wall time per model and length, the ratios to the reference model and (with `memory`) peak memory."""
     ref = reference_model(args.models)
     others = [name for name in args.models if name != ref]
-    columns = ([f"{name} s" for name in args.models] + [f"{name} / {ref}" for name in others]
-               + [f"{name} peak extra MiB" for name in args.models])
+    columns = [f"{name} s" for name in args.models] + [f"{name} / {ref}" for name in others]
+    if memory is not None:
+        columns += [f"{name} peak extra MiB" for name in args.models]
     print("| source L | " + " | ".join(columns) + " |")
     print("|---:|" + "---:|" * len(columns))
     for length in args.lengths:
@@ -342,19 +388,35 @@ def print_tables(samples: dict[tuple[str, int], list[Sample]], memory: dict[tupl
         cells = [str(length)] + [fmt_s(t[name], skipped[(name, length)].short if (name, length) in skipped else "–")
                                  for name in args.models]
         cells += ["–" if t[name] is None or t[ref] is None else f"{t[name] / t[ref]:.2f}x" for name in others]
-        cells += [memory_cell(memory, name, length) for name in args.models]
+        if memory is not None:
+            cells += [memory_cell(memory, name, length) for name in args.models]
         print("| " + " | ".join(cells) + " |")
     print()
-    print("| source L | model | wall s | user CPU s | system CPU s | minor page faults |")
-    print("|---:|:---|---:|---:|---:|---:|")
+
+
+def print_tables(samples: Samples, forwards: Samples, memory: dict[tuple[str, int], dict],
+                 skipped: dict[tuple[str, int], Skip], args: argparse.Namespace) -> None:
+    print(f"## One training step (forward + backward + AdamW), target {TARGET_LENGTH} tokens: median wall time of "
+          f"{args.repeats} step(s)")
+    print()
+    print_time_table(samples, memory, skipped, args)
+    print(f"## One forward pass (eval mode, inference_mode, with labels), target {TARGET_LENGTH} tokens: median wall "
+          f"time of {args.repeats} pass(es)")
+    print()
+    print_time_table(forwards, None, skipped, args)
+    ref = reference_model(args.models)
+    others = [name for name in args.models if name != ref]
+    print("| source L | model | pass | wall s | user CPU s | system CPU s | minor page faults |")
+    print("|---:|:---|:---|---:|---:|---:|---:|")
     for length in args.lengths:
         for name in args.models:
-            if (name, length) not in samples:
-                continue
-            faults = median_of(samples, name, length, "minor_faults")
-            print(f"| {length} | {name} | {fmt_s(median_of(samples, name, length))} | "
-                  f"{fmt_s(median_of(samples, name, length, 'user_s'))} | "
-                  f"{fmt_s(median_of(samples, name, length, 'sys_s'))} | {faults:,.0f} |")
+            for label, runs in (("step", samples), ("forward", forwards)):
+                if (name, length) not in runs:
+                    continue
+                faults = median_of(runs, name, length, "minor_faults")
+                print(f"| {length} | {name} | {label} | {fmt_s(median_of(runs, name, length))} | "
+                      f"{fmt_s(median_of(runs, name, length, 'user_s'))} | "
+                      f"{fmt_s(median_of(runs, name, length, 'sys_s'))} | {faults:,.0f} |")
     print()
     notes = ["Peak extra MiB: the high-water mark of resident memory during one step at L, over the baseline, in a "
              "fresh process per (model, L). The baseline holds the weights, AdamW's state (after one step at L="
@@ -382,10 +444,9 @@ def print_tables(samples: dict[tuple[str, int], list[Sample]], memory: dict[tupl
     print()
 
 
-def compute_slopes(samples: dict[tuple[str, int], list[Sample]], lengths: list[int],
-                   models: list[str]) -> list[dict]:
+def compute_slopes(samples: Samples, lengths: list[int], models: list[str], kind: str = "step") -> list[dict]:
     """Least-squares slope of log2(time) against log2(L) over SLOPE_RANGE (all measured lengths if < 2 there),
-    per model and time (wall, user CPU)."""
+    per model and time (wall, user CPU); `kind` ("step" or "forward") labels the rows."""
     lo, hi = SLOPE_RANGE
     rows = []
     for name in models:
@@ -396,7 +457,7 @@ def compute_slopes(samples: dict[tuple[str, int], list[Sample]], lengths: list[i
             pairwise = [{"from": a, "to": b, "slope": least_squares_slope([(a, ta), (b, tb)])}
                         for (a, ta), (b, tb) in zip(points, points[1:])]
             rows.append({
-                "model": name, "time": field,
+                "model": name, "pass": kind, "time": field,
                 "range": [fit[0][0], fit[-1][0]] if len(fit) >= 2 else None,
                 "slope": least_squares_slope(fit) if len(fit) >= 2 else None,
                 "pairwise": pairwise,
@@ -409,8 +470,8 @@ def print_slopes(rows: list[dict], lengths: list[int]) -> None:
     pairs = list(zip(lengths, lengths[1:]))
     print("## Growth: slope of log2(time) against log2(L) (1 = linear, 2 = quadratic)")
     print()
-    print(f"| model | time | {lo}-{hi} (least squares) | " + " | ".join(f"{a}-{b}" for a, b in pairs) + " |")
-    print("|:---|:---|---:|" + "---:|" * len(pairs))
+    print(f"| model | pass | time | {lo}-{hi} (least squares) | " + " | ".join(f"{a}-{b}" for a, b in pairs) + " |")
+    print("|:---|:---|:---|---:|" + "---:|" * len(pairs))
     for r in rows:
         if r["slope"] is None:
             fit = "–"
@@ -419,7 +480,7 @@ def print_slopes(rows: list[dict], lengths: list[int]) -> None:
         by_pair = {(p["from"], p["to"]): p["slope"] for p in r["pairwise"]}
         cells = [f"{by_pair[p]:.2f}" if p in by_pair else "–" for p in pairs]
         label = "wall" if r["time"] == "wall_s" else "user CPU"
-        print(f"| {r['model']} | {label} | {fit} | " + " | ".join(cells) + " |")
+        print(f"| {r['model']} | {r['pass']} | {label} | {fit} | " + " | ".join(cells) + " |")
     print()
 
 
@@ -433,7 +494,7 @@ def evaluate_targets(samples: dict[tuple[str, int], list[Sample]], slopes: list[
     if "scaleformer" not in args.models:
         return [Target(name, "N/A", "scaleformer is not in --models") for name in names]
     targets = []
-    row = next(r for r in slopes if r["model"] == "scaleformer" and r["time"] == "wall_s")
+    row = next(r for r in slopes if r["model"] == "scaleformer" and r["pass"] == "step" and r["time"] == "wall_s")
     name = names[0]
     if row["slope"] is None:
         targets.append(Target(name, "N/A", "fewer than 2 lengths measured"))
@@ -457,32 +518,34 @@ def evaluate_targets(samples: dict[tuple[str, int], list[Sample]], slopes: list[
     return targets
 
 
-def write_plot(path: Path, samples: dict[tuple[str, int], list[Sample]], memory: dict[tuple[str, int], dict],
+def write_plot(path: Path, samples: Samples, forwards: Samples, memory: dict[tuple[str, int], dict],
                args: argparse.Namespace) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax_time, ax_mem) = plt.subplots(1, 2, figsize=(11, 4.5))
+    fig, (ax_time, ax_forward, ax_mem) = plt.subplots(1, 3, figsize=(16, 4.8))
+    ref = reference_model(args.models)
+    for ax, runs in ((ax_time, samples), (ax_forward, forwards)):
+        for name in args.models:
+            points = [(n, t) for n in args.lengths if (t := median_of(runs, name, n)) is not None]
+            if points:
+                ax.plot(*zip(*points), marker="o", label=name)
+        measured = [(n, t) for n in args.lengths if (t := median_of(runs, ref, n)) is not None]
+        if measured:
+            n0, t0 = measured[0]
+            ax.plot(args.lengths, [t0 * n / n0 for n in args.lengths], linestyle="--", linewidth=1, color="black",
+                    label=f"slope 1 (from {ref})")
+            if len(args.models) > 2:
+                ax.plot(args.lengths, [t0 * (n / n0) ** 2 for n in args.lengths], linestyle=":", linewidth=1,
+                        color="black", label=f"slope 2 (from {ref})")
     for name in args.models:
-        points = [(n, t) for n in args.lengths if (t := median_of(samples, name, n)) is not None]
-        if points:
-            ax_time.plot(*zip(*points), marker="o", label=name)
         mem = [(n, r["extra_bytes"] / MIB) for n in args.lengths
                if (r := memory.get((name, n))) is not None and "error" not in r]
         if mem:
             ax_mem.plot(*zip(*mem), marker="o", label=name)
-    ref = reference_model(args.models)
-    measured = [(n, t) for n in args.lengths if (t := median_of(samples, ref, n)) is not None]
-    if measured:
-        n0, t0 = measured[0]
-        ax_time.plot(args.lengths, [t0 * n / n0 for n in args.lengths], linestyle="--", linewidth=1, color="black",
-                     label=f"slope 1 (from {ref})")
-        if len(args.models) > 2:
-            ax_time.plot(args.lengths, [t0 * (n / n0) ** 2 for n in args.lengths], linestyle=":", linewidth=1,
-                         color="black", label=f"slope 2 (from {ref})")
-    for ax in (ax_time, ax_mem):
+    for ax in (ax_time, ax_forward, ax_mem):
         ax.set_xscale("log", base=2)
         ax.set_xticks(args.lengths, [str(n) for n in args.lengths])
         ax.minorticks_off()
@@ -491,10 +554,11 @@ def write_plot(path: Path, samples: dict[tuple[str, int], list[Sample]], memory:
         ax.grid(True, which="both", alpha=0.3)
         if ax.get_legend_handles_labels()[0]:  # nothing to label without memory figures
             ax.legend(fontsize="small" if len(args.models) > 2 else None)
-    ax_time.set_ylabel("median step time (s)")
-    ax_mem.set_ylabel("peak extra resident memory (MiB)")
+    ax_time.set_ylabel("median training-step time (s)")
+    ax_forward.set_ylabel("median forward-pass time (s)")
+    ax_mem.set_ylabel("peak extra resident memory of a step (MiB)")
     size = args.size
-    fig.suptitle(f"training step, target {TARGET_LENGTH}, d_model {size.d_model}, {size.layers}+{size.layers} layers, "
+    fig.suptitle(f"training step and forward pass, target {TARGET_LENGTH}, d_model {size.d_model}, {size.layers}+{size.layers} layers, "
                  f"fp32, {torch.get_num_threads()} threads")
     save_figure(fig, path)
 
@@ -506,7 +570,7 @@ def print_header(info: dict, args: argparse.Namespace) -> None:
         with torch.device("meta"):
             model = build_model(name, config, args.seed)
         descriptions.append(describe_model(name, model, "the largest source length it runs at", decoding=False))
-    print(f"# Training-step benchmark: {', '.join(args.models)}")
+    print(f"# Training-step and forward-pass benchmark: {', '.join(args.models)}")
     print()
     print_machine(info)
     quick = " (smaller models: --quick)" if args.quick else ""
@@ -516,7 +580,7 @@ def print_header(info: dict, args: argparse.Namespace) -> None:
     for description in descriptions:
         print(f"- {description}")
     print(f"- source lengths {', '.join(map(str, args.lengths))}, target {TARGET_LENGTH}; 1 warm-up + {args.repeats} "
-          "timed step(s) per model and length, the models taking turns to go first; median")
+          "timed step(s) and forward pass(es) per model and length, the models taking turns to go first; median")
     print()
 
 
@@ -530,9 +594,10 @@ def main(argv: list[str] | None = None) -> int:
 
     info = machine_info(torch.get_num_threads())
     print_header(info, args)
-    samples, memory, skipped = run_benchmark(args)
-    print_tables(samples, memory, skipped, args)
-    slopes = compute_slopes(samples, args.lengths, args.models)
+    samples, forwards, memory, skipped = run_benchmark(args)
+    print_tables(samples, forwards, memory, skipped, args)
+    slopes = (compute_slopes(samples, args.lengths, args.models, "step")
+              + compute_slopes(forwards, args.lengths, args.models, "forward"))
     print_slopes(slopes, args.lengths)
     targets = evaluate_targets(samples, slopes, memory, skipped, args)
     print_targets(targets)
@@ -545,10 +610,14 @@ def main(argv: list[str] | None = None) -> int:
             "settings": {"model_size": args.size._asdict(), "quick": args.quick, "batch": BATCH,
                          "target_length": TARGET_LENGTH, "lengths": args.lengths, "repeats": args.repeats,
                          "seed": args.seed, "learning_rate": LEARNING_RATE, "max_bart_length": args.max_bart_length,
+                         "max_quadratic_length": args.max_quadratic_length,
                          "models": args.models, "bart_max_position_embeddings": bart_max_positions(args)},
             "timings": [{"model": name, "length": length, "median_s": median_of(samples, name, length),
                          **{field: [getattr(s, field) for s in runs] for field in Sample._fields}}
                         for (name, length), runs in samples.items()],
+            "forward_timings": [{"model": name, "length": length, "median_s": median_of(forwards, name, length),
+                                 **{field: [getattr(s, field) for s in runs] for field in Sample._fields}}
+                                for (name, length), runs in forwards.items()],
             "skipped": [{"model": name, "length": length, "reason": skip.detail}
                         for (name, length), skip in skipped.items()],
             "memory": list(memory.values()),
@@ -557,7 +626,7 @@ def main(argv: list[str] | None = None) -> int:
         }, indent=1) + "\n")
         print(f"- raw figures written to {args.json}")
     if args.plot is not None:
-        write_plot(args.plot, samples, memory, args)
+        write_plot(args.plot, samples, forwards, memory, args)
         print(f"- plot written to {args.plot}")
 
     counts = {s: sum(t.status == s for t in targets) for s in ("PASS", "FAIL", "N/A")}

@@ -78,19 +78,35 @@ def test_bench_train_models(tmp_path):
         tmp_path,
     )
     assert report["settings"]["models"] == MODELS
-    timed = {(t["model"], t["length"]) for t in report["timings"] if t["median_s"] > 0}
-    assert timed == {(name, length) for name in MODELS for length in (32, 64)}
-    assert {(r["model"], r["time"]) for r in report["slopes"] if r["slope"] is not None} == {
-        (name, time) for name in MODELS for time in ("wall_s", "user_s")}
+    for key in ("timings", "forward_timings"):
+        timed = {(t["model"], t["length"]) for t in report[key] if t["median_s"] > 0}
+        assert timed == {(name, length) for name in MODELS for length in (32, 64)}
+    assert {(r["model"], r["pass"], r["time"]) for r in report["slopes"] if r["slope"] is not None} == {
+        (name, kind, time) for name in MODELS for kind in ("step", "forward") for time in ("wall_s", "user_s")}
+    assert "## One forward pass" in stdout and "| 64 | t5 | forward |" in stdout
     header = next(line for line in stdout.splitlines() if line.startswith("| source L | scaleformer s"))
     for name in MODELS:
         assert f"| {name} s |" in header and f"| {name} peak extra MiB |" in header
     for name in MODELS[1:]:
         assert f"| {name} / scaleformer |" in header
-        assert f"| {name} | wall |" in stdout
+        assert f"| {name} | step | wall |" in stdout and f"| {name} | forward | wall |" in stdout
     assert "- t5: " in stdout and "quadratic in length" in stdout
     # (a) is fitted over the lengths measured; (b) needs the memory figure that --no-memory leaves out
     assert report["targets"][0]["status"] in ("PASS", "FAIL") and report["targets"][1]["status"] == "N/A"
+
+
+def test_bench_train_max_quadratic_length(tmp_path):
+    stdout, report = run_report(
+        ["benchmarks/bench_train.py", "--quick", "--lengths", "32", "64", "--repeats", "1", "--no-memory",
+         "--max-quadratic-length", "32", "--models", "scaleformer", "scaleformer:softmax", "bart", "t5"],
+        tmp_path,
+    )
+    timed = {(t["model"], t["length"]) for t in report["forward_timings"]}
+    assert timed == {("scaleformer", 32), ("scaleformer", 64), ("scaleformer:softmax", 32), ("bart", 32), ("t5", 32)}
+    skipped = {(s["model"], s["length"]): s["reason"] for s in report["skipped"]}
+    assert set(skipped) == {("scaleformer:softmax", 64), ("bart", 64), ("t5", 64)}
+    assert all("--max-quadratic-length 32" in reason for reason in skipped.values())
+    assert report["settings"]["bart_max_position_embeddings"] == 128  # the table fits the target, not L=64
 
 
 def test_bench_train_targets_without_scaleformer(tmp_path):
