@@ -10,7 +10,8 @@ Models, all d_model 256, 3 + 3 layers, 4 heads, FFN 1024, dropout 0.1, fp32 by d
 
 * `scaleformer`: `ScaleformerForConditionalGeneration`, attention_type `kernelized_rpe` (horizon 16);
   `scaleformer:TYPE` runs another attention_type (e.g. `scaleformer:softmax`), `scaleformer+cross_rpe` adds
-  relative positions to cross-attention (`cross_attention_rpe`);
+  relative positions to cross-attention (`cross_attention_rpe`), `+sinusoidal` (after either) adds sinusoidal
+  absolute positions to the embeddings (`absolute_positions`), e.g. `scaleformer:softmax+sinusoidal`;
 * `bart`: `transformers.BartForConditionalGeneration` (the builder of `bench_generate.py`), learned absolute
   positions; `max_position_embeddings` fits the longest sequence of the task (128 for verses of at most 96
   tokens); for chapters see `--bart_long`;
@@ -377,20 +378,24 @@ def data_notes(splits: dict[str, list[dict]], args: argparse.Namespace) -> list[
 # --------------------------------------------------------------------------------------------------- models
 
 
-def parse_model_name(name: str) -> tuple[str, str | None, bool]:
-    """`scaleformer`, `scaleformer:TYPE`, `scaleformer+cross_rpe` (relative positions in cross-attention too,
-    kernelized_rpe only), `bart` or `t5` -> (kind, attention_type or None, cross_attention_rpe)."""
-    base, plus, suffix = name.partition("+")
+def parse_model_name(name: str) -> tuple[str, str | None, bool, bool]:
+    """`scaleformer`, `scaleformer:TYPE`, optionally followed by `+cross_rpe` (relative positions in
+    cross-attention too, kernelized_rpe only) and then `+sinusoidal` (absolute positions), `bart` or `t5` ->
+    (kind, attention_type or None, cross_attention_rpe, sinusoidal absolute positions)."""
+    base, *suffixes = name.split("+")
     kind, _, attention_type = base.partition(":")
-    usage = (f"unknown model {name!r}; use scaleformer, scaleformer:TYPE with TYPE in {', '.join(ATTENTION_TYPES)}, "
-             "scaleformer+cross_rpe, bart or t5")
-    if kind in BASELINES and not attention_type and not plus:
-        return kind, None, False
+    usage = (f"unknown model {name!r}; use scaleformer or scaleformer:TYPE with TYPE in {', '.join(ATTENTION_TYPES)}, "
+             "optionally followed by +cross_rpe (kernelized_rpe only) and +sinusoidal, or bart or t5")
+    if kind in BASELINES and not attention_type and not suffixes:
+        return kind, None, False, False
     if kind != "scaleformer" or (attention_type and attention_type not in ATTENTION_TYPES):
         raise ValueError(usage)
-    if plus and (suffix != "cross_rpe" or attention_type not in ("", "kernelized_rpe")):
+    if suffixes not in ([], ["cross_rpe"], ["sinusoidal"], ["cross_rpe", "sinusoidal"]):
         raise ValueError(usage)
-    return kind, attention_type or None, bool(plus)
+    cross_rpe = "cross_rpe" in suffixes
+    if cross_rpe and attention_type not in ("", "kernelized_rpe"):
+        raise ValueError(usage)
+    return kind, attention_type or None, cross_rpe, "sinusoidal" in suffixes
 
 
 def bart_positions(splits: dict[str, list[dict]], args: argparse.Namespace) -> int:
@@ -411,7 +416,7 @@ def build(name: str, seed: int, vocabulary: int, bart_max_positions: int, args: 
     size = ModelSize(vocab_size=vocabulary, d_model=args.d_model, layers=args.layers, heads=args.heads,
                      ffn_dim=args.ffn_dim)
     ids = dict(pad_token_id=PAD_ID, bos_token_id=BOS_ID, eos_token_id=EOS_ID, decoder_start_token_id=BOS_ID)
-    kind, attention_type, cross_rpe = parse_model_name(name)
+    kind, attention_type, cross_rpe, sinusoidal = parse_model_name(name)
     if kind == "t5":
         config = T5Config(vocab_size=vocabulary, d_model=args.d_model, d_kv=args.d_model // args.heads,
                           d_ff=args.ffn_dim, num_layers=args.layers, num_decoder_layers=args.layers,
@@ -429,7 +434,8 @@ def build(name: str, seed: int, vocabulary: int, bart_max_positions: int, args: 
         vocab_size=vocabulary, d_model=sf.d_model, encoder_layers=sf.encoder_layers, decoder_layers=sf.decoder_layers,
         encoder_attention_heads=sf.encoder_attention_heads, decoder_attention_heads=sf.decoder_attention_heads,
         encoder_ffn_dim=sf.encoder_ffn_dim, decoder_ffn_dim=sf.decoder_ffn_dim, dropout=args.dropout,
-        attention_type=attention_type or sf.attention_type, cross_attention_rpe=cross_rpe, **ids,
+        attention_type=attention_type or sf.attention_type, cross_attention_rpe=cross_rpe,
+        absolute_positions="sinusoidal" if sinusoidal else None, **ids,
     )
     return build_model("scaleformer", config, seed)
 
@@ -438,7 +444,8 @@ def describe_model(name: str, model: PreTrainedModel, args: argparse.Namespace, 
     config = model.config
     if name.startswith("scaleformer"):
         return (f"attention_type {config.attention_type}, rpe_horizon {config.rpe_horizon}, cross_attention_rpe "
-                f"{config.cross_attention_rpe}, attention_mode {config.attention_mode}; full sources")
+                f"{config.cross_attention_rpe}, absolute_positions {config.absolute_positions}, attention_mode "
+                f"{config.attention_mode}; full sources")
     if name == "t5":
         return (f"d_kv {config.d_kv}, relative attention {config.relative_attention_num_buckets} buckets, max "
                 f"distance {config.relative_attention_max_distance}, FFN {config.feed_forward_proj}; full sources "

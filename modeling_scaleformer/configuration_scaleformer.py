@@ -77,6 +77,12 @@ class ScaleformerConfig(PreTrainedConfig):
         cross_attention_rpe (`bool`, *optional*, defaults to `False`):
             Whether cross-attention uses kernelized attention with relative positions (decoder position
             minus encoder position); with `"kernelized_rpe"` only.
+        absolute_positions (`str`, *optional*):
+            `None` (default): no absolute positions, the model sees order only through its attention.
+            `"sinusoidal"`: fixed sine/cosine position encodings (Vaswani et al.) added to the token embeddings
+            of every stack, scaled so that each coordinate has standard deviation `init_std`, like the
+            embeddings at initialisation. Positions count the tokens that the attention mask keeps (padding
+            does not move them) and have no upper limit.
         use_cache (`bool`, *optional*, defaults to `True`):
             Whether forward returns the recurrent state for generation.
         pad_token_id (`int`, *optional*, defaults to 0):
@@ -130,6 +136,7 @@ class ScaleformerConfig(PreTrainedConfig):
     rpe_horizon: int = 16
     rpe_shared_across_heads: bool = False
     cross_attention_rpe: bool = False
+    absolute_positions: Literal["sinusoidal"] | None = None
     use_cache: bool = True
     pad_token_id: int | None = 0
     bos_token_id: int | None = 1
@@ -175,6 +182,8 @@ class ScaleformerConfig(PreTrainedConfig):
             raise ValueError(
                 f"`cross_attention_rpe` requires attention_type 'kernelized_rpe', got {self.attention_type!r}"
             )
+        if self.absolute_positions not in (None, "sinusoidal"):
+            raise ValueError(f"`absolute_positions` must be None or 'sinusoidal', got {self.absolute_positions!r}")
         if self.attention_mode == "linear" and self.attention_type in ("xl_relative", "shaw_softmax", "softmax"):
             raise ValueError(
                 f"`attention_mode` 'linear' does not exist for the softmax attention_type {self.attention_type!r}: "

@@ -1,6 +1,7 @@
 """Scaleformer models: encoder-decoder and decoder-only transformers with linear relative attention."""
 
 import copy
+import math
 
 import torch
 import torch.nn.functional as F
@@ -52,6 +53,19 @@ def check_mask(mask: Tensor | None, name: str, batch: int, lengths: tuple[int, .
     if mask.dim() != 2 or mask.shape[0] != batch or mask.shape[1] not in lengths:
         expected = " or ".join(f"({batch}, {n})" for n in dict.fromkeys(lengths))
         raise ValueError(f"`{name}` must have shape {expected}, got {tuple(mask.shape)}")
+
+
+def sinusoidal_positions(positions: Tensor, dim: int, std: float, dtype: torch.dtype) -> Tensor:
+    """Sine/cosine encodings (Vaswani et al.) of integer `positions` (B, L) -> (B, L, dim): coordinate 2i is
+    sin(p / 10000^(2i/dim)), 2i+1 the cosine of the same angle; scaled so that each coordinate has standard
+    deviation `std` over positions. Computed in float32 (float64 for float64 `dtype`), returned in `dtype`."""
+    work = torch.float64 if dtype == torch.float64 else torch.float32
+    inverse = 10000.0 ** (-torch.arange(0, dim, 2, dtype=work, device=positions.device) / dim)
+    angles = positions.to(work)[..., None] * inverse
+    encoding = torch.empty(*positions.shape, dim, dtype=work, device=positions.device)
+    encoding[..., 0::2] = torch.sin(angles)
+    encoding[..., 1::2] = torch.cos(angles[..., : dim // 2])
+    return (encoding * (std * math.sqrt(2.0))).to(dtype)
 
 
 def check_no_attention_outputs(kwargs: dict) -> None:
@@ -172,6 +186,25 @@ class ScaleformerStack(ScaleformerPreTrainedModel):
             raise ValueError(f"Pass exactly one of `input_ids` and `inputs_embeds` to the {type(self).__name__}")
         return self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
 
+    def _add_positions(self, inputs_embeds: Tensor, mask: Tensor | None, past_length: int = 0) -> Tensor:
+        """The embeddings plus sinusoidal absolute positions (`config.absolute_positions`), else unchanged.
+
+        A token's position is the number of kept tokens before it (`mask`, which covers the new tokens or the
+        past and the new ones); without a mask, past_length, past_length + 1, ... Padding takes position 0."""
+        if self.config.absolute_positions is None:
+            return inputs_embeds
+        batch, length = inputs_embeds.shape[:2]
+        if mask is None:
+            positions = torch.arange(past_length, past_length + length, device=inputs_embeds.device)
+            positions = positions.expand(batch, length)
+        else:
+            kept = mask.long().cumsum(-1) - 1
+            if mask.shape[1] == length:  # the new tokens only: the past is taken to be unpadded
+                kept = kept + past_length
+            positions = kept[:, -length:].clamp(min=0)
+        encoding = sinusoidal_positions(positions, inputs_embeds.shape[-1], self.config.init_std, inputs_embeds.dtype)
+        return inputs_embeds + encoding
+
     def _run_layers(self, inputs_embeds: Tensor, output_hidden_states: bool | None, **layer_kwargs):
         """(last hidden state, all hidden states or None): embeddings dropout, layers, final norm."""
         hidden_states = self.dropout(inputs_embeds)
@@ -203,6 +236,7 @@ class ScaleformerEncoder(ScaleformerStack):
     ) -> BaseModelOutput:
         inputs_embeds = self._embed(input_ids, inputs_embeds, kwargs)
         check_mask(attention_mask, "attention_mask", inputs_embeds.shape[0], (inputs_embeds.shape[1],))
+        inputs_embeds = self._add_positions(inputs_embeds, attention_mask)
         hidden_states, all_hidden = self._run_layers(inputs_embeds, output_hidden_states, key_mask=attention_mask)
         return BaseModelOutput(last_hidden_state=hidden_states, hidden_states=all_hidden)
 
@@ -241,6 +275,7 @@ class ScaleformerDecoder(ScaleformerStack):
             past_key_values = ScaleformerCache(len(self.layers))
         past_length = 0 if past_key_values is None else past_key_values.get_seq_length()
         check_mask(attention_mask, "attention_mask", batch, (length, past_length + length))
+        inputs_embeds = self._add_positions(inputs_embeds, attention_mask, past_length)
         if attention_mask is not None:
             attention_mask = attention_mask[:, -length:]  # a mask covering past + new tokens
         if self.config.is_encoder_decoder:

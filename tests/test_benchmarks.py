@@ -184,3 +184,17 @@ def test_save_runs_merges_what_other_processes_wrote(tmp_path):
     save_runs(path, {"benchmark": "bench_x", "settings": settings}, first, set(), key, settings, "bench_x")
     assert first[("a", 0)]["value"] == 3 and ("b", 0) in first
     assert {key(r): r["value"] for r in json.loads(path.read_text())["runs"]} == {("a", 0): 3, ("b", 0): 2}
+
+
+def test_bench_quality_model_names():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from bench_quality import parse_model_name
+
+    assert parse_model_name("scaleformer") == ("scaleformer", None, False, False)
+    assert parse_model_name("scaleformer+cross_rpe+sinusoidal") == ("scaleformer", None, True, True)
+    assert parse_model_name("scaleformer:softmax+sinusoidal") == ("scaleformer", "softmax", False, True)
+    assert parse_model_name("t5") == ("t5", None, False, False)
+    for bad in ("scaleformer+sinusoidal+cross_rpe", "scaleformer:softmax+cross_rpe", "bart+sinusoidal",
+                "scaleformer:nope", "scaleformer+cross_rpe+cross_rpe"):
+        with pytest.raises(ValueError, match="unknown model"):
+            parse_model_name(bad)

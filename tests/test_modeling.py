@@ -16,6 +16,7 @@ from modeling_scaleformer import (
     ScaleformerForConditionalGeneration,
     ScaleformerModel,
 )
+from modeling_scaleformer.modeling_scaleformer import sinusoidal_positions
 from modeling_fixtures import batch, tiny_config
 
 
@@ -24,6 +25,7 @@ CONFIGS = [
     pytest.param(dict(cross_attention_rpe=True, rpe_shared_across_heads=True), id="cross-rpe-shared"),
     pytest.param(dict(attention_type="kernelized"), id="kernelized"),
     pytest.param(dict(attention_mode="linear", rpe_horizon=1), id="linear-h1"),
+    pytest.param(dict(absolute_positions="sinusoidal"), id="sinusoidal"),
 ]
 
 
@@ -337,6 +339,8 @@ def test_config_rejects_bad_values():
         tiny_config(attention_type="softmax_typo")
     with pytest.raises(Exception, match="activation_function"):
         tiny_config(activation_function="swishy")
+    with pytest.raises(Exception, match="absolute_positions"):
+        tiny_config(absolute_positions="learned")
 
 
 def test_bad_inputs_raise_clear_errors():
@@ -388,3 +392,70 @@ def test_autocast_bf16_training_step():
     reference = model(input_ids=src, attention_mask=src_mask, labels=labels).loss
     assert torch.isfinite(out.loss) and abs(out.loss.item() - reference.item()) < 0.05
     assert model.model.encoder.layers[0].self_attn.rel.grad is not None
+
+
+def test_sinusoidal_positions_values():
+    positions = torch.arange(4096).view(1, -1)
+    encoding = sinusoidal_positions(positions, 7, std=0.02, dtype=torch.float64)[0]
+    assert encoding.shape == (4096, 7)
+    scale = 0.02 * 2**0.5
+    torch.testing.assert_close(encoding[:, 0], torch.sin(positions[0].double()) * scale)
+    torch.testing.assert_close(encoding[:, 1], torch.cos(positions[0].double()) * scale)
+    torch.testing.assert_close(encoding[:, 4], torch.sin(positions[0].double() / 10000 ** (4 / 7)) * scale)
+    # the fast coordinates have standard deviation std over many positions
+    torch.testing.assert_close(encoding[:, :2].std(0), torch.full((2,), 0.02, dtype=torch.float64), rtol=0.01, atol=0)
+    half = sinusoidal_positions(positions, 8, std=0.02, dtype=torch.bfloat16)
+    assert half.dtype == torch.bfloat16
+
+
+def test_sinusoidal_positions_ignore_padding_and_change_the_output():
+    """A left-padded row gives the logits of the same row alone; the encodings are really added."""
+    torch.manual_seed(0)
+    model = ScaleformerForConditionalGeneration(tiny_config(absolute_positions="sinusoidal")).double().eval()
+    src, src_mask = batch(padding="left")
+    tgt, tgt_mask = batch(ls=9, padding="left", seed=1)
+    full = model(input_ids=src, attention_mask=src_mask, decoder_input_ids=tgt, decoder_attention_mask=tgt_mask).logits
+    for row in range(src.shape[0]):
+        s_keep, t_keep = src_mask[row].bool(), tgt_mask[row].bool()
+        alone = model(input_ids=src[row, s_keep][None], decoder_input_ids=tgt[row, t_keep][None]).logits[0]
+        torch.testing.assert_close(full[row, t_keep], alone, rtol=0, atol=1e-9)
+    plain = ScaleformerForConditionalGeneration(tiny_config()).double().eval()
+    plain.load_state_dict(model.state_dict())
+    other = plain(input_ids=src, attention_mask=src_mask, decoder_input_ids=tgt, decoder_attention_mask=tgt_mask).logits
+    assert (other - full).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("kwargs", GENERATE[:2])
+def test_causal_lm_sinusoidal_generate_left_padded(kwargs):
+    torch.manual_seed(0)
+    model = ScaleformerForCausalLM(tiny_config(absolute_positions="sinusoidal")).eval()
+    ids, mask = batch(padding="left")
+    results = []
+    for use_cache in (True, False):
+        torch.manual_seed(1)
+        results.append(model.generate(ids, attention_mask=mask, max_new_tokens=8, use_cache=use_cache, **kwargs))
+    assert torch.equal(results[0], results[1])
+    if "num_beams" not in kwargs:  # a padded row continues as the row alone does
+        row = int(mask.sum(1).argmin())
+        alone = model.generate(ids[row, mask[row].bool()][None], max_new_tokens=8, **kwargs)
+        assert torch.equal(results[0][row, -8:], alone[0, -8:])
+
+
+@pytest.mark.parametrize("mask", [None, "new", "all"])
+def test_sinusoidal_cached_decoding_positions_without_padding(mask):
+    """Without a decoder mask, or with one over the new tokens only, positions continue from the cache length."""
+    torch.manual_seed(0)
+    model = ScaleformerForConditionalGeneration(tiny_config(absolute_positions="sinusoidal")).double().eval()
+    src, _ = batch(padding="right", b=2)
+    tgt, _ = batch(ls=9, padding="right", seed=1, b=2)
+    tgt = tgt.clamp(min=3)  # no padding id
+    full = model(input_ids=src, decoder_input_ids=tgt).logits
+    cache, logits, start = None, [], 0
+    for n in [4, 1, 3, 1]:
+        step_mask = {None: None, "new": torch.ones(2, n, dtype=torch.long),
+                     "all": torch.ones(2, start + n, dtype=torch.long)}[mask]
+        out = model(input_ids=src, decoder_input_ids=tgt[:, start : start + n], decoder_attention_mask=step_mask,
+                    past_key_values=cache, use_cache=True)
+        cache, start = out.past_key_values, start + n
+        logits.append(out.logits)
+    torch.testing.assert_close(torch.cat(logits, 1), full, rtol=0, atol=1e-9)
