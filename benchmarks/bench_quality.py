@@ -102,7 +102,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 from tqdm import tqdm
-from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerFast, T5Config, T5ForConditionalGeneration
+from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerFast
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples" / "data"))
@@ -362,11 +362,14 @@ def data_notes(splits: dict[str, list[dict]], args: argparse.Namespace) -> list[
         return []
     notes = []
     few = {name: len(pairs) for name, pairs in splits.items() if len(pairs) < (200 if name == "train" else 20)}
-    if few:
+    if few and args.data_dir.resolve() == DATA_DIR.resolve():
         notes.append("few chapters: " + ", ".join(f"{n} {name}" for name, n in few.items()) + " (the shipped sample "
                      "has 161 train, 11 validation and 24 test chapters before the length limits); "
                      "`python examples/data/build_bible.py --level chapter --output_dir DIR` builds all 1,167 where "
                      "the SWORD packages are installed, then pass `--data_dir DIR`")
+    elif few:
+        notes.append("few chapters: " + ", ".join(f"{n} {name}" for name, n in few.items()) + " within the length "
+                     "limits (the validation and test books of build_bible.py are short ones)")
     for name in ("heldout", "test"):
         longer = sum(len(p["src"]) > BART_DEFAULT_POSITIONS for p in splits[name])
         if longer < len(splits[name]) / 2:
@@ -417,19 +420,12 @@ def build(name: str, seed: int, vocabulary: int, bart_max_positions: int, args: 
                      ffn_dim=args.ffn_dim)
     ids = dict(pad_token_id=PAD_ID, bos_token_id=BOS_ID, eos_token_id=EOS_ID, decoder_start_token_id=BOS_ID)
     kind, attention_type, cross_rpe, sinusoidal = parse_model_name(name)
-    if kind == "t5":
-        config = T5Config(vocab_size=vocabulary, d_model=args.d_model, d_kv=args.d_model // args.heads,
-                          d_ff=args.ffn_dim, num_layers=args.layers, num_decoder_layers=args.layers,
-                          num_heads=args.heads, dropout_rate=args.dropout, tie_word_embeddings=True, **ids)
-        torch.manual_seed(seed)
-        return T5ForConditionalGeneration(config)
-    base = model_configs(size, bart_max_positions)
-    if kind == "bart":
-        config = base["bart"]
-        for key, value in {**ids, "dropout": args.dropout}.items():
+    if kind in BASELINES:  # the builders of bench_generate.py, with this task's dropout and special ids
+        config = model_configs(size, bart_max_positions, [kind])[kind]
+        for key, value in {**ids, ("dropout_rate" if kind == "t5" else "dropout"): args.dropout}.items():
             setattr(config, key, value)
-        return build_model("bart", config, seed)
-    sf = base["scaleformer"]
+        return build_model(kind, config, seed)
+    sf = model_configs(size, bart_max_positions, ["scaleformer"])["scaleformer"]
     config = ScaleformerConfig(
         vocab_size=vocabulary, d_model=sf.d_model, encoder_layers=sf.encoder_layers, decoder_layers=sf.decoder_layers,
         encoder_attention_heads=sf.encoder_attention_heads, decoder_attention_heads=sf.decoder_attention_heads,
