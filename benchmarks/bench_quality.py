@@ -785,8 +785,9 @@ def write_plot(path: Path, runs: list[dict], args: argparse.Namespace) -> None:
     for ax in axes:
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
+    threads = f"{args.threads} thread" + "s" * (args.threads != 1)
     fig.suptitle(f"Bible en->es {args.task}: d_model {args.d_model}, {args.layers}+{args.layers} layers, batch "
-                 f"{args.batch_size}, {args.threads} threads; mean and min-max across seeds", fontsize=10)
+                 f"{args.batch_size}, {threads}; mean and min-max across seeds", fontsize=10)
     save_figure(fig, path)
 
 
