@@ -321,7 +321,7 @@ def run_key(run: dict) -> tuple[str, str, int]:
 def grouped(runs: list[dict]) -> dict[tuple[str, str], list[dict]]:
     """(task, model) -> runs, tasks and models in a stable order."""
     def order(r: dict) -> tuple:
-        kind = parse_model_name(r["model"])[0]
+        kind = parse_model_name(r["model"]).kind
         return TASKS.index(r["task"]), ("scaleformer", "t5", "bart").index(kind), r["model"], r["seed"]
     out: dict[tuple[str, str], list[dict]] = {}
     for r in sorted(runs, key=order):

@@ -10,8 +10,9 @@ Models, all d_model 256, 3 + 3 layers, 4 heads, FFN 1024, dropout 0.1, fp32 by d
 
 * `scaleformer`: `ScaleformerForConditionalGeneration`, attention_type `kernelized_rpe` (horizon 16);
   `scaleformer:TYPE` runs another attention_type (e.g. `scaleformer:softmax`), `scaleformer+cross_rpe` adds
-  relative positions to cross-attention (`cross_attention_rpe`), `+sinusoidal` (after either) adds sinusoidal
-  absolute positions to the embeddings (`absolute_positions`), e.g. `scaleformer:softmax+sinusoidal`;
+  relative positions to cross-attention (`cross_attention_rpe`), then `+sinusoidal` adds sinusoidal absolute
+  positions to the embeddings (`absolute_positions`) and `+post_ln` makes every block post-norm
+  (`layer_norm_position="post"`), e.g. `scaleformer:softmax+sinusoidal+post_ln`;
 * `bart`: `transformers.BartForConditionalGeneration` (the builder of `bench_generate.py`), learned absolute
   positions; `max_position_embeddings` fits the longest sequence of the task (128 for verses of at most 96
   tokens); for chapters see `--bart_long`;
@@ -96,6 +97,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import sacrebleu
 import torch
@@ -381,24 +383,38 @@ def data_notes(splits: dict[str, list[dict]], args: argparse.Namespace) -> list[
 # --------------------------------------------------------------------------------------------------- models
 
 
-def parse_model_name(name: str) -> tuple[str, str | None, bool, bool]:
-    """`scaleformer`, `scaleformer:TYPE`, optionally followed by `+cross_rpe` (relative positions in
-    cross-attention too, kernelized_rpe only) and then `+sinusoidal` (absolute positions), `bart` or `t5` ->
-    (kind, attention_type or None, cross_attention_rpe, sinusoidal absolute positions)."""
+class ModelSpec(NamedTuple):
+    """What a `--models` name asks for; the last three are Scaleformer config fields."""
+
+    kind: str  # scaleformer, bart or t5
+    attention_type: str | None  # None: the default (scaleformer) or not a Scaleformer
+    cross_attention_rpe: bool = False
+    absolute_positions: str | None = None
+    layer_norm_position: str = "pre"
+
+
+MODEL_SUFFIXES = ("cross_rpe", "sinusoidal", "post_ln")
+
+
+def parse_model_name(name: str) -> ModelSpec:
+    """`bart`, `t5`, or `scaleformer` / `scaleformer:TYPE` followed by any of `+cross_rpe` (relative positions in
+    cross-attention too, kernelized_rpe only), `+sinusoidal` (absolute positions) and `+post_ln` (post-norm
+    blocks), in that order."""
     base, *suffixes = name.split("+")
     kind, _, attention_type = base.partition(":")
-    usage = (f"unknown model {name!r}; use scaleformer or scaleformer:TYPE with TYPE in {', '.join(ATTENTION_TYPES)}, "
-             "optionally followed by +cross_rpe (kernelized_rpe only) and +sinusoidal, or bart or t5")
+    usage = (f"unknown model {name!r}; use bart, t5, or scaleformer or scaleformer:TYPE with TYPE in "
+             f"{', '.join(ATTENTION_TYPES)}, followed by any of " + ", ".join(f"+{x}" for x in MODEL_SUFFIXES)
+             + " in that order (+cross_rpe with kernelized_rpe only)")
     if kind in BASELINES and not attention_type and not suffixes:
-        return kind, None, False, False
+        return ModelSpec(kind, None)
     if kind != "scaleformer" or (attention_type and attention_type not in ATTENTION_TYPES):
         raise ValueError(usage)
-    if suffixes not in ([], ["cross_rpe"], ["sinusoidal"], ["cross_rpe", "sinusoidal"]):
+    if [x for x in MODEL_SUFFIXES if x in suffixes] != suffixes:  # unknown, repeated or out of order
         raise ValueError(usage)
-    cross_rpe = "cross_rpe" in suffixes
-    if cross_rpe and attention_type not in ("", "kernelized_rpe"):
+    if "cross_rpe" in suffixes and attention_type not in ("", "kernelized_rpe"):
         raise ValueError(usage)
-    return kind, attention_type or None, cross_rpe, "sinusoidal" in suffixes
+    return ModelSpec(kind, attention_type or None, "cross_rpe" in suffixes,
+                     "sinusoidal" if "sinusoidal" in suffixes else None, "post" if "post_ln" in suffixes else "pre")
 
 
 def bart_positions(splits: dict[str, list[dict]], args: argparse.Namespace) -> int:
@@ -419,7 +435,8 @@ def build(name: str, seed: int, vocabulary: int, bart_max_positions: int, args: 
     size = ModelSize(vocab_size=vocabulary, d_model=args.d_model, layers=args.layers, heads=args.heads,
                      ffn_dim=args.ffn_dim)
     ids = dict(pad_token_id=PAD_ID, bos_token_id=BOS_ID, eos_token_id=EOS_ID, decoder_start_token_id=BOS_ID)
-    kind, attention_type, cross_rpe, sinusoidal = parse_model_name(name)
+    spec = parse_model_name(name)
+    kind = spec.kind
     if kind in BASELINES:  # the builders of bench_generate.py, with this task's dropout and special ids
         config = model_configs(size, bart_max_positions, [kind])[kind]
         for key, value in {**ids, ("dropout_rate" if kind == "t5" else "dropout"): args.dropout}.items():
@@ -430,8 +447,8 @@ def build(name: str, seed: int, vocabulary: int, bart_max_positions: int, args: 
         vocab_size=vocabulary, d_model=sf.d_model, encoder_layers=sf.encoder_layers, decoder_layers=sf.decoder_layers,
         encoder_attention_heads=sf.encoder_attention_heads, decoder_attention_heads=sf.decoder_attention_heads,
         encoder_ffn_dim=sf.encoder_ffn_dim, decoder_ffn_dim=sf.decoder_ffn_dim, dropout=args.dropout,
-        attention_type=attention_type or sf.attention_type, cross_attention_rpe=cross_rpe,
-        absolute_positions="sinusoidal" if sinusoidal else None, **ids,
+        attention_type=spec.attention_type or sf.attention_type, cross_attention_rpe=spec.cross_attention_rpe,
+        absolute_positions=spec.absolute_positions, layer_norm_position=spec.layer_norm_position, **ids,
     )
     return build_model("scaleformer", config, seed)
 
@@ -440,8 +457,8 @@ def describe_model(name: str, model: PreTrainedModel, args: argparse.Namespace, 
     config = model.config
     if name.startswith("scaleformer"):
         return (f"attention_type {config.attention_type}, rpe_horizon {config.rpe_horizon}, cross_attention_rpe "
-                f"{config.cross_attention_rpe}, absolute_positions {config.absolute_positions}, attention_mode "
-                f"{config.attention_mode}; full sources")
+                f"{config.cross_attention_rpe}, absolute_positions {config.absolute_positions}, layer_norm_position "
+                f"{config.layer_norm_position}, attention_mode {config.attention_mode}; full sources")
     if name == "t5":
         return (f"d_kv {config.d_kv}, relative attention {config.relative_attention_num_buckets} buckets, max "
                 f"distance {config.relative_attention_max_distance}, FFN {config.feed_forward_proj}; full sources "

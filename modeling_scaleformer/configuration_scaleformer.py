@@ -52,7 +52,11 @@ class ScaleformerConfig(PreTrainedConfig):
         init_std (`float`, *optional*, defaults to 0.02):
             Standard deviation of the normal initialisation of weights and relative embeddings.
         layer_norm_eps (`float`, *optional*, defaults to 1e-5):
-            Epsilon of the layer norms (pre-norm blocks and a final norm per stack).
+            Epsilon of the layer norms.
+        layer_norm_position (`str`, *optional*, defaults to `"pre"`):
+            `"pre"`: every block adds f(LayerNorm(x)) to x, and each stack ends with a layer norm (stable at any
+            depth). `"post"`: every block computes LayerNorm(x + f(x)) (the original Transformer and BART), and
+            the stack's extra layer norm is applied to the embeddings instead (BART's `layernorm_embedding`).
         attention_type (`str`, *optional*, defaults to `"kernelized_rpe"`):
             The attention of every layer (an op bundle of `ops_registry.ATTENTION_VARIANTS`):
             `"kernelized_rpe"`: kernelized attention with clipped relative positions, linear;
@@ -129,6 +133,7 @@ class ScaleformerConfig(PreTrainedConfig):
     activation_dropout: float | int = 0.0
     init_std: float = 0.02
     layer_norm_eps: float = 1e-5
+    layer_norm_position: Literal["pre", "post"] = "pre"
     attention_type: Literal[
         "kernelized_rpe", "kernelized", "fourier", "toeplitz", "xl_relative", "shaw_softmax", "softmax"
     ] = "kernelized_rpe"
@@ -182,6 +187,8 @@ class ScaleformerConfig(PreTrainedConfig):
             raise ValueError(
                 f"`cross_attention_rpe` requires attention_type 'kernelized_rpe', got {self.attention_type!r}"
             )
+        if self.layer_norm_position not in ("pre", "post"):
+            raise ValueError(f"`layer_norm_position` must be 'pre' or 'post', got {self.layer_norm_position!r}")
         if self.absolute_positions not in (None, "sinusoidal"):
             raise ValueError(f"`absolute_positions` must be None or 'sinusoidal', got {self.absolute_positions!r}")
         if self.attention_mode == "linear" and self.attention_type in ("xl_relative", "shaw_softmax", "softmax"):

@@ -75,8 +75,15 @@ def check_no_attention_outputs(kwargs: dict) -> None:
         )
 
 
+def residual_block(hidden_states: Tensor, norm: nn.LayerNorm, sublayer, dropout: nn.Dropout, post_norm: bool) -> Tensor:
+    """Pre-norm: x + dropout(sublayer(norm(x))); post-norm: norm(x + dropout(sublayer(x)))."""
+    if post_norm:
+        return norm(hidden_states + dropout(sublayer(hidden_states)))
+    return hidden_states + dropout(sublayer(norm(hidden_states)))
+
+
 class ScaleformerEncoderLayer(GradientCheckpointingLayer):
-    """Pre-norm block: bidirectional self-attention, then feed-forward."""
+    """Bidirectional self-attention, then feed-forward; pre-norm or post-norm (`config.layer_norm_position`)."""
 
     def __init__(self, config: ScaleformerConfig, layer_idx: int):
         super().__init__()
@@ -85,14 +92,16 @@ class ScaleformerEncoderLayer(GradientCheckpointingLayer):
         self.ffn = ScaleformerFeedForward(config, config.encoder_ffn_dim)
         self.ffn_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.dropout)
+        self.post_norm = config.layer_norm_position == "post"
 
     def forward(self, hidden_states: Tensor, key_mask: Tensor | None = None) -> Tensor:
-        hidden_states = hidden_states + self.dropout(self.self_attn(self.self_attn_layer_norm(hidden_states), key_mask=key_mask))
-        return hidden_states + self.dropout(self.ffn(self.ffn_layer_norm(hidden_states)))
+        hidden_states = residual_block(hidden_states, self.self_attn_layer_norm,
+                                       lambda x: self.self_attn(x, key_mask=key_mask), self.dropout, self.post_norm)
+        return residual_block(hidden_states, self.ffn_layer_norm, self.ffn, self.dropout, self.post_norm)
 
 
 class ScaleformerDecoderLayer(GradientCheckpointingLayer):
-    """Pre-norm block: causal self-attention, cross-attention (encoder-decoder only), feed-forward."""
+    """Causal self-attention, cross-attention (encoder-decoder only), feed-forward; pre-norm or post-norm."""
 
     def __init__(self, config: ScaleformerConfig, layer_idx: int):
         super().__init__()
@@ -108,6 +117,7 @@ class ScaleformerDecoderLayer(GradientCheckpointingLayer):
         self.ffn = ScaleformerFeedForward(config, config.decoder_ffn_dim)
         self.ffn_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.dropout)
+        self.post_norm = config.layer_norm_position == "post"
 
     def forward(
         self,
@@ -118,18 +128,21 @@ class ScaleformerDecoderLayer(GradientCheckpointingLayer):
         past_key_values: ScaleformerCache | None = None,
         query_offset: int = 0,
     ) -> Tensor:
-        residual = self.self_attn(self.self_attn_layer_norm(hidden_states), key_mask=key_mask, past_key_values=past_key_values)
-        hidden_states = hidden_states + self.dropout(residual)
+        hidden_states = residual_block(
+            hidden_states, self.self_attn_layer_norm,
+            lambda x: self.self_attn(x, key_mask=key_mask, past_key_values=past_key_values),
+            self.dropout, self.post_norm,
+        )
         if self.encoder_attn is not None:
-            residual = self.encoder_attn(
-                self.encoder_attn_layer_norm(hidden_states),
-                key_value_states=encoder_hidden_states,
-                key_mask=encoder_key_mask,
-                past_key_values=past_key_values,
-                query_offset=query_offset,
+            hidden_states = residual_block(
+                hidden_states, self.encoder_attn_layer_norm,
+                lambda x: self.encoder_attn(
+                    x, key_value_states=encoder_hidden_states, key_mask=encoder_key_mask,
+                    past_key_values=past_key_values, query_offset=query_offset,
+                ),
+                self.dropout, self.post_norm,
             )
-            hidden_states = hidden_states + self.dropout(residual)
-        return hidden_states + self.dropout(self.ffn(self.ffn_layer_norm(hidden_states)))
+        return residual_block(hidden_states, self.ffn_layer_norm, self.ffn, self.dropout, self.post_norm)
 
 
 class ScaleformerPreTrainedModel(PreTrainedModel):
@@ -163,7 +176,8 @@ class ScaleformerPreTrainedModel(PreTrainedModel):
 
 
 class ScaleformerStack(ScaleformerPreTrainedModel):
-    """Token embeddings (no absolute positions), a stack of layers and a final layer norm."""
+    """Token embeddings (absolute positions only if configured), a stack of layers and one more layer norm: on
+    the output for pre-norm layers, on the embeddings for post-norm layers (as BART's `layernorm_embedding`)."""
 
     def __init__(self, config: ScaleformerConfig, layer_class: type[nn.Module], num_layers: int):
         super().__init__(config)
@@ -206,14 +220,17 @@ class ScaleformerStack(ScaleformerPreTrainedModel):
         return inputs_embeds + encoding
 
     def _run_layers(self, inputs_embeds: Tensor, output_hidden_states: bool | None, **layer_kwargs):
-        """(last hidden state, all hidden states or None): embeddings dropout, layers, final norm."""
-        hidden_states = self.dropout(inputs_embeds)
+        """(last hidden state, all hidden states or None): embeddings dropout, layers, final norm (pre-norm); or
+        embeddings norm, dropout, layers (post-norm)."""
+        post_norm = self.config.layer_norm_position == "post"
+        hidden_states = self.dropout(self.layer_norm(inputs_embeds) if post_norm else inputs_embeds)
         all_hidden = [] if output_hidden_states else None
         for layer in self.layers:
             if all_hidden is not None:
                 all_hidden.append(hidden_states)
             hidden_states = layer(hidden_states, **layer_kwargs)
-        hidden_states = self.layer_norm(hidden_states)
+        if not post_norm:
+            hidden_states = self.layer_norm(hidden_states)
         if all_hidden is not None:
             all_hidden.append(hidden_states)
         return hidden_states, None if all_hidden is None else tuple(all_hidden)

@@ -188,13 +188,16 @@ def test_save_runs_merges_what_other_processes_wrote(tmp_path):
 
 def test_bench_quality_model_names():
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    from bench_quality import parse_model_name
+    from bench_quality import ModelSpec, parse_model_name
 
-    assert parse_model_name("scaleformer") == ("scaleformer", None, False, False)
-    assert parse_model_name("scaleformer+cross_rpe+sinusoidal") == ("scaleformer", None, True, True)
-    assert parse_model_name("scaleformer:softmax+sinusoidal") == ("scaleformer", "softmax", False, True)
-    assert parse_model_name("t5") == ("t5", None, False, False)
+    assert parse_model_name("scaleformer") == ModelSpec("scaleformer", None, False, None, "pre")
+    assert parse_model_name("scaleformer+cross_rpe+sinusoidal") == ModelSpec("scaleformer", None, True, "sinusoidal")
+    assert parse_model_name("scaleformer:softmax+sinusoidal+post_ln") == ModelSpec(
+        "scaleformer", "softmax", False, "sinusoidal", "post")
+    assert parse_model_name("scaleformer+post_ln").layer_norm_position == "post"
+    assert parse_model_name("t5") == ModelSpec("t5", None)
     for bad in ("scaleformer+sinusoidal+cross_rpe", "scaleformer:softmax+cross_rpe", "bart+sinusoidal",
-                "scaleformer:nope", "scaleformer+cross_rpe+cross_rpe"):
+                "scaleformer:nope", "scaleformer+cross_rpe+cross_rpe", "scaleformer+post_ln+sinusoidal",
+                "scaleformer+", "t5+post_ln"):
         with pytest.raises(ValueError, match="unknown model"):
             parse_model_name(bad)

@@ -26,6 +26,7 @@ CONFIGS = [
     pytest.param(dict(attention_type="kernelized"), id="kernelized"),
     pytest.param(dict(attention_mode="linear", rpe_horizon=1), id="linear-h1"),
     pytest.param(dict(absolute_positions="sinusoidal"), id="sinusoidal"),
+    pytest.param(dict(layer_norm_position="post", attention_type="softmax"), id="post-norm-softmax"),
 ]
 
 
@@ -341,6 +342,8 @@ def test_config_rejects_bad_values():
         tiny_config(activation_function="swishy")
     with pytest.raises(Exception, match="absolute_positions"):
         tiny_config(absolute_positions="learned")
+    with pytest.raises(Exception, match="layer_norm_position"):
+        tiny_config(layer_norm_position="sandwich")
 
 
 def test_bad_inputs_raise_clear_errors():
@@ -459,3 +462,30 @@ def test_sinusoidal_cached_decoding_positions_without_padding(mask):
         cache, start = out.past_key_values, start + n
         logits.append(out.logits)
     torch.testing.assert_close(torch.cat(logits, 1), full, rtol=0, atol=1e-9)
+
+
+@pytest.mark.parametrize("position", ["pre", "post"])
+def test_layer_norm_position_by_hand(position):
+    """A one-layer encoder computed from its modules: pre-norm ends with the stack's norm, post-norm starts
+    with it and normalises after every residual addition."""
+    torch.manual_seed(0)
+    config = tiny_config(encoder_layers=1, layer_norm_position=position)
+    model = ScaleformerModel(config).double().eval()
+    for norm in model.modules():  # norms that are not the identity at initialisation
+        if isinstance(norm, torch.nn.LayerNorm):
+            torch.nn.init.normal_(norm.weight, 1.0, 0.3)
+            torch.nn.init.normal_(norm.bias, 0.0, 0.3)
+    encoder = model.get_encoder()
+    layer = encoder.layers[0]
+    src, src_mask = batch()
+    x = encoder.embed_tokens(src)
+    if position == "pre":
+        x = x + layer.self_attn(layer.self_attn_layer_norm(x), key_mask=src_mask)
+        x = x + layer.ffn(layer.ffn_layer_norm(x))
+        expected = encoder.layer_norm(x)
+    else:
+        x = encoder.layer_norm(x)
+        x = layer.self_attn_layer_norm(x + layer.self_attn(x, key_mask=src_mask))
+        expected = layer.ffn_layer_norm(x + layer.ffn(x))
+    out = encoder(input_ids=src, attention_mask=src_mask).last_hidden_state
+    torch.testing.assert_close(out, expected, rtol=0, atol=1e-12)
