@@ -57,6 +57,8 @@ ARCHITECTURE_FIELDS: tuple[str, ...] = (
     "rpe_horizon",
     "rpe_shared_across_heads",
     "cross_attention_rpe",
+    "absolute_positions",
+    "layer_norm_position",
     "vocab_size",
     "tie_word_embeddings",
     "dropout",
