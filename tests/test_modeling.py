@@ -106,16 +106,22 @@ def test_generate_same_with_and_without_cache(overrides, kwargs):
     assert len(set(results[0][:, 1:].flatten().tolist())) > 1  # not a degenerate single-token output
 
 
+@pytest.mark.parametrize("overrides", [pytest.param(dict(), id="kernelized_rpe"),
+                                       pytest.param(dict(absolute_positions="sinusoidal"), id="sinusoidal")])
 @pytest.mark.parametrize("kwargs", GENERATE)
-def test_causal_lm_generate_same_with_and_without_cache(kwargs):
+def test_causal_lm_generate_same_with_and_without_cache(kwargs, overrides):
     torch.manual_seed(0)
-    model = ScaleformerForCausalLM(tiny_config()).eval()
+    model = ScaleformerForCausalLM(tiny_config(**overrides)).eval()
     ids, mask = batch(padding="left")
     results = []
     for use_cache in (True, False):
         torch.manual_seed(1)
         results.append(model.generate(ids, attention_mask=mask, max_new_tokens=10, use_cache=use_cache, **kwargs))
     assert torch.equal(results[0], results[1])
+    if not kwargs.get("do_sample") and "num_beams" not in kwargs:  # a left-padded row continues as the row alone
+        row = int(mask.sum(1).argmin())
+        alone = model.generate(ids[row, mask[row].bool()][None], max_new_tokens=10, **kwargs)
+        assert torch.equal(results[0][row, -10:], alone[0, -10:])
 
 
 def test_greedy_generate_matches_manual_loop():
@@ -426,22 +432,6 @@ def test_sinusoidal_positions_ignore_padding_and_change_the_output():
     plain.load_state_dict(model.state_dict())
     other = plain(input_ids=src, attention_mask=src_mask, decoder_input_ids=tgt, decoder_attention_mask=tgt_mask).logits
     assert (other - full).abs().max() > 1e-3
-
-
-@pytest.mark.parametrize("kwargs", GENERATE[:2])
-def test_causal_lm_sinusoidal_generate_left_padded(kwargs):
-    torch.manual_seed(0)
-    model = ScaleformerForCausalLM(tiny_config(absolute_positions="sinusoidal")).eval()
-    ids, mask = batch(padding="left")
-    results = []
-    for use_cache in (True, False):
-        torch.manual_seed(1)
-        results.append(model.generate(ids, attention_mask=mask, max_new_tokens=8, use_cache=use_cache, **kwargs))
-    assert torch.equal(results[0], results[1])
-    if "num_beams" not in kwargs:  # a padded row continues as the row alone does
-        row = int(mask.sum(1).argmin())
-        alone = model.generate(ids[row, mask[row].bool()][None], max_new_tokens=8, **kwargs)
-        assert torch.equal(results[0][row, -8:], alone[0, -8:])
 
 
 @pytest.mark.parametrize("mask", [None, "new", "all"])
