@@ -34,11 +34,12 @@ reports the high-water mark `ru_maxrss` minus that baseline as the peak extra. A
 MemoryError or RuntimeError, or whose subprocess dies, is reported as skipped, with the reason, at
 that length and above; `--max-bart-length` skips BART above a length on purpose, and `--max-quadratic-length`
 every model whose attention is quadratic in length (BART, T5 and the softmax types: xl_relative,
-shaw_softmax, softmax), so that a run reaches the long lengths in hours rather than days. The tables give each
-model's figures and, for every other model, its step time over that of the first Scaleformer model of
-`--models`. The report ends with log2-log2 slopes of time against length per model, for the step and for the forward
-pass (least squares over 2048-16384) and the project's targets (PASS or FAIL with the figure, N/A when `scaleformer` is not in
-`--models`); the exit status is 0 whether or not a target is met.
+shaw_softmax, softmax), so that a run reaches the long lengths in hours rather than days. The tables
+give each model's figures and, for every other model, its time over that of the first Scaleformer
+model of `--models`. The report ends with log2-log2 slopes of time against length per model, for the
+step and for the forward pass (least squares over 2048-16384), and the project's targets (PASS or FAIL
+with the figure, N/A when `scaleformer` is not in `--models`); the exit status is 0 whether or not a
+target is met.
 
 Run from the repository root with the package installed (`pip install -e ".[bench]"`):
 
@@ -94,6 +95,7 @@ from bench_generate import (
     check_models,
     describe_error,
     describe_model,
+    grows_with_position,
     model_configs,
     reference_model,
     rotated,
@@ -186,17 +188,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def is_quadratic(model: str) -> bool:
-    """Whether the model's attention cost grows quadratically with length: the baselines and the softmax types."""
-    kind, _, attention_type = model.partition(":")
-    return kind != "scaleformer" or attention_type in SOFTMAX_TYPES
-
-
 def planned_skip(model: str, length: int, args: argparse.Namespace) -> Skip | None:
     if model == "bart" and args.max_bart_length is not None and length > args.max_bart_length:
         reason = f"skipped (--max-bart-length {args.max_bart_length})"
         return Skip(reason, reason)
-    if is_quadratic(model) and args.max_quadratic_length is not None and length > args.max_quadratic_length:
+    # the models whose decoding cache grows (baselines, softmax types) are those with quadratic attention
+    if grows_with_position(model) and args.max_quadratic_length is not None and length > args.max_quadratic_length:
         reason = f"skipped (--max-quadratic-length {args.max_quadratic_length})"
         return Skip(reason, reason)
     return None
@@ -221,32 +218,39 @@ def make_batch(length: int, vocab_size: int, seed: int) -> tuple[Tensor, Tensor]
     return input_ids, labels
 
 
-def train_step(trainer: Trainer, input_ids: Tensor, labels: Tensor) -> Sample:
-    """zero_grad, forward with labels, backward, AdamW step; timed."""
+def timed(work) -> Sample:
+    """Run `work()` and return its wall time, user and system CPU time and minor page faults."""
     r0 = resource.getrusage(resource.RUSAGE_SELF)
     t0 = time.perf_counter()
-    trainer.optimizer.zero_grad(set_to_none=True)
-    loss = trainer.model(input_ids=input_ids, labels=labels, use_cache=False).loss
-    loss.backward()
-    trainer.optimizer.step()
+    work()
     wall = time.perf_counter() - t0
     r1 = resource.getrusage(resource.RUSAGE_SELF)
     return Sample(wall, r1.ru_utime - r0.ru_utime, r1.ru_stime - r0.ru_stime, r1.ru_minflt - r0.ru_minflt)
+
+
+def train_step(trainer: Trainer, input_ids: Tensor, labels: Tensor) -> Sample:
+    """zero_grad, forward with labels, backward, AdamW step; timed."""
+
+    def step() -> None:
+        trainer.optimizer.zero_grad(set_to_none=True)
+        trainer.model(input_ids=input_ids, labels=labels, use_cache=False).loss.backward()
+        trainer.optimizer.step()
+
+    return timed(step)
 
 
 def forward_pass(trainer: Trainer, input_ids: Tensor, labels: Tensor) -> Sample:
     """One forward with labels in eval mode under inference_mode (no dropout, no autograd graph); timed."""
-    model = trainer.model.eval()
-    r0 = resource.getrusage(resource.RUSAGE_SELF)
-    t0 = time.perf_counter()
-    try:
+
+    def forward() -> None:
         with torch.inference_mode():
-            model(input_ids=input_ids, labels=labels, use_cache=False)
+            trainer.model(input_ids=input_ids, labels=labels, use_cache=False)
+
+    trainer.model.eval()
+    try:
+        return timed(forward)
     finally:
-        model.train()
-    wall = time.perf_counter() - t0
-    r1 = resource.getrusage(resource.RUSAGE_SELF)
-    return Sample(wall, r1.ru_utime - r0.ru_utime, r1.ru_stime - r0.ru_stime, r1.ru_minflt - r0.ru_minflt)
+        trainer.model.train()
 
 
 def measure_memory_here(name: str, length: int, args: argparse.Namespace) -> dict:
@@ -558,8 +562,8 @@ def write_plot(path: Path, samples: Samples, forwards: Samples, memory: dict[tup
     ax_forward.set_ylabel("median forward-pass time (s)")
     ax_mem.set_ylabel("peak extra resident memory of a step (MiB)")
     size = args.size
-    fig.suptitle(f"training step and forward pass, target {TARGET_LENGTH}, d_model {size.d_model}, {size.layers}+{size.layers} layers, "
-                 f"fp32, {torch.get_num_threads()} threads")
+    fig.suptitle(f"training step and forward pass, target {TARGET_LENGTH}, d_model {size.d_model}, "
+                 f"{size.layers}+{size.layers} layers, fp32, {torch.get_num_threads()} threads")
     save_figure(fig, path)
 
 
