@@ -400,6 +400,8 @@ def print_time_table(samples: Samples, memory: dict[tuple[str, int], dict] | Non
 
 def print_tables(samples: Samples, forwards: Samples, memory: dict[tuple[str, int], dict],
                  skipped: dict[tuple[str, int], Skip], args: argparse.Namespace) -> None:
+    ref = reference_model(args.models)
+    others = [name for name in args.models if name != ref]
     print(f"## One training step (forward + backward + AdamW), target {TARGET_LENGTH} tokens: median wall time of "
           f"{args.repeats} step(s)")
     print()
@@ -408,8 +410,6 @@ def print_tables(samples: Samples, forwards: Samples, memory: dict[tuple[str, in
           f"time of {args.repeats} pass(es)")
     print()
     print_time_table(forwards, None, skipped, args)
-    ref = reference_model(args.models)
-    others = [name for name in args.models if name != ref]
     print("| source L | model | pass | wall s | user CPU s | system CPU s | minor page faults |")
     print("|---:|:---|:---|---:|---:|---:|---:|")
     for length in args.lengths:

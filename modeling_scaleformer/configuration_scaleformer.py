@@ -187,10 +187,6 @@ class ScaleformerConfig(PreTrainedConfig):
             raise ValueError(
                 f"`cross_attention_rpe` requires attention_type 'kernelized_rpe', got {self.attention_type!r}"
             )
-        if self.layer_norm_position not in ("pre", "post"):
-            raise ValueError(f"`layer_norm_position` must be 'pre' or 'post', got {self.layer_norm_position!r}")
-        if self.absolute_positions not in (None, "sinusoidal"):
-            raise ValueError(f"`absolute_positions` must be None or 'sinusoidal', got {self.absolute_positions!r}")
         if self.attention_mode == "linear" and self.attention_type in ("xl_relative", "shaw_softmax", "softmax"):
             raise ValueError(
                 f"`attention_mode` 'linear' does not exist for the softmax attention_type {self.attention_type!r}: "
