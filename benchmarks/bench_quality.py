@@ -1,10 +1,11 @@
 """Quality per CPU-minute: learning curves of Scaleformer, BART and T5 of one size under one wall-clock budget.
 
 What is measured: each model is trained from random weights for `--minutes` of training wall-clock time on
-English -> Spanish Bible pairs (`examples/data/bible/`), and its held-out cross-entropy is measured every
-`--eval_every_seconds` of training time (and before the first step and after the last). The curve is
-recorded against training seconds and against tokens seen (non-padding source + target tokens). At the
-end, greedy decoding on the test split gives BLEU and chrF (sacreBLEU), beside the copy-the-source baseline.
+English -> Spanish Bible pairs (`examples/data/bible/`) or on Python functions -> their docstrings, and its
+held-out cross-entropy is measured every `--eval_every_seconds` of training time (and before the first step
+and after the last). The curve is recorded against training seconds and against tokens seen (non-padding
+source + target tokens). At the end, greedy decoding on the test split gives BLEU and chrF (sacreBLEU), or
+ROUGE-1/2/L for docstrings, beside the copy-the-source baseline.
 
 Models, all d_model 256, 3 + 3 layers, 4 heads, FFN 1024, dropout 0.1, fp32 by default (`--d_model` ...):
 
@@ -20,7 +21,7 @@ Models, all d_model 256, 3 + 3 layers, 4 heads, FFN 1024, dropout 0.1, fp32 by d
   their defaults (32 buckets, max distance 128), ReLU FFN, tied embeddings.
 
 Every model uses the same tokenizer: a byte-level BPE (`train_bpe_tokenizer`, 8000 tokens) trained on the
-training split's English and Spanish text, saved once in the output folder (`--output_dir`, by default
+training split's source and target text, saved once in the output folder (`--output_dir`, by default
 the folder of `--json`) and loaded from there by every later run; its SHA-256 is part of the settings.
 Special ids: pad 0, bos 1 (the decoder start of every model), eos 2.
 
@@ -48,10 +49,16 @@ Tasks (`--task`):
   sequence, `--bart_long truncate` keeps 1024 positions and cuts BART's sources (train, held-out and test) to
   1024 tokens. T5 reads full sources; its attention cost grows quadratically with length. The report says
   what each baseline did and how many sources were cut.
+* `docstrings`: code-to-docstring summarisation: the functions and methods of the running interpreter's
+  standard library (`examples/data/build_docstrings.py`, split by package, so no package spans two splits):
+  source without its docstring -> the docstring's first paragraph. Train on `train`, curves on
+  `validation`, ROUGE-1/2/L F-measure (x100, mean over examples, as `examples/main_job.py` computes it) on a
+  seeded sample of `--test_examples` (200) `test` functions. Pairs with more than `--max_source_tokens`
+  (256) source or `--max_target_tokens` (64) target tokens are left out (not cut).
 
 The report is a markdown table per model (mean and spread over seeds) and the project's targets: on verses
 Scaleformer's final held-out loss per token within 2% of the best baseline's at equal wall-clock; on
-chapters lower than every baseline's. Each is PASS, FAIL or N/A (a model missing, or `--quick`).
+chapters lower than every baseline's; none on docstrings. Each is PASS, FAIL or N/A (a model missing, or `--quick`).
 
 Runs accumulate: with `--json PATH`, the (model, seed) runs already in PATH are skipped (unless
 `--overwrite`), each finished run is merged into PATH at once, and the tables and the plot cover every run
@@ -70,7 +77,8 @@ sessions:
 or, on 2 cores, two such loops at once with `--threads 1` each (one core per run; the figures in the README
 were made that way).
 
-The long-input comparison runs the same way (test decoding of 8 chapters of up to 1024 new tokens adds
+The docstring task runs the same way (`--task docstrings`, a JSON of its own). The long-input comparison
+runs the same way (test decoding of 8 chapters of up to 1024 new tokens adds
 minutes per run; `--bart_long table` for the other BART setting, in its own JSON):
 
     PYTHONPATH=. python benchmarks/bench_quality.py --task chapters --models scaleformer --seeds 0 --minutes 20 \\
@@ -108,10 +116,13 @@ from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerFast
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples" / "data"))
+sys.path.insert(0, str(ROOT / "examples"))
 
 from bench_attention import machine_info, print_machine, save_figure  # noqa: E402
 from bench_listops import load_previous, run_missing, save_runs  # noqa: E402
 from bench_generate import ModelSize, build_model, model_configs  # noqa: E402
+from build_docstrings import build_docstring_pairs  # noqa: E402
+from main_job import rouge_scores  # noqa: E402
 from train_tokenizer import train_bpe_tokenizer  # noqa: E402
 
 from modeling_scaleformer import ScaleformerConfig  # noqa: E402
@@ -135,7 +146,15 @@ DEFAULTS = dict(
 )
 TASK_DEFAULTS = {
     "verses": dict(batch_size=32, max_tokens=96, test_examples=0, max_new_tokens=96),
-    "chapters": dict(batch_size=2, max_tokens=None, test_examples=8, max_new_tokens=1024),
+    "chapters": dict(batch_size=2, test_examples=8, max_new_tokens=1024, min_source_tokens=800,
+                     max_source_tokens=3200, max_target_tokens=1024),
+    "docstrings": dict(batch_size=16, heldout_examples=400, test_examples=200, max_new_tokens=64,
+                       max_source_tokens=256, max_target_tokens=64),
+}
+METRICS = {  # test scores of each task: (key, name) in the order of the tables
+    "verses": (("bleu", "BLEU"), ("chrf", "chrF")),
+    "chapters": (("bleu", "BLEU"), ("chrf", "chrF")),
+    "docstrings": (("rouge1", "ROUGE-1"), ("rouge2", "ROUGE-2"), ("rougeL", "ROUGE-L")),
 }
 QUICK = dict(
     models=["scaleformer", "bart", "t5"], seeds=[0], minutes=0.25, max_steps=6, eval_every_seconds=0.5,
@@ -154,12 +173,13 @@ SETTING_KEYS = ("task", "quick", "minutes", "max_steps", "eval_every_seconds", "
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        description="Held-out loss against training wall-clock and tokens seen, then BLEU and chrF, for Scaleformer, "
-        "BART and T5 of the same size on English -> Spanish Bible pairs; one (model, seed) run merged into --json "
-        "at a time.",
+        description="Held-out loss against training wall-clock and tokens seen, then BLEU and chrF (ROUGE for "
+        "docstrings), for Scaleformer, BART and T5 of the same size on English -> Spanish Bible pairs or Python "
+        "functions -> docstrings; one (model, seed) run merged into --json at a time.",
     )
-    parser.add_argument("--task", choices=("verses", "chapters"), default="verses",
-                        help="verse pairs, or chapter pairs of 800-3200 source tokens (default: verses)")
+    parser.add_argument("--task", choices=tuple(TASK_DEFAULTS), default="verses",
+                        help="verse pairs, chapter pairs of 800-3200 source tokens, or standard-library functions -> "
+                        "docstrings (default: verses)")
     parser.add_argument("--models", nargs="+", metavar="MODEL",
                         help="scaleformer, scaleformer:TYPE (another attention_type), bart, t5 "
                         f"(default: {' '.join(DEFAULTS['models'])})")
@@ -191,25 +211,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     data = parser.add_argument_group("data")
     data.add_argument("--train_examples", type=int, help="use only the first N training pairs, 0 for all (default: 0)")
     data.add_argument("--heldout_examples", type=int,
-                      help="fixed held-out subset for the curves (a seeded sample), 0 for all (default: 0)")
+                      help="fixed held-out subset for the curves (a seeded sample), 0 for all (default: 0; 400 "
+                      "docstrings)")
     data.add_argument("--test_examples", type=int,
-                      help="test pairs decoded (a seeded sample), 0 for all (default: all verses, 8 chapters)")
+                      help="test pairs decoded (a seeded sample), 0 for all (default: all verses, 8 chapters, 200 "
+                      "docstrings)")
     data.add_argument("--max_tokens", type=int,
                       help="verses: leave out pairs with a longer source or target (default: 96)")
-    data.add_argument("--min_source_tokens", type=int, default=800,
+    data.add_argument("--min_source_tokens", type=int,
                       help="chapters: shortest source kept (default: 800)")
-    data.add_argument("--max_source_tokens", type=int, default=3200,
-                      help="chapters: longest source kept (default: 3200)")
-    data.add_argument("--max_target_tokens", type=int, default=1024,
-                      help="chapters: targets cut to this many tokens, for every model (default: 1024)")
+    data.add_argument("--max_source_tokens", type=int,
+                      help="chapters and docstrings: longest source kept (default: 3200 chapters, 256 docstrings)")
+    data.add_argument("--max_target_tokens", type=int,
+                      help="chapters: targets cut to this many tokens, for every model (default: 1024); docstrings: "
+                      "longer targets left out (default: 64)")
     decode = parser.add_argument_group("decoding")
-    decode.add_argument("--max_new_tokens", type=int, help="greedy decoding limit (default: 96 verses, 1024 chapters)")
+    decode.add_argument("--max_new_tokens", type=int,
+                        help="greedy decoding limit (default: 96 verses, 1024 chapters, 64 docstrings)")
     decode.add_argument("--no_repetition_guard", action="store_true",
                         help="plain greedy decoding, without examples/main_job.py's no_repeat_ngram_size=3 and "
                         "repetition_penalty=1.2 (default: with them, for every model alike)")
     data.add_argument("--data_dir", type=Path, default=DATA_DIR,
-                      help="folder of {train,validation,test}.jsonl with en, es, book, chapter (and verse) fields "
-                      "(default: the shipped sample, examples/data/bible)")
+                      help="verses and chapters: folder of {train,validation,test}.jsonl with en, es, book, chapter "
+                      "(and verse) fields (default: the shipped sample, examples/data/bible)")
     parser.add_argument("--output_dir", type=Path,
                         help="where the tokenizer is cached (default: the folder of --json, else "
                         "outputs/bench_quality)")
@@ -242,12 +266,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--minutes and --warmup_steps must be >= 0 and --dropout in [0, 1)")
     if args.minutes == 0 and args.max_steps is None:
         parser.error("--minutes 0 (no time budget) needs --max_steps")
-    if args.task == "verses":  # chapter-only settings do not apply, and must not split files
+    # settings of other tasks do not apply, and must not split files
+    if args.task == "verses":
         args.min_source_tokens = args.max_source_tokens = args.max_target_tokens = args.bart_long = None
     else:
         args.max_tokens = None
-        if args.min_source_tokens > args.max_source_tokens:
-            parser.error("--min_source_tokens must be <= --max_source_tokens")
+    if args.task == "docstrings":
+        args.min_source_tokens = args.bart_long = None
+        if args.data_dir != DATA_DIR:
+            parser.error("--data_dir does not apply to --task docstrings, which builds its data from the standard "
+                         "library of the running interpreter")
+    if args.task == "chapters" and args.min_source_tokens > args.max_source_tokens:
+        parser.error("--min_source_tokens must be <= --max_source_tokens")
     args.repetition_guard = not args.no_repetition_guard
     if args.output_dir is None:
         args.output_dir = args.json.parent if args.json is not None else ROOT / "outputs" / "bench_quality"
@@ -281,10 +311,16 @@ def chapter_pairs(rows: list[dict]) -> list[dict]:
 
 
 def raw_splits(args: argparse.Namespace) -> dict[str, list[dict]]:
+    """{"train", "heldout", "test"}: rows with `source` and `target` text."""
+    built = build_docstring_pairs(kinds=("function",)) if args.task == "docstrings" else None
     splits = {}
     for name, file in (("train", "train"), ("heldout", "validation"), ("test", "test")):
+        if built is not None:
+            splits[name] = [{"source": r["source"], "target": r["docstring"]} for r in built[file]]
+            continue
         rows = read_jsonl(args.data_dir / f"{file}.jsonl")
-        splits[name] = chapter_pairs(rows) if args.task == "chapters" else rows
+        rows = chapter_pairs(rows) if args.task == "chapters" else rows
+        splits[name] = [{"source": r["en"], "target": r["es"]} for r in rows]
     if args.train_examples:
         splits["train"] = splits["train"][:args.train_examples]
     return splits
@@ -292,7 +328,7 @@ def raw_splits(args: argparse.Namespace) -> dict[str, list[dict]]:
 
 def get_tokenizer(train_rows: list[dict], args: argparse.Namespace) -> tuple[PreTrainedTokenizerFast, Path, str]:
     """The BPE of the training text, trained once and cached under --output_dir (keyed by its text and size)."""
-    texts = [text for r in train_rows for text in (r["en"], r["es"])]
+    texts = [text for r in train_rows for text in (r["source"], r["target"])]
     text_hash = hashlib.sha256("\n".join(texts).encode()).hexdigest()[:12]
     folder = args.output_dir / f"bench_quality_tokenizer_{args.vocab_size}_{text_hash}"
     if (folder / "tokenizer.json").exists():
@@ -313,20 +349,22 @@ def get_tokenizer(train_rows: list[dict], args: argparse.Namespace) -> tuple[Pre
 def encode_split(rows: list[dict], tokenizer: PreTrainedTokenizerFast, args: argparse.Namespace,
                  name: str) -> tuple[list[dict], dict]:
     """Token ids of the pairs kept, and what was kept or cut."""
-    src_ids = tokenizer([r["en"] for r in rows]).input_ids
-    tgt_ids = tokenizer([r["es"] for r in rows]).input_ids
+    src_ids = tokenizer([r["source"] for r in rows]).input_ids
+    tgt_ids = tokenizer([r["target"] for r in rows]).input_ids
     kept, cut_targets = [], 0
     for r, src, tgt in zip(rows, src_ids, tgt_ids):
-        if args.task == "verses":
-            if len(src) > args.max_tokens or len(tgt) > args.max_tokens:
-                continue
-        else:
+        if args.task == "chapters":
             if not args.min_source_tokens <= len(src) <= args.max_source_tokens:
                 continue
             if len(tgt) > args.max_target_tokens:
                 tgt, cut_targets = tgt[:args.max_target_tokens - 1] + [EOS_ID], cut_targets + 1
+        else:
+            max_source, max_target = ((args.max_tokens, args.max_tokens) if args.task == "verses"
+                                      else (args.max_source_tokens, args.max_target_tokens))
+            if len(src) > max_source or len(tgt) > max_target:
+                continue
         reference = tokenizer.decode(tgt, skip_special_tokens=True)
-        kept.append({"source": r["en"], "reference": reference, "src": src, "tgt": tgt, "chars": len(reference)})
+        kept.append({"source": r["source"], "reference": reference, "src": src, "tgt": tgt, "chars": len(reference)})
     src_lengths = sorted(len(s) for s in src_ids)
     info = {"split": name, "pairs": len(rows), "kept": len(kept), "targets_cut": cut_targets,
             "source_tokens_all": [src_lengths[0], src_lengths[len(src_lengths) // 2], src_lengths[-1]] if rows else [],
@@ -546,9 +584,16 @@ def greedy_decode(model: PreTrainedModel, pairs: list[dict], batch_size: int, so
     return [out[i] for i in range(len(pairs))]
 
 
-def scores(hypotheses: list[str], references: list[str]) -> dict:
+def scores(hypotheses: list[str], references: list[str], task: str) -> dict:
+    """The task's test scores (METRICS): ROUGE F-measures for docstrings, corpus BLEU and chrF otherwise."""
+    if task == "docstrings":
+        return rouge_scores(hypotheses, references)
     return {"bleu": sacrebleu.corpus_bleu(hypotheses, [references]).score,
             "chrf": sacrebleu.corpus_chrf(hypotheses, [references]).score}
+
+
+def format_scores(values: dict, task: str) -> str:
+    return ", ".join(f"{name} {values[key]:.2f}" for key, name in METRICS[task])
 
 
 def train_one(name: str, seed: int, splits: dict[str, list[dict]], tokenizer: PreTrainedTokenizerFast,
@@ -616,12 +661,12 @@ def train_one(name: str, seed: int, splits: dict[str, list[dict]], tokenizer: Pr
     t0 = time.perf_counter()
     hypotheses = greedy_decode(model, splits["test"], args.batch_size, limit, tokenizer, args)
     decode_seconds = time.perf_counter() - t0
-    test = scores(hypotheses, [p["reference"] for p in splits["test"]])
+    test = scores(hypotheses, [p["reference"] for p in splits["test"]], args.task)
     info["load_average_at_end"] = os.getloadavg()
     final = curve[-1]
     print(f"[{name} seed {seed}] {steps} steps in {train_seconds:.1f} s of training, {eval_seconds:.1f} s of "
           f"evaluation, {decode_seconds:.1f} s of decoding; held-out {final['heldout_loss_per_token']:.3f} nats/token; "
-          f"BLEU {test['bleu']:.2f}, chrF {test['chrf']:.1f}", file=sys.stderr, flush=True)
+          f"{format_scores(test, args.task)}", file=sys.stderr, flush=True)
     return {
         "model": name, "seed": seed, "parameters": parameters, "description": describe_model(name, model, args, cut),
         "sources_cut": {k: list(v) for k, v in cut.items()},
@@ -641,6 +686,9 @@ def train_one(name: str, seed: int, splits: dict[str, list[dict]], tokenizer: Pr
 
 def settings_of(args: argparse.Namespace) -> dict:
     settings = {key: getattr(args, key) for key in SETTING_KEYS}
+    if args.task == "docstrings":
+        settings["data_dir"] = f"Python {sys.version_info.major}.{sys.version_info.minor} standard library"
+        return settings
     data_dir = args.data_dir.resolve()
     settings["data_dir"] = str(data_dir.relative_to(ROOT) if data_dir.is_relative_to(ROOT) else data_dir)
     return settings
@@ -658,6 +706,10 @@ def spread(values: list[float], digits: int = 3) -> str:
             f"({min(values):.{digits}f}-{max(values):.{digits}f})")
 
 
+def task_title(args: argparse.Namespace) -> str:
+    return "Python functions -> docstrings" if args.task == "docstrings" else f"Bible en->es {args.task}"
+
+
 def print_header(info: dict, args: argparse.Namespace, data: dict) -> None:
     print(f"# Quality per CPU-minute: Scaleformer against BART and T5 ({args.task})")
     print()
@@ -665,11 +717,16 @@ def print_header(info: dict, args: argparse.Namespace, data: dict) -> None:
     tok = data["tokenizer"]
     print(f"- tokenizer: byte-level BPE of {tok['vocabulary']} tokens trained on the training split, shared by every "
           f"model ({tok['folder']}, sha256 {tok['sha256'][:12]})")
-    what = ("verse pairs, sources and targets of at most " f"{args.max_tokens} tokens (longer pairs left out)"
-            if args.task == "verses" else
-            f"chapter pairs (verses of one chapter joined), sources of {args.min_source_tokens}-"
-            f"{args.max_source_tokens} tokens, targets cut to {args.max_target_tokens} tokens for every model")
-    print(f"- data: {settings_of(args)['data_dir']} en -> es, {what}" + (" (--quick)" if args.quick else ""))
+    what = {
+        "verses": f"en -> es verse pairs, sources and targets of at most {args.max_tokens} tokens (longer pairs left "
+                  "out)",
+        "chapters": f"en -> es chapter pairs (verses of one chapter joined), sources of {args.min_source_tokens}-"
+                    f"{args.max_source_tokens} tokens, targets cut to {args.max_target_tokens} tokens for every model",
+        "docstrings": "functions and methods (source without docstring -> first docstring paragraph), split by "
+                      f"package, sources of at most {args.max_source_tokens} and targets of at most "
+                      f"{args.max_target_tokens} tokens (longer pairs left out)",
+    }[args.task]
+    print(f"- data: {settings_of(args)['data_dir']}, {what}" + (" (--quick)" if args.quick else ""))
     for name, d in data["splits"].items():
         counts = f"{d['pairs']} {'chapters' if args.task == 'chapters' else 'pairs'}"
         lengths = d["source_tokens_all"]
@@ -688,7 +745,9 @@ def print_header(info: dict, args: argparse.Namespace, data: dict) -> None:
           + (", whichever comes first" if len(budget) > 1 else "")
           + f"; held-out loss every {args.eval_every_seconds:g} s of training (evaluation not counted)")
     guard = "no_repeat_ngram_size 3, repetition_penalty 1.2" if args.repetition_guard else "no repetition guard"
-    print(f"- test: greedy decoding, at most {args.max_new_tokens} new tokens, {guard}; BLEU and chrF (sacreBLEU)")
+    metrics = ("ROUGE-1/2/L F-measure x100, mean over examples" if args.task == "docstrings"
+               else "BLEU and chrF (sacreBLEU)")
+    print(f"- test: greedy decoding, at most {args.max_new_tokens} new tokens, {guard}; {metrics}")
     print()
 
 
@@ -701,31 +760,34 @@ def aggregate(runs: list[dict]) -> dict[str, list[dict]]:
 
 def print_results(runs: list[dict], copy: dict, args: argparse.Namespace, ran_now: set, json_path: Path | None) -> None:
     by_model = aggregate(runs)
-    print("## Held-out loss at the end of the budget (equal wall-clock), test BLEU and chrF")
+    metrics = METRICS[args.task]
+    names = " | ".join(name for _, name in metrics)
+    print(f"## Held-out loss at the end of the budget (equal wall-clock), test {' and '.join(n for _, n in metrics)}")
     print()
-    print("| model | seeds | held-out nats/token: mean ± sd (min-max) | nats/char | BLEU | chrF | steps | tokens seen "
+    print(f"| model | seeds | held-out nats/token: mean ± sd (min-max) | nats/char | {names} | steps | tokens seen "
           "| train s | ms/step | parameters |")
-    print("|:---|:---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|:---|:---|---:|---:|" + "---:|" * len(metrics) + "---:|---:|---:|---:|---:|")
     for name, rs in by_model.items():
         mean = lambda key: statistics.fmean(r[key] for r in rs)  # noqa: E731
         print(f"| {name} | {', '.join(str(r['seed']) for r in rs)} "
               f"| {spread([r['final_heldout_loss_per_token'] for r in rs])} "
               f"| {spread([r['final_heldout_loss_per_char'] for r in rs], 4)} "
-              f"| {spread([r['test']['bleu'] for r in rs], 2)} | {spread([r['test']['chrf'] for r in rs], 1)} "
-              f"| {mean('steps'):,.0f} | {mean('tokens_seen'):,.0f} | {mean('train_seconds'):,.1f} "
+              + "".join(f"| {spread([r['test'][key] for r in rs], 2)} " for key, _ in metrics)
+              + f"| {mean('steps'):,.0f} | {mean('tokens_seen'):,.0f} | {mean('train_seconds'):,.1f} "
               f"| {mean('ms_per_step'):,.0f} | {rs[0]['parameters']:,} |")
-    print(f"| copy the source | – | – | – | {copy['bleu']:.2f} | {copy['chrf']:.1f} "
-          "| – | – | – | – | – |")
+    print("| copy the source | – | – | – " + "".join(f"| {copy[key]:.2f} " for key, _ in metrics)
+          + "| – | – | – | – | – |")
     print()
-    print("| model | seed | held-out nats/token | BLEU | chrF | steps | train s | eval s | decode s | stopped by "
+    print(f"| model | seed | held-out nats/token | {names} | steps | train s | eval s | decode s | stopped by "
           "| load avg start, end (1 min) | date |")
-    print("|:---|---:|---:|---:|---:|---:|---:|---:|---:|:---|:---|:---|")
+    print("|:---|---:|---:|" + "---:|" * len(metrics) + "---:|---:|---:|---:|:---|:---|:---|")
     for name, rs in by_model.items():
         for r in rs:
             m = r["machine"]
             note = "" if (r["model"], r["seed"]) in ran_now else " (from the JSON)"
-            print(f"| {name} | {r['seed']} | {r['final_heldout_loss_per_token']:.3f} | {r['test']['bleu']:.2f} "
-                  f"| {r['test']['chrf']:.1f} | {r['steps']:,} | {r['train_seconds']:,.1f} | {r['eval_seconds']:,.1f} "
+            print(f"| {name} | {r['seed']} | {r['final_heldout_loss_per_token']:.3f} "
+                  + "".join(f"| {r['test'][key]:.2f} " for key, _ in metrics)
+                  + f"| {r['steps']:,} | {r['train_seconds']:,.1f} | {r['eval_seconds']:,.1f} "
                   f"| {r['decode_seconds']:,.1f} | {r['stopped_by']} | {m['load_average_at_start'][0]:.2f}, "
                   f"{m['load_average_at_end'][0]:.2f} | {m['date']}{note} |")
     print()
@@ -754,6 +816,8 @@ def evaluate_targets(runs: list[dict], args: argparse.Namespace) -> tuple[str, l
                 f"{best} {baselines[best]:.3f} nats/token; seeds " + ", ".join(f"{k} {v}" for k, v in seeds.items())
                 + ")")
     missing = [name for name in ("scaleformer", *BASELINES) if name not in loss]
+    if args.task == "docstrings":  # a measurement without a target
+        return line, []
     if args.task == "verses":
         name = f"verses: Scaleformer's held-out loss within {100 * (VERSE_TARGET_RATIO - 1):.0f}% of the best baseline"
         ok = ratio is not None and ratio <= VERSE_TARGET_RATIO
@@ -803,7 +867,7 @@ def write_plot(path: Path, runs: list[dict], args: argparse.Namespace) -> None:
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
     threads = f"{args.threads} thread" + "s" * (args.threads != 1)
-    fig.suptitle(f"Bible en->es {args.task}: d_model {args.d_model}, {args.layers}+{args.layers} layers, batch "
+    fig.suptitle(f"{task_title(args)}: d_model {args.d_model}, {args.layers}+{args.layers} layers, batch "
                  f"{args.batch_size}, {threads}; mean and min-max across seeds", fontsize=10)
     save_figure(fig, path)
 
@@ -822,7 +886,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = {run_key(r): r for r in (previous or {}).get("runs", [])}
     print_header(info, args, data)
 
-    copy = scores([p["source"] for p in splits["test"]], [p["reference"] for p in splits["test"]])
+    copy = scores([p["source"] for p in splits["test"]], [p["reference"] for p in splits["test"]], args.task)
     report = {"benchmark": BENCHMARK, "settings": settings, "machine": info, "data": data,
               "copy_baseline": copy, "runs": list(runs.values())}
     keys = [(name, seed) for seed in args.seeds for name in args.models]
@@ -838,6 +902,8 @@ def main(argv: list[str] | None = None) -> int:
     print()
     for name, status, figure in targets:
         print(f"- {status} {name}: {figure}")
+    if not targets:
+        print(f"- none for {args.task}")
     print()
     info["load_average_at_end"] = os.getloadavg()
     report["ratio_line"] = line
@@ -848,8 +914,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.plot is not None and all_runs:
         write_plot(args.plot, all_runs, args)
         print(f"- plot written to {args.plot}")
-    print(f"Summary: {len(ran_now)} run(s) trained now, {len(all_runs)} reported; copy baseline BLEU "
-          f"{copy['bleu']:.2f}, chrF {copy['chrf']:.1f}; 1-min load average "
+    print(f"Summary: {len(ran_now)} run(s) trained now, {len(all_runs)} reported; copy baseline "
+          f"{format_scores(copy, args.task)}; 1-min load average "
           f"{info['load_average_at_start'][0]:.2f} at start, "
           f"{info['load_average_at_end'][0]:.2f} at end")
     return 0

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import sacrebleu
 import torch
+from huggingface_hub.errors import StrictDataclassError
 from rouge_score import rouge_scorer
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
@@ -145,6 +146,9 @@ def main(argv=None) -> None:
     parser.add_argument("--tokenizer_vocab_size", type=int, default=8000,
                         help="vocabulary of the BPE trained with --tokenizer train")
     parser.add_argument("--config", default=str(ROOT / "configs" / "scaleformer-tiny.json"))
+    parser.add_argument("--config_overrides", default=None,
+                        help="config fields to change, as in transformers' run_clm.py: comma-separated key=value, "
+                        "e.g. layer_norm_position=post,dropout=0 (default: none)")
     parser.add_argument("--output_dir", default=str(ROOT / "outputs" / "main-job"))
     parser.add_argument("--train_minutes", type=float, default=9.0, help="wall-clock training budget")
     parser.add_argument("--max_source_tokens", type=int, default=256)
@@ -160,6 +164,14 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     if args.train_minutes <= 0:
         parser.error("--train_minutes must be positive")
+
+    config = ScaleformerConfig.from_pretrained(args.config, **({} if args.dropout is None else {"dropout": args.dropout}))
+    if args.config_overrides:
+        try:
+            config.update_from_string(args.config_overrides)
+            config.validate_architecture()  # what one field alone cannot check, e.g. heads dividing d_model
+        except (ValueError, TypeError, StrictDataclassError) as error:  # unknown key, wrong type, not a choice
+            parser.error(f"--config_overrides {args.config_overrides!r}: {error}")
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -180,14 +192,14 @@ def main(argv=None) -> None:
         test = random.Random(args.seed).sample(test, min(args.eval_examples, len(test)))
     pairs = [(src, tgt) for _, _, src, tgt in train]
 
-    config = ScaleformerConfig.from_pretrained(args.config, vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
-                                               bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                                               decoder_start_token_id=tokenizer.bos_token_id,
-                                               **({} if args.dropout is None else {"dropout": args.dropout}))
+    config.update(dict(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
+                       bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                       decoder_start_token_id=tokenizer.bos_token_id))
     model = ScaleformerForConditionalGeneration(config)
     n_params = sum(p.numel() for p in model.parameters())
     print(f"model: {n_params / 1e6:.2f} M parameters, d_model {config.d_model}, "
-          f"{config.encoder_layers}+{config.decoder_layers} layers, horizon {config.rpe_horizon}")
+          f"{config.encoder_layers}+{config.decoder_layers} layers, horizon {config.rpe_horizon}, "
+          f"{config.layer_norm_position}-norm blocks")
     print(f"task {args.task}: {len(pairs)} training pairs, {len(test)} test pairs; budget {args.train_minutes} min")
 
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate, weight_decay=0.01)
@@ -248,7 +260,7 @@ def main(argv=None) -> None:
         testing_data=f"{len(test)} held-out pairs ({test_description}), greedy decoding",
         hyperparameters={"steps": step, "train_minutes": args.train_minutes, "learning_rate": args.learning_rate,
                          "tokens_per_batch": args.tokens_per_batch, "warmup_steps": args.warmup_steps,
-                         "dropout": config.dropout,
+                         "dropout": config.dropout, "layer_norm_position": config.layer_norm_position,
                          "tokenizer": f"BPE {len(tokenizer)} trained on the training split" if args.tokenizer == "train"
                          else "examples/tokenizer (8k byte-level BPE)"},
         hardware=f"CPU, {args.threads} threads",

@@ -101,6 +101,30 @@ def test_bench_quality_quick(tmp_path):
     assert "Summary: 0 run(s) trained now, 3 reported" in stdout
 
 
+def test_bench_quality_docstrings_quick(tmp_path):
+    stdout, report = run_script(
+        ["benchmarks/bench_quality.py", "--quick", "--task", "docstrings", "--models", "scaleformer", "bart"], tmp_path
+    )
+    assert {(r["model"], r["seed"]) for r in report["runs"]} == {("scaleformer", 0), ("bart", 0)}
+    rouge = ("rouge1", "rouge2", "rougeL")
+    for run in report["runs"]:
+        assert set(run["test"]) == set(rouge) and all(0.0 <= run["test"][k] <= 100.0 for k in rouge)
+    # copying a function's source shares words with its docstring
+    assert set(report["copy_baseline"]) == set(rouge) and report["copy_baseline"]["rouge1"] > 0.0
+    assert report["settings"]["data_dir"].endswith("standard library") and report["targets"] == []
+    assert report["data"]["splits"]["test"]["used"] == 8
+    assert report["data"]["splits"]["train"]["source_tokens_kept"][1] <= 256
+    assert "| ROUGE-1 | ROUGE-2 | ROUGE-L |" in stdout and "- none for docstrings" in stdout
+
+
+def test_bench_quality_rejects_data_dir_for_docstrings(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "benchmarks/bench_quality.py", "--task", "docstrings", "--data_dir", str(tmp_path)],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 2 and "--data_dir does not apply to --task docstrings" in result.stderr
+
+
 def test_bench_extrapolation_quick(tmp_path):
     stdout, report = run_script(["benchmarks/bench_extrapolation.py", "--quick"], tmp_path)
     runs = {(r["task"], r["model"], r["seed"]): r for r in report["runs"]}

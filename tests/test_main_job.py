@@ -12,13 +12,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize(
-    "task, tokenizer",
+    "task, tokenizer, norm",
     [
-        pytest.param("translation", ["--tokenizer", "train", "--dropout", "0"], id="translation-own-tokenizer"),
-        pytest.param("docstrings", [], id="docstrings-shipped-tokenizer"),
+        pytest.param("translation", ["--tokenizer", "train", "--dropout", "0"], "pre", id="translation-own-tokenizer"),
+        pytest.param("docstrings", ["--config_overrides", "layer_norm_position=post,rpe_horizon=8"], "post",
+                     id="docstrings-shipped-tokenizer-overrides"),
     ],
 )
-def test_main_job_smoke(tmp_path, task, tokenizer):
+def test_main_job_smoke(tmp_path, task, tokenizer, norm):
     out = tmp_path / "main-job"
     env = dict(os.environ, HF_HUB_OFFLINE="1")
     result = subprocess.run(
@@ -28,8 +29,23 @@ def test_main_job_smoke(tmp_path, task, tokenizer):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "copy input" in result.stdout and "reloaded with AutoModelForSeq2SeqLM and checked" in result.stdout
-    assert ("trained on the training split" in result.stdout) == bool(tokenizer)
+    assert ("trained on the training split" in result.stdout) == (task == "translation")
+    assert f"{norm}-norm blocks" in result.stdout
+    config = json.loads((out / "config.json").read_text())
+    assert config["layer_norm_position"] == norm and config["rpe_horizon"] == (8 if norm == "post" else 16)
     results = json.loads((out / "main_job_results.json").read_text())
     assert results["task"] == task and results["test_examples"] == 4
     card = (out / "README.md").read_text()
     assert "copy the input" in card and "More information needed" not in card
+
+
+@pytest.mark.parametrize(
+    "overrides", ["layer_norm_position=middle", "no_such_field=1", "rpe_horizon=wide", "encoder_attention_heads=3"]
+)
+def test_main_job_rejects_bad_config_overrides(tmp_path, overrides):
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "main_job.py"), "--config_overrides", overrides,
+         "--output_dir", str(tmp_path)],
+        env=dict(os.environ, HF_HUB_OFFLINE="1"), capture_output=True, text=True, timeout=600,
+    )
+    assert result.returncode == 2 and f"--config_overrides {overrides!r}" in result.stderr, result.stderr[-2000:]
