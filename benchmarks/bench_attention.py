@@ -92,8 +92,22 @@ AUTO_RATIO_MAX = 1.2
 
 MEMORY_WARMUP_LENGTH = 128  # loads every code path before the baseline is read
 # ru_maxrss survives execve: a process started straight from this one would begin with this one's
-# high-water mark. This launcher, small itself, forks the measuring process so that it starts low.
-MEMORY_LAUNCHER = "import subprocess, sys; sys.exit(subprocess.run(sys.argv[1:]).returncode)"
+# high-water mark. This launcher, small itself, forks the measuring process so that it starts low. It
+# also puts itself and that process first in line for the kernel's out-of-memory killer (the setting is
+# inherited), so that a point that does not fit kills the measurement, not the benchmark beside it that
+# holds every model, and it dies by the signal that killed the measuring process.
+MEMORY_LAUNCHER = """
+import os, subprocess, sys
+try:
+    with open("/proc/self/oom_score_adj", "w") as f:
+        f.write("1000")
+except OSError:
+    pass
+code = subprocess.run(sys.argv[1:]).returncode
+if code < 0:
+    os.kill(os.getpid(), -code)
+sys.exit(code)
+"""
 
 SLOPE_RANGE = (4096, 32768)
 LINEAR_SLOPE_MAX = 1.15

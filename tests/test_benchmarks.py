@@ -225,3 +225,18 @@ def test_bench_quality_model_names():
                 "scaleformer+", "t5+post_ln"):
         with pytest.raises(ValueError, match="unknown model"):
             parse_model_name(bad)
+
+
+@pytest.mark.skipif(not Path("/proc/self/oom_score_adj").exists(), reason="needs Linux /proc")
+def test_memory_launcher_volunteers_for_the_oom_killer_and_passes_on_its_exit():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from bench_attention import MEMORY_LAUNCHER
+
+    def launch(code: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-c", MEMORY_LAUNCHER, sys.executable, "-c", code],
+                              capture_output=True, text=True, timeout=60)
+
+    # the measuring process inherits the launcher's score: first in line, before the benchmark beside it
+    assert launch('print(open("/proc/self/oom_score_adj").read())').stdout.strip() == "1000"
+    assert launch("import os, signal; os.kill(os.getpid(), signal.SIGKILL)").returncode == -9
+    assert launch("raise SystemExit(3)").returncode == 3
