@@ -815,9 +815,9 @@ def evaluate_targets(runs: list[dict], args: argparse.Namespace) -> tuple[str, l
         line = (f"Scaleformer vs best baseline at equal wall-clock: loss ratio {ratio:.3f} (scaleformer {sf:.3f} / "
                 f"{best} {baselines[best]:.3f} nats/token; seeds " + ", ".join(f"{k} {v}" for k, v in seeds.items())
                 + ")")
-    missing = [name for name in ("scaleformer", *BASELINES) if name not in loss]
     if args.task == "docstrings":  # a measurement without a target
         return line, []
+    missing = [name for name in ("scaleformer", *BASELINES) if name not in loss]
     if args.task == "verses":
         name = f"verses: Scaleformer's held-out loss within {100 * (VERSE_TARGET_RATIO - 1):.0f}% of the best baseline"
         ok = ratio is not None and ratio <= VERSE_TARGET_RATIO

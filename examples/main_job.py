@@ -165,7 +165,8 @@ def main(argv=None) -> None:
     if args.train_minutes <= 0:
         parser.error("--train_minutes must be positive")
 
-    config = ScaleformerConfig.from_pretrained(args.config, **({} if args.dropout is None else {"dropout": args.dropout}))
+    config = ScaleformerConfig.from_pretrained(args.config,
+                                               **({} if args.dropout is None else {"dropout": args.dropout}))
     if args.config_overrides:
         try:
             config.update_from_string(args.config_overrides)
