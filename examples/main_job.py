@@ -196,6 +196,7 @@ def main(argv=None) -> None:
     config.update(dict(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
                        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
                        decoder_start_token_id=tokenizer.bos_token_id))
+    config.validate_architecture()  # the special ids against the tokenizer's vocabulary, as at construction
     model = ScaleformerForConditionalGeneration(config)
     n_params = sum(p.numel() for p in model.parameters())
     print(f"model: {n_params / 1e6:.2f} M parameters, d_model {config.d_model}, "
