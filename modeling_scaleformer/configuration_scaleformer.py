@@ -1,5 +1,7 @@
 """Scaleformer configuration."""
 
+import types
+import typing
 from typing import Literal
 
 from huggingface_hub.dataclasses import strict
@@ -20,8 +22,9 @@ AUTO_MAP = {
 class ScaleformerConfig(PreTrainedConfig):
     r"""
     Configuration of a Scaleformer encoder-decoder ([`ScaleformerForConditionalGeneration`]) or decoder-only
-    ([`ScaleformerForCausalLM`]) model. Names follow BART; Scaleformer has no absolute position embeddings:
-    positions enter through clipped relative embeddings in attention.
+    ([`ScaleformerForCausalLM`]) model. Names follow BART. By default Scaleformer has no absolute position
+    embeddings: positions enter through clipped relative embeddings in attention (`absolute_positions` adds
+    sinusoidal ones).
 
     Args:
         vocab_size (`int`, *optional*, defaults to 8000):
@@ -156,6 +159,30 @@ class ScaleformerConfig(PreTrainedConfig):
         # every saved folder can be loaded by each Auto class with trust_remote_code=True
         self.auto_map = {**AUTO_MAP, **(getattr(self, "auto_map", None) or {})}
 
+    def update_from_string(self, update_str: str):
+        """
+        Update fields from `"key=value,key=value"`, as [`PreTrainedConfig.update_from_string`] does, and also the
+        fields that may be `None`: `none` sets such a field to `None`, and a field that is `None` now reads its
+        value as an int, a float or else a string (`absolute_positions=sinusoidal`, `pad_token_id=3`).
+        """
+        hints = {}  # the base class's annotations are strings: those fields always go to the base's parser
+        for cls in reversed(type(self).__mro__):
+            hints.update(vars(cls).get("__annotations__", {}))
+        rest = []
+        for item in update_str.split(","):
+            key, sep, value = item.partition("=")
+            if not sep or not key:
+                raise ValueError(f"expected comma-separated key=value pairs, got {item!r} in {update_str!r}")
+            hint = hints.get(key)
+            union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+            optional = union and type(None) in typing.get_args(hint)
+            if optional and (getattr(self, key) is None or value.lower() == "none"):
+                setattr(self, key, _read_value(value))
+            else:
+                rest.append(item)
+        if rest:
+            super().update_from_string(",".join(rest))
+
     def validate_architecture(self):
         """Raise ValueError, naming the field, for values no model can be built from."""
         for name in ("encoder_attention_heads", "decoder_attention_heads"):
@@ -198,6 +225,18 @@ class ScaleformerConfig(PreTrainedConfig):
             )
         if self.pad_token_id is not None and not 0 <= self.pad_token_id < self.vocab_size:
             raise ValueError(f"`pad_token_id` must be in [0, vocab_size), got {self.pad_token_id}")
+
+
+def _read_value(text: str):
+    """`none` as None, then an int, a float, or the text itself."""
+    if text.lower() == "none":
+        return None
+    for parse in (int, float):
+        try:
+            return parse(text)
+        except ValueError:
+            pass
+    return text
 
 
 __all__ = ["ScaleformerConfig"]

@@ -352,6 +352,21 @@ def test_config_rejects_bad_values():
         tiny_config(layer_norm_position="sandwich")
 
 
+def test_config_update_from_string_sets_fields_that_may_be_none():
+    config = tiny_config()
+    assert config.absolute_positions is None and config.pad_token_id == 0
+    config.update_from_string("layer_norm_position=post,absolute_positions=sinusoidal,pad_token_id=none")
+    assert (config.layer_norm_position, config.absolute_positions, config.pad_token_id) == ("post", "sinusoidal", None)
+    config.update_from_string("absolute_positions=none,pad_token_id=5,dropout=0")
+    assert (config.absolute_positions, config.pad_token_id, config.dropout) == (None, 5, 0.0)
+    with pytest.raises(Exception, match="absolute_positions"):
+        config.update_from_string("absolute_positions=learned")
+    with pytest.raises(ValueError, match="key=value"):
+        config.update_from_string("rpe_horizon")
+    with pytest.raises(ValueError, match="isn't in the original config"):
+        config.update_from_string("no_such_field=1")
+
+
 def test_bad_inputs_raise_clear_errors():
     model = ScaleformerForConditionalGeneration(tiny_config()).eval()
     src, src_mask = batch()
