@@ -34,7 +34,19 @@ from transformers.utils import hub as transformers_hub
 
 
 TEMPLATE_PATH = Path(__file__).with_name("template.md")
-BASE_TAGS: tuple[str, ...] = ("scaleformer", "kernelized-attention", "linear-attention", "custom_code")
+BASE_TAGS: tuple[str, ...] = ("scaleformer", "custom_code")
+LINEAR_ATTENTION_TYPES: tuple[str, ...] = ("kernelized_rpe", "kernelized", "fourier", "toeplitz")
+KERNELIZED = "kernelized (scores phi(q).phi(k) with phi(x) = elu(x) + 1, normalised by their sum)"
+ATTENTION_TEXT = {  # what each `attention_type` computes; {h} is the horizon
+    "kernelized_rpe": KERNELIZED + " plus a relative-position term with positions clipped to [-{h}, {h}]",
+    "kernelized": KERNELIZED + " with no relative-position term",
+    "fourier": KERNELIZED + " with a learned cosine kernel of the relative position",
+    "toeplitz": KERNELIZED + " times a learned relative bias exp(b), offsets clipped to [-{h}, {h}], by FFT",
+    "xl_relative": "Transformer-XL relative softmax attention, offsets clipped to [-{h}, {h}]",
+    "shaw_softmax": "softmax attention with relative keys clipped to [-{h}, {h}] (Shaw et al. 2018)",
+    "softmax": "softmax attention with no relative-position term",
+}
+CLIPPED_TYPES: tuple[str, ...] = ("kernelized_rpe", "toeplitz", "xl_relative", "shaw_softmax")
 PIPELINE_TASKS = {
     "translation": "translation",
     "summarization": "summarisation",
@@ -154,7 +166,8 @@ def _model_specs(config: Mapping, n_parameters: int) -> str:
     if config.get("is_encoder_decoder", True):
         shape = (
             f"Encoder-decoder with {config['encoder_layers']} encoder and {config['decoder_layers']} decoder layers "
-            f"(pre-norm), width {config['d_model']}, {config['encoder_attention_heads']} encoder and "
+            f"({config.get('layer_norm_position', 'pre')}-norm), width {config['d_model']}, "
+            f"{config['encoder_attention_heads']} encoder and "
             f"{config['decoder_attention_heads']} decoder attention heads ({millions})"
         )
         objective = (
@@ -163,43 +176,54 @@ def _model_specs(config: Mapping, n_parameters: int) -> str:
         )
     else:
         shape = (
-            f"Decoder-only stack of {config['decoder_layers']} layers, width {config['d_model']}, "
+            f"Decoder-only stack of {config['decoder_layers']} layers "
+            f"({config.get('layer_norm_position', 'pre')}-norm), width {config['d_model']}, "
             f"{config['decoder_attention_heads']} attention heads ({millions})"
         )
         objective = "Trained with next-token cross-entropy."
-    if config.get("attention_type") == "kernelized_rpe":
-        attention = (
-            "Attention is kernelized (scores phi(q).phi(k) with phi(x) = elu(x) + 1, normalised by their sum) plus a "
-            f"relative-position term with positions clipped to [-{config['rpe_horizon']}, {config['rpe_horizon']}]; "
-            "it costs time linear in the sequence length, and generation keeps a state of constant size "
-            "instead of a growing key/value cache. There are no absolute position embeddings"
-        )
+    attention_type = config.get("attention_type", "kernelized_rpe")
+    attention = "Attention is " + ATTENTION_TEXT[attention_type].format(h=config.get("rpe_horizon"))
+    if attention_type in LINEAR_ATTENTION_TYPES:
+        attention += ("; it costs time linear in the sequence length, and generation keeps a state of constant "
+                      "size instead of a growing key/value cache")
     else:
-        attention = (
-            "Attention is kernelized (scores phi(q).phi(k) with phi(x) = elu(x) + 1, normalised by their sum), "
-            "linear in the sequence length, with no position information: neither relative terms nor absolute "
-            "position embeddings"
-        )
+        attention += "; it costs time quadratic in the sequence length, and generation keeps a key/value cache"
+    if config.get("absolute_positions"):
+        attention += f". {config['absolute_positions'].capitalize()} absolute positions are added to the embeddings"
+    elif attention_type in ("kernelized", "softmax"):
+        attention += ". There are no absolute position embeddings either: the model has no position information"
+    else:
+        attention += ". There are no absolute position embeddings"
     tied = " Input embeddings and output projection are shared." if config.get("tie_word_embeddings") else ""
     return f"{shape}. {attention}.{tied} {objective}"
 
 
 def _default_limitations(config: Mapping) -> list[str]:
-    items = [
-        "Kernelized attention is not softmax attention: a weight is phi(q).phi(k) over its row sum, with no "
-        "exponential, so sharply focused (near one-hot) attention is harder to express, and the weights of "
-        "softmax-attention models do not carry over.",
-    ]
-    if config.get("attention_type") == "kernelized_rpe":
+    attention_type = config.get("attention_type", "kernelized_rpe")
+    items = []
+    if attention_type in LINEAR_ATTENTION_TYPES:
+        items.append(
+            "Kernelized attention is not softmax attention: a weight is phi(q).phi(k) over its row sum, with no "
+            "exponential, so sharply focused (near one-hot) attention is harder to express, and the weights of "
+            "softmax-attention models do not carry over."
+        )
+    else:
+        items.append(
+            f"`attention_type={attention_type!r}` is softmax attention: its time and memory grow quadratically with "
+            "the input length, and so does its key/value cache during generation."
+        )
+    if attention_type in CLIPPED_TYPES:
         horizon = config.get("rpe_horizon")
+        beyond = (" except through the absolute positions added to the embeddings" if config.get("absolute_positions")
+                  else "")
         items.append(
             f"Relative positions are clipped at a horizon of {horizon} tokens: keys farther away than that share "
-            "one relative embedding, so one attention layer cannot tell positions beyond the horizon apart."
+            f"one relative embedding, so one attention layer cannot tell positions beyond the horizon apart{beyond}."
         )
-    elif config.get("model_type") == "scaleformer":
+    elif attention_type in ("kernelized", "softmax") and not config.get("absolute_positions"):
         items.append(
-            "This model uses no position information (`attention_type='kernelized'`): its encoder sees the input "
-            "as a bag of tokens."
+            f"This model uses no position information (`attention_type={attention_type!r}` without absolute "
+            "positions): its encoder sees the input as a bag of tokens."
         )
     items += [
         "Small model trained on a small CPU budget on a small corpus: the scores below are those of a "
@@ -296,7 +320,8 @@ def write_model_card(
         pipeline_tag (`str`, *optional*, defaults to `"text2text-generation"`):
             Hub task tag, e.g. ``"translation"`` or ``"summarization"``.
         tags (`list[str]`, *optional*):
-            Tags added to ``scaleformer``, ``kernelized-attention``, ``linear-attention``, ``custom_code``.
+            Tags added to ``scaleformer``, ``custom_code``, the attention family's (``kernelized-attention`` and
+            ``linear-attention``, or ``softmax-attention``) and the model kind.
         datasets (`list[str]`, *optional*):
             Hub dataset ids for the metadata (only real Hub ids belong here).
         metric_names (`list[str]`, *optional*):
@@ -350,6 +375,9 @@ def write_model_card(
     model_id = model_id or root.resolve().name
     task = PIPELINE_TASKS[pipeline_tag]
     kind = "encoder-decoder" if config.get("is_encoder_decoder", True) else "decoder-only"
+    linear = config.get("attention_type", "kernelized_rpe") in LINEAR_ATTENTION_TYPES
+    family_tags = ["kernelized-attention", "linear-attention"] if linear else ["softmax-attention"]
+    attention_summary = "linear-time kernelized attention" if linear else "softmax attention"
 
     architecture = {name: config[name] for name in ARCHITECTURE_FIELDS if name in config}
     architecture["parameters"] = f"{n_parameters:,}"
@@ -370,7 +398,7 @@ def write_model_card(
     card_data = ModelCardData(
         license="apache-2.0",
         library_name="transformers",
-        tags=list(dict.fromkeys([*BASE_TAGS, kind, *(tags or [])])),
+        tags=list(dict.fromkeys([*BASE_TAGS, *family_tags, kind, *(tags or [])])),
         pipeline_tag=pipeline_tag,
         datasets=list(datasets) if datasets else None,
         metrics=list(metric_names) if metric_names else None,
@@ -383,15 +411,16 @@ def write_model_card(
         model_id=model_id,
         finetuned_from=base_model,
         model_summary=(
-            f"A {n_parameters / 1e6:.2f} M-parameter Scaleformer {kind} model for {task}, with linear-time "
-            "kernelized attention, trained with the Scaleformer example scripts."
+            f"A {n_parameters / 1e6:.2f} M-parameter Scaleformer {kind} model for {task}, with "
+            f"{attention_summary}, trained with the Scaleformer example scripts."
         ),
         model_description=(
             f"Scaleformer {kind} ({config.get('model_type')}) in the Hugging Face Transformers format. The "
             "modeling code is stored next to the weights, so the model loads with `trust_remote_code=True` "
             "where the `modeling_scaleformer` package is not installed."
         ),
-        model_type=f"{kind} transformer with kernelized attention (`{config.get('model_type')}`)",
+        model_type=f"{kind} transformer with {'kernelized' if linear else 'softmax'} attention "
+        f"(`{config.get('model_type')}`)",
         direct_use=(
             f"{task.capitalize()} of inputs like the training data; a reference point for linear-time attention "
             "experiments rather than a production model."

@@ -98,6 +98,34 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, ScaleformerFo
     return folder, model, tokenizer
 
 
+@pytest.mark.parametrize(
+    "changes, present, absent",
+    [
+        pytest.param({}, ["(pre-norm)", "clipped to [-16, 16]", "linear in the sequence length",
+                          "no absolute position embeddings", "not softmax attention", "clipped at a horizon of 16"],
+                     ["quadratic", "except through"], id="default"),
+        pytest.param({"layer_norm_position": "post", "absolute_positions": "sinusoidal"},
+                     ["(post-norm)", "Sinusoidal absolute positions are added", "linear in the sequence length",
+                      "beyond the horizon apart except through the absolute positions"],
+                     ["no absolute", "(pre-norm)"], id="post-norm-sinusoidal"),
+        pytest.param({"attention_type": "softmax"},
+                     ["softmax attention with no relative-position term", "quadratic", "no position information",
+                      "bag of tokens", "`attention_type='softmax'` is softmax attention"],
+                     ["kernelized", "linear in the sequence", "clipped"], id="softmax"),
+        pytest.param({"attention_type": "toeplitz", "rpe_horizon": 8},
+                     ["exp(b), offsets clipped to [-8, 8], by FFT", "linear in the sequence length",
+                      "clipped at a horizon of 8"], ["quadratic"], id="toeplitz"),
+    ],
+)
+def test_card_describes_the_configured_attention_norm_and_positions(changes, present, absent):
+    config = {**ScaleformerConfig().to_dict(), **changes}
+    text = card_module._model_specs(config, 1_000_000) + " " + " ".join(card_module._default_limitations(config))
+    for phrase in present:
+        assert phrase in text, phrase
+    for phrase in absent:
+        assert phrase not in text, phrase
+
+
 def test_card_sections_and_parameter_count(saved):
     folder, model, _ = saved
     path = write_card(
