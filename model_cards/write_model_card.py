@@ -32,10 +32,11 @@ from huggingface_hub import CommitInfo, CommitOperationAdd, ModelCard, ModelCard
 from safetensors import safe_open
 from transformers.utils import hub as transformers_hub
 
+from modeling_scaleformer.ops_registry import SOFTMAX_TYPES
+
 
 TEMPLATE_PATH = Path(__file__).with_name("template.md")
 BASE_TAGS: tuple[str, ...] = ("scaleformer", "custom_code")
-LINEAR_ATTENTION_TYPES: tuple[str, ...] = ("kernelized_rpe", "kernelized", "fourier", "toeplitz")
 KERNELIZED = "kernelized (scores phi(q).phi(k) with phi(x) = elu(x) + 1, normalised by their sum)"
 ATTENTION_TEXT = {  # what each `attention_type` computes; {h} is the horizon
     "kernelized_rpe": KERNELIZED + " plus a relative-position term with positions clipped to [-{h}, {h}]",
@@ -183,7 +184,7 @@ def _model_specs(config: Mapping, n_parameters: int) -> str:
         objective = "Trained with next-token cross-entropy."
     attention_type = config.get("attention_type", "kernelized_rpe")
     attention = "Attention is " + ATTENTION_TEXT[attention_type].format(h=config.get("rpe_horizon"))
-    if attention_type in LINEAR_ATTENTION_TYPES:
+    if attention_type not in SOFTMAX_TYPES:
         attention += ("; it costs time linear in the sequence length, and generation keeps a state of constant "
                       "size instead of a growing key/value cache")
     else:
@@ -201,7 +202,7 @@ def _model_specs(config: Mapping, n_parameters: int) -> str:
 def _default_limitations(config: Mapping) -> list[str]:
     attention_type = config.get("attention_type", "kernelized_rpe")
     items = []
-    if attention_type in LINEAR_ATTENTION_TYPES:
+    if attention_type not in SOFTMAX_TYPES:
         items.append(
             "Kernelized attention is not softmax attention: a weight is phi(q).phi(k) over its row sum, with no "
             "exponential, so sharply focused (near one-hot) attention is harder to express, and the weights of "
@@ -375,7 +376,7 @@ def write_model_card(
     model_id = model_id or root.resolve().name
     task = PIPELINE_TASKS[pipeline_tag]
     kind = "encoder-decoder" if config.get("is_encoder_decoder", True) else "decoder-only"
-    linear = config.get("attention_type", "kernelized_rpe") in LINEAR_ATTENTION_TYPES
+    linear = config.get("attention_type", "kernelized_rpe") not in SOFTMAX_TYPES
     family_tags = ["kernelized-attention", "linear-attention"] if linear else ["softmax-attention"]
     attention_summary = "linear-time kernelized attention" if linear else "softmax attention"
 
