@@ -1,5 +1,6 @@
 """Scaleformer configuration."""
 
+import dataclasses
 import types
 import typing
 from typing import Literal
@@ -165,9 +166,7 @@ class ScaleformerConfig(PreTrainedConfig):
         fields that may be `None`: `none` sets such a field to `None`, and a field that is `None` now reads its
         value as an int, a float or else a string (`absolute_positions=sinusoidal`, `pad_token_id=3`).
         """
-        hints = {}  # the base class's annotations are strings: those fields always go to the base's parser
-        for cls in reversed(type(self).__mro__):
-            hints.update(vars(cls).get("__annotations__", {}))
+        hints = {field.name: field.type for field in dataclasses.fields(self)}
         rest = []
         for item in update_str.split(","):
             key, sep, value = item.partition("=")
