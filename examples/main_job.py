@@ -285,8 +285,6 @@ def main(argv=None) -> None:
         hyperparameters={"steps": step, "train_minutes": args.train_minutes, "learning_rate": args.learning_rate,
                          "tokens_per_batch": args.tokens_per_batch, "warmup_steps": args.warmup_steps,
                          "config": shown_path(args.config), "dropout": config.dropout,
-                         "layer_norm_position": config.layer_norm_position,
-                         "absolute_positions": config.absolute_positions or "none",
                          "tokenizer": f"byte-level BPE of {len(tokenizer)} tokens trained on the training split"
                          if args.tokenizer == "train" else f"{shown_path(args.tokenizer)} ({len(tokenizer)} tokens)"},
         hardware=f"CPU, {args.threads} threads",
