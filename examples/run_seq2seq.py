@@ -182,8 +182,13 @@ def parse_arguments(
     parser = HfArgumentParser((ModelArguments, DataTrainingArguments, Seq2SeqTrainingArguments))
     argv = list(sys.argv[1:] if argv is None else argv)
     if len(argv) == 1 and argv[0].endswith(".json"):
-        return parser.parse_json_file(json_file=os.path.abspath(argv[0]))
-    return parser.parse_args_into_dataclasses(args=argv)
+        model_args, data_args, training_args = parser.parse_json_file(json_file=os.path.abspath(argv[0]))
+    else:
+        model_args, data_args, training_args = parser.parse_args_into_dataclasses(args=argv)
+    if not torch.accelerator.is_available():
+        # pinned memory only speeds up copies to an accelerator; without one PyTorch ignores it with a warning
+        training_args.dataloader_pin_memory = False
+    return model_args, data_args, training_args
 
 
 def load_tokenizer_and_model(
@@ -407,10 +412,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
         datefmt="%m/%d/%Y %H:%M:%S",
         handlers=[logging.StreamHandler(sys.stdout)],
     )
-    if training_args.should_log:
-        transformers.utils.logging.set_verbosity_info()
+    # this script's own summary at INFO; transformers and datasets at `--log_level` (their warnings by default,
+    # `--log_level info` adds the config dumps, file loading and Trainer set-up)
     log_level = training_args.get_process_log_level()
-    logger.setLevel(log_level)
+    logger.setLevel(logging.INFO if training_args.should_log else log_level)
     datasets.utils.logging.set_verbosity(log_level)
     transformers.utils.logging.set_verbosity(log_level)
     transformers.utils.logging.enable_default_handler()

@@ -68,10 +68,15 @@ def sinusoidal_positions(positions: Tensor, dim: int, std: float, dtype: torch.d
     return (encoding * (std * math.sqrt(2.0))).to(dtype)
 
 
-def check_no_attention_outputs(kwargs: dict) -> None:
-    if kwargs.get("output_attentions"):
+def check_no_attention_outputs(kwargs: dict, config: ScaleformerConfig) -> None:
+    """`output_attentions` (the argument, or `config.output_attentions` when it is None) must be off."""
+    output_attentions = kwargs.get("output_attentions")
+    if output_attentions is None:
+        output_attentions = config.output_attentions
+    if output_attentions:
         raise ValueError(
-            "`output_attentions=True` is not supported: linear attention never forms the attention matrix"
+            "`output_attentions=True` (or `config.output_attentions=True`) is not supported: linear attention "
+            "never forms the attention matrix"
         )
 
 
@@ -122,8 +127,8 @@ class ScaleformerDecoderLayer(GradientCheckpointingLayer):
     def forward(
         self,
         hidden_states: Tensor,
-        key_mask: Tensor | None = None,
         encoder_hidden_states: Tensor | None = None,
+        key_mask: Tensor | None = None,
         encoder_key_mask: Tensor | None = None,
         past_key_values: ScaleformerCache | None = None,
         query_offset: int = 0,
@@ -195,7 +200,7 @@ class ScaleformerStack(ScaleformerPreTrainedModel):
         self.embed_tokens = value
 
     def _embed(self, input_ids: Tensor | None, inputs_embeds: Tensor | None, kwargs: dict) -> Tensor:
-        check_no_attention_outputs(kwargs)
+        check_no_attention_outputs(kwargs, self.config)
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError(f"Pass exactly one of `input_ids` and `inputs_embeds` to the {type(self).__name__}")
         return self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
@@ -219,16 +224,22 @@ class ScaleformerStack(ScaleformerPreTrainedModel):
         encoding = sinusoidal_positions(positions, inputs_embeds.shape[-1], self.config.init_std, inputs_embeds.dtype)
         return inputs_embeds + encoding
 
-    def _run_layers(self, inputs_embeds: Tensor, output_hidden_states: bool | None, **layer_kwargs):
+    def _run_layers(self, inputs_embeds: Tensor, output_hidden_states: bool | None, *layer_args, **layer_kwargs):
         """(last hidden state, all hidden states or None): embeddings dropout, layers, final norm (pre-norm); or
-        embeddings norm, dropout, layers (post-norm)."""
+        embeddings norm, dropout, layers (post-norm). `output_hidden_states=None` reads
+        `config.output_hidden_states`.
+
+        Tensors that need gradients (`layer_args`) reach the layers positionally: reentrant gradient checkpointing
+        treats only positional arguments as inputs of the checkpointed function."""
+        if output_hidden_states is None:
+            output_hidden_states = self.config.output_hidden_states
         post_norm = self.config.layer_norm_position == "post"
         hidden_states = self.dropout(self.layer_norm(inputs_embeds) if post_norm else inputs_embeds)
         all_hidden = [] if output_hidden_states else None
         for layer in self.layers:
             if all_hidden is not None:
                 all_hidden.append(hidden_states)
-            hidden_states = layer(hidden_states, **layer_kwargs)
+            hidden_states = layer(hidden_states, *layer_args, **layer_kwargs)
         if not post_norm:
             hidden_states = self.layer_norm(hidden_states)
         if all_hidden is not None:
@@ -303,8 +314,8 @@ class ScaleformerDecoder(ScaleformerStack):
         hidden_states, all_hidden = self._run_layers(
             inputs_embeds,
             output_hidden_states,
+            encoder_hidden_states,
             key_mask=attention_mask,
-            encoder_hidden_states=encoder_hidden_states,
             encoder_key_mask=encoder_attention_mask,
             past_key_values=past_key_values,
             query_offset=past_length,
@@ -367,6 +378,7 @@ class ScaleformerModel(ScaleformerPreTrainedModel):
                 attention_mask=attention_mask,
                 inputs_embeds=inputs_embeds,
                 output_hidden_states=output_hidden_states,
+                return_dict=True,  # `return_dict` applies to the outermost call only
                 **kwargs,
             )
         elif not isinstance(encoder_outputs, BaseModelOutput):
@@ -383,6 +395,7 @@ class ScaleformerModel(ScaleformerPreTrainedModel):
             inputs_embeds=decoder_inputs_embeds,
             use_cache=use_cache,
             output_hidden_states=output_hidden_states,
+            return_dict=True,  # `return_dict` applies to the outermost call only
             **kwargs,
         )
         return Seq2SeqModelOutput(
@@ -476,6 +489,7 @@ class ScaleformerForConditionalGeneration(ScaleformerPreTrainedModel, Generation
             decoder_inputs_embeds=decoder_inputs_embeds,
             use_cache=use_cache,
             output_hidden_states=output_hidden_states,
+            return_dict=True,  # `return_dict` applies to the outermost call only
             **kwargs,
         )
         logits = self.lm_head(outputs.last_hidden_state)
@@ -548,6 +562,7 @@ class ScaleformerForCausalLM(ScaleformerPreTrainedModel, GenerationMixin):
             inputs_embeds=inputs_embeds,
             use_cache=use_cache,
             output_hidden_states=output_hidden_states,
+            return_dict=True,  # `return_dict` applies to the outermost call only
             **kwargs,
         )
         hidden_states = outputs.last_hidden_state
@@ -706,6 +721,7 @@ class ScaleformerForSequenceClassification(ScaleformerPreTrainedModel):
             attention_mask=attention_mask,
             inputs_embeds=inputs_embeds,
             output_hidden_states=output_hidden_states,
+            return_dict=True,  # `return_dict` applies to the outermost call only
             **kwargs,
         )
         pooled = masked_mean(outputs.last_hidden_state, attention_mask)

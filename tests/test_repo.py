@@ -13,11 +13,16 @@ def readme_command(marker: str) -> str:
     return block.group(1).strip()
 
 
-def test_ci_runs_the_readme_test_command():
+def test_ci_runs_the_readme_test_command_in_a_fresh_virtual_environment():
     command = readme_command("test-command")
     ci_lines = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
     assert command in ci_lines
     assert "torch==2.13.0" in command
+    # a new environment under a new temporary folder, activated before the command: nothing installed by hand
+    # on the machine can make the tests pass
+    venv = next(i for i, line in enumerate(ci_lines) if line.startswith("python3 -m venv \"$scratch"))
+    activate = ci_lines.index('. "$scratch/venv/bin/activate"')
+    assert 'scratch=$(mktemp -d)' in ci_lines[:venv] and venv < activate < ci_lines.index(command)
 
 
 def test_readme_main_command_installs_pinned_torch_and_runs_main_job():

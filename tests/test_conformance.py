@@ -1,0 +1,145 @@
+"""transformers' common-model contract: output flags from the config, hidden states as BART's, checkpointing."""
+
+import pytest
+import torch
+from transformers import BartConfig, BartForCausalLM, BartForConditionalGeneration
+
+from modeling_scaleformer import (
+    ScaleformerForCausalLM,
+    ScaleformerForConditionalGeneration,
+    ScaleformerForSequenceClassification,
+    ScaleformerModel,
+)
+from modeling_fixtures import batch, tiny_config
+
+
+MODEL_CLASSES = [
+    ScaleformerModel, ScaleformerForConditionalGeneration, ScaleformerForCausalLM, ScaleformerForSequenceClassification,
+]
+# (attribute of the output, stack it comes from) for the hidden states each class returns
+HIDDEN_STATES = {
+    ScaleformerModel: [("encoder_hidden_states", "encoder"), ("decoder_hidden_states", "decoder")],
+    ScaleformerForConditionalGeneration: [("encoder_hidden_states", "encoder"), ("decoder_hidden_states", "decoder")],
+    ScaleformerForCausalLM: [("hidden_states", "decoder")],
+    ScaleformerForSequenceClassification: [("hidden_states", "encoder")],
+}
+
+
+def inputs_for(model_class, labels: bool = False) -> dict:
+    src, src_mask = batch()
+    tgt, tgt_mask = batch(ls=5, seed=4, padding="right")
+    if model_class is ScaleformerForCausalLM:
+        return dict(input_ids=src, attention_mask=src_mask, **(dict(labels=src.masked_fill(src_mask == 0, -100)) if labels else {}))
+    if model_class is ScaleformerForSequenceClassification:
+        return dict(input_ids=src, attention_mask=src_mask, **(dict(labels=torch.tensor([1, 0, 1])) if labels else {}))
+    if model_class is ScaleformerModel:
+        return dict(input_ids=src, attention_mask=src_mask, decoder_input_ids=tgt, decoder_attention_mask=tgt_mask)
+    return dict(input_ids=src, attention_mask=src_mask, **(dict(labels=tgt.masked_fill(tgt_mask == 0, -100)) if labels else dict(decoder_input_ids=tgt)))
+
+
+def build(model_class, **overrides):
+    torch.manual_seed(0)
+    config = tiny_config(encoder_layers=3, decoder_layers=2, num_labels=2, **overrides)
+    return model_class(config).to(torch.float64)
+
+
+def bart_like(model_class):
+    """A BART of the same depth and width, for the count and shapes of its hidden states."""
+    config = BartConfig(
+        vocab_size=60, d_model=16, encoder_layers=3, decoder_layers=2, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=32,
+    )
+    if model_class is ScaleformerForCausalLM:
+        return BartForCausalLM(config).eval()
+    return BartForConditionalGeneration(config).eval()
+
+
+@pytest.mark.parametrize("model_class", MODEL_CLASSES, ids=lambda c: c.__name__)
+def test_output_hidden_states_from_config(model_class):
+    model = build(model_class).eval()
+    inputs = inputs_for(model_class)
+    assert all(getattr(model(**inputs), name) is None for name, _ in HIDDEN_STATES[model_class])
+    model.config.output_hidden_states = True
+    from_config = model(**inputs)
+    from_argument = model(**inputs, output_hidden_states=True)
+    for name, stack in HIDDEN_STATES[model_class]:
+        hidden = getattr(from_config, name)
+        layers = model.config.encoder_layers if stack == "encoder" else model.config.decoder_layers
+        length = inputs["input_ids" if stack == "encoder" or model_class is ScaleformerForCausalLM else "decoder_input_ids"].shape[1]
+        assert hidden is not None and len(hidden) == layers + 1  # the embeddings, then one per layer
+        assert all(h.shape == (3, length, 16) for h in hidden)
+        for a, b in zip(hidden, getattr(from_argument, name)):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+    # the argument wins over the config
+    assert all(getattr(model(**inputs, output_hidden_states=False), name) is None for name, _ in HIDDEN_STATES[model_class])
+
+
+@pytest.mark.parametrize("model_class", [ScaleformerForConditionalGeneration, ScaleformerForCausalLM], ids=lambda c: c.__name__)
+def test_hidden_states_count_and_shapes_as_bart(model_class):
+    model, bart = build(model_class).eval(), bart_like(model_class)
+    model.config.output_hidden_states = bart.config.output_hidden_states = True
+    inputs = {k: v for k, v in inputs_for(model_class).items() if k != "attention_mask"}
+    ours, theirs = model(**inputs), bart(**inputs)
+    for name, _ in HIDDEN_STATES[model_class]:
+        assert [h.shape for h in getattr(ours, name)] == [h.shape for h in getattr(theirs, name)]
+
+
+@pytest.mark.parametrize("model_class", MODEL_CLASSES, ids=lambda c: c.__name__)
+def test_return_dict_and_output_attentions_from_config(model_class):
+    model = build(model_class).eval()
+    inputs = inputs_for(model_class)
+    expected = model(**inputs)
+    model.config.return_dict = False
+    as_tuple = model(**inputs)
+    assert isinstance(as_tuple, tuple)
+    first = expected.logits if hasattr(expected, "logits") else expected.last_hidden_state
+    torch.testing.assert_close(as_tuple[0], first, rtol=0, atol=0)
+    assert not isinstance(model(**inputs, return_dict=True), tuple)
+    model.config.return_dict = True
+    model.config.output_attentions = True
+    with pytest.raises(ValueError, match="output_attentions"):
+        model(**inputs)
+    model(**inputs, output_attentions=False)  # the argument wins over the config
+
+
+@pytest.mark.parametrize("model_class", [ScaleformerModel, ScaleformerForConditionalGeneration, ScaleformerForCausalLM], ids=lambda c: c.__name__)
+def test_use_cache_from_config(model_class):
+    model = build(model_class).eval()
+    inputs = inputs_for(model_class)
+    assert model(**inputs).past_key_values is not None
+    model.config.use_cache = False
+    assert model(**inputs).past_key_values is None
+    assert model(**inputs, use_cache=True).past_key_values is not None
+
+
+@pytest.mark.parametrize("model_class", MODEL_CLASSES, ids=lambda c: c.__name__)
+def test_retain_grad_hidden_states(model_class):
+    model = build(model_class)
+    model.config.output_hidden_states = True
+    outputs = model(**inputs_for(model_class))
+    hidden = [getattr(outputs, name)[0] for name, _ in HIDDEN_STATES[model_class]]
+    for h in hidden:
+        h.retain_grad()
+    first = outputs.logits if hasattr(outputs, "logits") else outputs.last_hidden_state
+    (first * torch.randn(first.shape, generator=torch.Generator().manual_seed(0), dtype=first.dtype)).sum().backward()
+    assert all(h.grad is not None and h.grad.abs().sum() > 0 for h in hidden)
+
+
+@pytest.mark.parametrize("use_reentrant", [True, False], ids=["reentrant", "non-reentrant"])
+@pytest.mark.parametrize(
+    "model_class",
+    [ScaleformerForConditionalGeneration, ScaleformerForCausalLM, ScaleformerForSequenceClassification],
+    ids=lambda c: c.__name__,
+)
+def test_gradient_checkpointing_gives_same_gradients(model_class, use_reentrant):
+    model = build(model_class).train()  # checkpointing acts in training mode only; dropout is 0
+    inputs = inputs_for(model_class, labels=True)
+    model(**inputs).loss.backward()
+    plain = {name: p.grad.clone() for name, p in model.named_parameters()}
+    model.zero_grad()
+    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": use_reentrant})
+    assert all(layer.gradient_checkpointing for layer in model.modules() if hasattr(layer, "self_attn"))
+    model(**inputs).loss.backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None, name
+        torch.testing.assert_close(p.grad, plain[name], rtol=0, atol=1e-6, msg=name)
