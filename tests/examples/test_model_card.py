@@ -27,7 +27,7 @@ from transformers import AutoTokenizer
 
 from modeling_scaleformer import ScaleformerConfig, ScaleformerForConditionalGeneration
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TOKENIZER_DIR = ROOT / "examples" / "tokenizer"
 REPO_ID = "tester/scaleformer-tiny-card"
 METRICS = {"eval_bleu": 1.2345, "eval_chrf": 17.891, "eval_loss": 7.5, "eval_samples": 16}

@@ -25,7 +25,7 @@ import transformers.trainer
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 from transformers.utils import logging as transformers_logging
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 METRICS_DIR = ROOT / "examples" / "metrics"
 BIBLE_DIR = ROOT / "examples" / "data" / "bible"
 TOKENIZER_DIR = ROOT / "examples" / "tokenizer"

@@ -12,12 +12,16 @@ from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
 from modeling_scaleformer import ScaleformerConfig, ScaleformerForCausalLM, ScaleformerForConditionalGeneration
 from modeling_scaleformer.ops_registry import ATTENTION_TYPES, ATTENTION_VARIANTS, cross_attention_type
-from modeling_fixtures import batch
-from modeling_fixtures import tiny_config as shared_tiny_config
 
 
-def tiny_config(attention_type, **overrides) -> ScaleformerConfig:
-    return shared_tiny_config(attention_type=attention_type, **overrides)
+@pytest.fixture
+def tiny_config(tiny_config):
+    """The shared tiny configuration, with the attention type as first argument."""
+
+    def variant_config(attention_type, **overrides) -> ScaleformerConfig:
+        return tiny_config(attention_type=attention_type, **overrides)
+
+    return variant_config
 
 
 def randomise_variant_parameters(model, seed=0):
@@ -43,7 +47,7 @@ def test_registry_covers_the_config_literal():
 
 @pytest.mark.parametrize("padding", ["left", "right"])
 @pytest.mark.parametrize("attention_type", TYPES)
-def test_seq2seq_cached_decoding_equals_teacher_forcing(attention_type, padding):
+def test_seq2seq_cached_decoding_equals_teacher_forcing(attention_type, padding, tiny_config, batch):
     torch.manual_seed(0)
     model = ScaleformerForConditionalGeneration(tiny_config(attention_type)).double().eval()
     randomise_variant_parameters(model)
@@ -66,7 +70,7 @@ def test_seq2seq_cached_decoding_equals_teacher_forcing(attention_type, padding)
 
 
 @pytest.mark.parametrize("attention_type", TYPES)
-def test_causal_lm_cached_decoding_equals_full_forward(attention_type):
+def test_causal_lm_cached_decoding_equals_full_forward(attention_type, tiny_config, batch):
     torch.manual_seed(0)
     model = ScaleformerForCausalLM(tiny_config(attention_type)).double().eval()
     randomise_variant_parameters(model)
@@ -82,7 +86,7 @@ def test_causal_lm_cached_decoding_equals_full_forward(attention_type):
 
 
 @pytest.mark.parametrize("attention_type", TYPES)
-def test_linear_and_naive_modes_agree_in_the_model(attention_type):
+def test_linear_and_naive_modes_agree_in_the_model(attention_type, tiny_config, batch):
     if attention_type in ("xl_relative", "shaw_softmax", "softmax"):
         modes = ("auto", "naive")
     else:
@@ -109,7 +113,7 @@ GENERATE = [
 
 @pytest.mark.parametrize("kwargs", GENERATE)
 @pytest.mark.parametrize("attention_type", TYPES)
-def test_generate_same_with_and_without_cache(attention_type, kwargs):
+def test_generate_same_with_and_without_cache(attention_type, kwargs, tiny_config, batch):
     torch.manual_seed(0)
     model = randomise_variant_parameters(ScaleformerForConditionalGeneration(tiny_config(attention_type)).eval())
     src, src_mask = batch()
@@ -122,7 +126,7 @@ def test_generate_same_with_and_without_cache(attention_type, kwargs):
 
 
 @pytest.mark.parametrize("attention_type", TYPES)
-def test_causal_lm_generate_same_with_and_without_cache(attention_type):
+def test_causal_lm_generate_same_with_and_without_cache(attention_type, tiny_config, batch):
     torch.manual_seed(0)
     model = randomise_variant_parameters(ScaleformerForCausalLM(tiny_config(attention_type)).eval())
     ids, mask = batch(padding="left")
@@ -134,7 +138,7 @@ def test_causal_lm_generate_same_with_and_without_cache(attention_type):
 
 
 @pytest.mark.parametrize("attention_type", TYPES)
-def test_state_size_during_generation(attention_type):
+def test_state_size_during_generation(attention_type, tiny_config, batch):
     torch.manual_seed(0)
     model = ScaleformerForCausalLM(tiny_config(attention_type)).eval()
     ids, _ = batch(b=1)
@@ -150,7 +154,7 @@ def test_state_size_during_generation(attention_type):
         assert sizes == sorted(sizes) and sizes[-1] > sizes[0]
 
 
-def test_toeplitz_with_zero_bias_is_kernelized_attention():
+def test_toeplitz_with_zero_bias_is_kernelized_attention(tiny_config, batch):
     """At initialisation exp(b) = 1: the Toeplitz model computes what plain kernelized attention does."""
     torch.manual_seed(0)
     toeplitz = ScaleformerForConditionalGeneration(tiny_config("toeplitz")).double().eval()
@@ -166,7 +170,7 @@ def test_toeplitz_with_zero_bias_is_kernelized_attention():
     assert (c - b).abs().max() > 1e-3
 
 
-def test_variant_parameters_are_initialised_as_specified():
+def test_variant_parameters_are_initialised_as_specified(tiny_config):
     model = ScaleformerForConditionalGeneration(tiny_config("fourier", init_std=0.02))
     attn = model.model.encoder.layers[0].self_attn
     head_dim = 8
@@ -188,7 +192,7 @@ def test_variant_parameters_are_initialised_as_specified():
         pytest.param(dict(attention_type="shaw_softmax", attention_mode="linear"), "attention_mode", id="mode"),
     ],
 )
-def test_config_rejects_options_a_variant_does_not_have(overrides, field):
+def test_config_rejects_options_a_variant_does_not_have(overrides, field, tiny_config):
     # huggingface_hub wraps the ValueError of validate_architecture in StrictDataclassClassValidationError
     with pytest.raises(Exception, match=field):
         tiny_config(**overrides)
@@ -208,7 +212,7 @@ print("remote ok")
 """
 
 
-def test_save_load_and_remote_code_for_every_attention_type(tmp_path):
+def test_save_load_and_remote_code_for_every_attention_type(tmp_path, tiny_config):
     jobs = []
     for attention_type in ATTENTION_TYPES:
         for kind, cls, auto in (

@@ -26,7 +26,7 @@ from safetensors.torch import load_file
 
 import modeling_scaleformer.modeling_scaleformer as modeling
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "examples" / "train_accelerate.py"
 CONFIG_DIR = ROOT / "configs" / "accelerate"
 BIBLE_DIR = ROOT / "examples" / "data" / "bible"

@@ -17,7 +17,6 @@ from modeling_scaleformer import (
     ScaleformerModel,
 )
 from modeling_scaleformer.modeling_scaleformer import sinusoidal_positions
-from modeling_fixtures import batch, tiny_config
 
 
 CONFIGS = [
@@ -32,7 +31,7 @@ CONFIGS = [
 
 @pytest.mark.parametrize("padding", ["left", "right"])
 @pytest.mark.parametrize("overrides", CONFIGS)
-def test_seq2seq_cached_decoding_equals_teacher_forcing(overrides, padding):
+def test_seq2seq_cached_decoding_equals_teacher_forcing(overrides, padding, tiny_config, batch):
     torch.manual_seed(0)
     model = ScaleformerForConditionalGeneration(tiny_config(**overrides)).double().eval()
     src, src_mask = batch(padding=padding)
@@ -55,7 +54,7 @@ def test_seq2seq_cached_decoding_equals_teacher_forcing(overrides, padding):
 
 @pytest.mark.parametrize("padding", ["left", "right"])
 @pytest.mark.parametrize("overrides", CONFIGS)
-def test_causal_lm_cached_decoding_equals_full_forward(overrides, padding):
+def test_causal_lm_cached_decoding_equals_full_forward(overrides, padding, tiny_config, batch):
     torch.manual_seed(0)
     model = ScaleformerForCausalLM(tiny_config(**overrides)).double().eval()
     ids, mask = batch(ls=12, padding=padding)
@@ -69,7 +68,7 @@ def test_causal_lm_cached_decoding_equals_full_forward(overrides, padding):
     torch.testing.assert_close(torch.cat(logits, 1), full, rtol=0, atol=1e-9)
 
 
-def test_cached_decoding_float32():
+def test_cached_decoding_float32(tiny_config, batch):
     torch.manual_seed(0)
     model = ScaleformerForConditionalGeneration(tiny_config()).eval()
     src, src_mask = batch()
@@ -93,7 +92,7 @@ GENERATE = [
 
 @pytest.mark.parametrize("kwargs", GENERATE)
 @pytest.mark.parametrize("overrides", CONFIGS[:2])
-def test_generate_same_with_and_without_cache(overrides, kwargs):
+def test_generate_same_with_and_without_cache(overrides, kwargs, tiny_config, batch):
     torch.manual_seed(0)
     model = ScaleformerForConditionalGeneration(tiny_config(**overrides)).eval()
     src, src_mask = batch()
@@ -109,7 +108,7 @@ def test_generate_same_with_and_without_cache(overrides, kwargs):
 @pytest.mark.parametrize("overrides", [pytest.param(dict(), id="kernelized_rpe"),
                                        pytest.param(dict(absolute_positions="sinusoidal"), id="sinusoidal")])
 @pytest.mark.parametrize("kwargs", GENERATE)
-def test_causal_lm_generate_same_with_and_without_cache(kwargs, overrides):
+def test_causal_lm_generate_same_with_and_without_cache(kwargs, overrides, tiny_config, batch):
     torch.manual_seed(0)
     model = ScaleformerForCausalLM(tiny_config(**overrides)).eval()
     ids, mask = batch(padding="left")
@@ -124,7 +123,7 @@ def test_causal_lm_generate_same_with_and_without_cache(kwargs, overrides):
         assert torch.equal(results[0][row, -10:], alone[0, -10:])
 
 
-def test_greedy_generate_matches_manual_loop():
+def test_greedy_generate_matches_manual_loop(tiny_config, batch):
     torch.manual_seed(0)
     model = ScaleformerForConditionalGeneration(tiny_config()).eval()
     src, src_mask = batch(b=1, padding="right")
@@ -136,7 +135,7 @@ def test_greedy_generate_matches_manual_loop():
     assert torch.equal(generated, decoder)
 
 
-def test_continue_generation_from_returned_cache():
+def test_continue_generation_from_returned_cache(tiny_config, batch):
     torch.manual_seed(0)
     model = ScaleformerForCausalLM(tiny_config()).eval()
     ids, mask = batch(b=1, padding="right")
@@ -151,7 +150,7 @@ def test_continue_generation_from_returned_cache():
     assert torch.equal(more, straight)
 
 
-def test_beam_reordering_of_cache():
+def test_beam_reordering_of_cache(tiny_config, batch):
     torch.manual_seed(0)
     model = ScaleformerForCausalLM(tiny_config()).double().eval()
     ids, _ = batch(b=3, padding="right")
@@ -165,7 +164,7 @@ def test_beam_reordering_of_cache():
     torch.testing.assert_close(stepped, expected, rtol=0, atol=1e-9)
 
 
-def test_cache_size_is_constant_during_generation():
+def test_cache_size_is_constant_during_generation(tiny_config, batch):
     torch.manual_seed(0)
     model = ScaleformerForCausalLM(tiny_config()).eval()
     ids, _ = batch(b=1)
@@ -177,7 +176,7 @@ def test_cache_size_is_constant_during_generation():
     assert len(set(sizes)) == 1 and cache.get_seq_length() == ids.shape[1] + 30
 
 
-def test_seq2seq_loss_aligned_with_shifted_labels():
+def test_seq2seq_loss_aligned_with_shifted_labels(tiny_config, batch):
     torch.manual_seed(0)
     model = ScaleformerForConditionalGeneration(tiny_config()).eval()
     src, src_mask = batch()
@@ -209,7 +208,7 @@ def test_seq2seq_loss_dtype(dtype):
     torch.testing.assert_close(loss.double(), expected, rtol=1e-12 if dtype == torch.float64 else 1e-6, atol=0)
 
 
-def test_causal_lm_loss_shifts_labels():
+def test_causal_lm_loss_shifts_labels(tiny_config, batch):
     torch.manual_seed(0)
     model = ScaleformerForCausalLM(tiny_config()).eval()
     ids, _ = batch(padding="right")
@@ -218,7 +217,7 @@ def test_causal_lm_loss_shifts_labels():
     torch.testing.assert_close(out.loss, expected)
 
 
-def test_gradient_accumulation_matches_full_batch():
+def test_gradient_accumulation_matches_full_batch(tiny_config, batch):
     """Sum-reduced loss over num_items_in_batch: 4 micro-batches of 1 give the gradient of 1 batch of 4."""
     torch.manual_seed(0)
     model = ScaleformerForConditionalGeneration(tiny_config())
@@ -238,7 +237,7 @@ def test_gradient_accumulation_matches_full_batch():
         torch.testing.assert_close(p.grad, a, rtol=1e-4, atol=1e-6)
 
 
-def test_every_parameter_is_initialised_and_tied():
+def test_every_parameter_is_initialised_and_tied(tiny_config):
     model = ScaleformerForConditionalGeneration(tiny_config(init_std=0.02))
     assert model.lm_head.weight is model.model.shared.weight
     assert model.model.encoder.embed_tokens.weight is model.model.shared.weight
@@ -248,7 +247,7 @@ def test_every_parameter_is_initialised_and_tied():
     assert 0.01 < rel.std().item() < 0.03
 
 
-def test_save_load_roundtrip_bit_exact_and_auto_classes(tmp_path):
+def test_save_load_roundtrip_bit_exact_and_auto_classes(tmp_path, tiny_config):
     torch.manual_seed(0)
     model = ScaleformerForConditionalGeneration(tiny_config()).eval()
     model.save_pretrained(tmp_path)
@@ -284,7 +283,7 @@ print("remote ok")
 """
 
 
-def test_remote_code_load_without_package(tmp_path):
+def test_remote_code_load_without_package(tmp_path, tiny_config):
     torch.manual_seed(0)
     model = ScaleformerForConditionalGeneration(tiny_config()).eval()
     folder = tmp_path / "scaleformer-tiny"
@@ -303,7 +302,7 @@ def test_remote_code_load_without_package(tmp_path):
     assert result.returncode == 0 and "remote ok" in result.stdout, result.stderr[-3000:]
 
 
-def test_resize_token_embeddings_keeps_tying():
+def test_resize_token_embeddings_keeps_tying(tiny_config):
     model = ScaleformerForConditionalGeneration(tiny_config())
     model.resize_token_embeddings(70)
     assert model.config.vocab_size == 70
@@ -313,7 +312,7 @@ def test_resize_token_embeddings_keeps_tying():
     assert out.logits.shape[-1] == 70
 
 
-def test_bf16_forward_and_backward():
+def test_bf16_forward_and_backward(tiny_config, batch):
     model = ScaleformerForConditionalGeneration(tiny_config()).to(torch.bfloat16)
     src, src_mask = batch()
     labels, _ = batch(ls=5, seed=4)
@@ -322,7 +321,7 @@ def test_bf16_forward_and_backward():
     assert out.logits.dtype == torch.bfloat16 and torch.isfinite(out.loss)
 
 
-def test_config_rejects_bad_values():
+def test_config_rejects_bad_values(tiny_config):
     with pytest.raises(Exception, match="encoder_attention_heads"):
         tiny_config(encoder_attention_heads=3)
     with pytest.raises(Exception, match="rpe_horizon"):
@@ -337,7 +336,7 @@ def test_config_rejects_bad_values():
         tiny_config(layer_norm_position="sandwich")
 
 
-def test_config_update_from_string_sets_fields_that_may_be_none():
+def test_config_update_from_string_sets_fields_that_may_be_none(tiny_config):
     config = tiny_config()
     assert config.absolute_positions is None and config.pad_token_id == 0
     config.update_from_string("layer_norm_position=post,absolute_positions=sinusoidal,pad_token_id=none")
@@ -352,7 +351,7 @@ def test_config_update_from_string_sets_fields_that_may_be_none():
         config.update_from_string("no_such_field=1")
 
 
-def test_bad_inputs_raise_clear_errors():
+def test_bad_inputs_raise_clear_errors(tiny_config, batch):
     model = ScaleformerForConditionalGeneration(tiny_config()).eval()
     src, src_mask = batch()
     with pytest.raises(TypeError, match="past_key_values"):
@@ -367,7 +366,7 @@ def test_bad_inputs_raise_clear_errors():
         model(input_ids=src, decoder_input_ids=src[:, :2], output_attentions=True)
 
 
-def test_trainer_loss_goes_down(tmp_path):
+def test_trainer_loss_goes_down(tmp_path, tiny_config):
     from datasets import Dataset
     from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments
 
@@ -389,7 +388,7 @@ def test_trainer_loss_goes_down(tmp_path):
     assert losses == sorted(losses, reverse=True) and losses[-1] < losses[0] - 0.3, losses
 
 
-def test_autocast_bf16_training_step():
+def test_autocast_bf16_training_step(tiny_config, batch):
     """Under CPU autocast the projections are bf16 while the relative tables stay float32."""
     torch.manual_seed(0)
     model = ScaleformerForConditionalGeneration(tiny_config(cross_attention_rpe=True))
@@ -417,7 +416,7 @@ def test_sinusoidal_positions_values():
     assert half.dtype == torch.bfloat16
 
 
-def test_sinusoidal_positions_ignore_padding_and_change_the_output():
+def test_sinusoidal_positions_ignore_padding_and_change_the_output(tiny_config, batch):
     """A left-padded row gives the logits of the same row alone; the encodings are really added."""
     torch.manual_seed(0)
     model = ScaleformerForConditionalGeneration(tiny_config(absolute_positions="sinusoidal")).double().eval()
@@ -435,7 +434,7 @@ def test_sinusoidal_positions_ignore_padding_and_change_the_output():
 
 
 @pytest.mark.parametrize("mask", [None, "new", "all"])
-def test_sinusoidal_cached_decoding_positions_without_padding(mask):
+def test_sinusoidal_cached_decoding_positions_without_padding(mask, tiny_config, batch):
     """Without a decoder mask, or with one over the new tokens only, positions continue from the cache length."""
     torch.manual_seed(0)
     model = ScaleformerForConditionalGeneration(tiny_config(absolute_positions="sinusoidal")).double().eval()
@@ -455,7 +454,7 @@ def test_sinusoidal_cached_decoding_positions_without_padding(mask):
 
 
 @pytest.mark.parametrize("position", ["pre", "post"])
-def test_layer_norm_position_by_hand(position):
+def test_layer_norm_position_by_hand(position, tiny_config, batch):
     """A one-layer encoder computed from its modules: pre-norm ends with the stack's norm, post-norm starts
     with it and normalises after every residual addition."""
     torch.manual_seed(0)

@@ -10,7 +10,6 @@ from modeling_scaleformer import (
     ScaleformerForSequenceClassification,
     ScaleformerModel,
 )
-from modeling_fixtures import batch, tiny_config
 
 
 MODEL_CLASSES = [
@@ -25,7 +24,7 @@ HIDDEN_STATES = {
 }
 
 
-def inputs_for(model_class, labels: bool = False) -> dict:
+def inputs_for(batch, model_class, labels: bool = False) -> dict:
     src, src_mask = batch()
     tgt, tgt_mask = batch(ls=5, seed=4, padding="right")
     if model_class is ScaleformerForCausalLM:
@@ -37,7 +36,7 @@ def inputs_for(model_class, labels: bool = False) -> dict:
     return dict(input_ids=src, attention_mask=src_mask, **(dict(labels=tgt.masked_fill(tgt_mask == 0, -100)) if labels else dict(decoder_input_ids=tgt)))
 
 
-def build(model_class, **overrides):
+def build(tiny_config, model_class, **overrides):
     torch.manual_seed(0)
     config = tiny_config(encoder_layers=3, decoder_layers=2, num_labels=2, **overrides)
     return model_class(config).to(torch.float64)
@@ -55,9 +54,9 @@ def bart_like(model_class):
 
 
 @pytest.mark.parametrize("model_class", MODEL_CLASSES, ids=lambda c: c.__name__)
-def test_output_hidden_states_from_config(model_class):
-    model = build(model_class).eval()
-    inputs = inputs_for(model_class)
+def test_output_hidden_states_from_config(model_class, tiny_config, batch):
+    model = build(tiny_config, model_class).eval()
+    inputs = inputs_for(batch, model_class)
     assert all(getattr(model(**inputs), name) is None for name, _ in HIDDEN_STATES[model_class])
     model.config.output_hidden_states = True
     from_config = model(**inputs)
@@ -75,19 +74,19 @@ def test_output_hidden_states_from_config(model_class):
 
 
 @pytest.mark.parametrize("model_class", [ScaleformerForConditionalGeneration, ScaleformerForCausalLM], ids=lambda c: c.__name__)
-def test_hidden_states_count_and_shapes_as_bart(model_class):
-    model, bart = build(model_class).eval(), bart_like(model_class)
+def test_hidden_states_count_and_shapes_as_bart(model_class, tiny_config, batch):
+    model, bart = build(tiny_config, model_class).eval(), bart_like(model_class)
     model.config.output_hidden_states = bart.config.output_hidden_states = True
-    inputs = {k: v for k, v in inputs_for(model_class).items() if k != "attention_mask"}
+    inputs = {k: v for k, v in inputs_for(batch, model_class).items() if k != "attention_mask"}
     ours, theirs = model(**inputs), bart(**inputs)
     for name, _ in HIDDEN_STATES[model_class]:
         assert [h.shape for h in getattr(ours, name)] == [h.shape for h in getattr(theirs, name)]
 
 
 @pytest.mark.parametrize("model_class", MODEL_CLASSES, ids=lambda c: c.__name__)
-def test_return_dict_and_output_attentions_from_config(model_class):
-    model = build(model_class).eval()
-    inputs = inputs_for(model_class)
+def test_return_dict_and_output_attentions_from_config(model_class, tiny_config, batch):
+    model = build(tiny_config, model_class).eval()
+    inputs = inputs_for(batch, model_class)
     expected = model(**inputs)
     model.config.return_dict = False
     as_tuple = model(**inputs)
@@ -103,9 +102,9 @@ def test_return_dict_and_output_attentions_from_config(model_class):
 
 
 @pytest.mark.parametrize("model_class", [ScaleformerModel, ScaleformerForConditionalGeneration, ScaleformerForCausalLM], ids=lambda c: c.__name__)
-def test_use_cache_from_config(model_class):
-    model = build(model_class).eval()
-    inputs = inputs_for(model_class)
+def test_use_cache_from_config(model_class, tiny_config, batch):
+    model = build(tiny_config, model_class).eval()
+    inputs = inputs_for(batch, model_class)
     assert model(**inputs).past_key_values is not None
     model.config.use_cache = False
     assert model(**inputs).past_key_values is None
@@ -113,10 +112,10 @@ def test_use_cache_from_config(model_class):
 
 
 @pytest.mark.parametrize("model_class", MODEL_CLASSES, ids=lambda c: c.__name__)
-def test_retain_grad_hidden_states(model_class):
-    model = build(model_class)
+def test_retain_grad_hidden_states(model_class, tiny_config, batch):
+    model = build(tiny_config, model_class)
     model.config.output_hidden_states = True
-    outputs = model(**inputs_for(model_class))
+    outputs = model(**inputs_for(batch, model_class))
     hidden = [getattr(outputs, name)[0] for name, _ in HIDDEN_STATES[model_class]]
     for h in hidden:
         h.retain_grad()
@@ -131,9 +130,9 @@ def test_retain_grad_hidden_states(model_class):
     [ScaleformerForConditionalGeneration, ScaleformerForCausalLM, ScaleformerForSequenceClassification],
     ids=lambda c: c.__name__,
 )
-def test_gradient_checkpointing_gives_same_gradients(model_class, use_reentrant):
-    model = build(model_class).train()  # checkpointing acts in training mode only; dropout is 0
-    inputs = inputs_for(model_class, labels=True)
+def test_gradient_checkpointing_gives_same_gradients(model_class, use_reentrant, tiny_config, batch):
+    model = build(tiny_config, model_class).train()  # checkpointing acts in training mode only; dropout is 0
+    inputs = inputs_for(batch, model_class, labels=True)
     model(**inputs).loss.backward()
     plain = {name: p.grad.clone() for name, p in model.named_parameters()}
     model.zero_grad()

@@ -15,7 +15,7 @@ from transformers import AutoModelForSequenceClassification
 from modeling_scaleformer import ScaleformerConfig, ScaleformerForSequenceClassification
 
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "listops.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "listops.py"
 
 
 def load_listops():

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_script(args: list[str], tmp_path: Path) -> tuple[str, dict]:

@@ -15,7 +15,7 @@ from types import ModuleType
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DATA_DIR = ROOT / "examples" / "data"
 BIBLE_DIR = DATA_DIR / "bible"
 TOKENIZER_DIR = ROOT / "examples" / "tokenizer"

@@ -1,11 +1,12 @@
-"""A tiny Scaleformer configuration and padded batches, shared by the model tests."""
+"""Fixtures of the model tests: a tiny Scaleformer configuration and padded batches, as factories."""
 
+import pytest
 import torch
 
 from modeling_scaleformer import ScaleformerConfig
 
 
-def tiny_config(**overrides) -> ScaleformerConfig:
+def make_tiny_config(**overrides) -> ScaleformerConfig:
     kwargs = dict(
         vocab_size=60, d_model=16, encoder_layers=2, decoder_layers=2, encoder_attention_heads=2,
         decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, rpe_horizon=3, dropout=0.0,
@@ -15,7 +16,7 @@ def tiny_config(**overrides) -> ScaleformerConfig:
     return ScaleformerConfig(**kwargs)
 
 
-def batch(vocab=60, b=3, ls=11, padding="left", seed=0):
+def make_batch(vocab=60, b=3, ls=11, padding="left", seed=0):
     """Random ids (b, ls) with row 1 padded by 4 and row 2 by 1 position, on the left or the right."""
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(3, vocab, (b, ls), generator=g)
@@ -25,3 +26,15 @@ def batch(vocab=60, b=3, ls=11, padding="left", seed=0):
             mask[row, :n] = 0 if padding == "left" else 1
             mask[row, ls - n :] = 1 if padding == "left" else 0
     return ids.masked_fill(mask == 0, 0), mask
+
+
+@pytest.fixture
+def tiny_config():
+    """`tiny_config(**overrides)`: a 2+2-layer, d_model 16 configuration without dropout."""
+    return make_tiny_config
+
+
+@pytest.fixture
+def batch():
+    """`batch(vocab, b, ls, padding, seed)`: random ids and their attention mask, two rows padded."""
+    return make_batch

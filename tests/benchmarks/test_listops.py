@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "listops.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "listops.py"
 
 
 def load_listops():
