@@ -80,36 +80,50 @@ def check_no_attention_outputs(kwargs: dict, config: ScaleformerConfig) -> None:
         )
 
 
-def residual_block(hidden_states: Tensor, norm: nn.LayerNorm, sublayer, dropout: nn.Dropout, post_norm: bool) -> Tensor:
-    """Pre-norm: x + dropout(sublayer(norm(x))); post-norm: norm(x + dropout(sublayer(x)))."""
-    if post_norm:
-        return norm(hidden_states + dropout(sublayer(hidden_states)))
-    return hidden_states + dropout(sublayer(norm(hidden_states)))
+class ScaleformerLayer(GradientCheckpointingLayer):
+    """A block of sublayers, each wrapped in a residual connection with dropout and a layer norm: pre-norm
+    (`config.layer_norm_position="pre"`) normalises a sublayer's input, x + dropout(f(norm(x))); post-norm
+    normalises the sum, norm(x + dropout(f(x))), as BART does."""
+
+    def __init__(self, config: ScaleformerConfig):
+        super().__init__()
+        self.dropout = nn.Dropout(config.dropout)
+        self.post_norm = config.layer_norm_position == "post"
+
+    def norm_input(self, hidden_states: Tensor, norm: nn.LayerNorm) -> Tensor:
+        return hidden_states if self.post_norm else norm(hidden_states)
+
+    def norm_output(self, hidden_states: Tensor, norm: nn.LayerNorm) -> Tensor:
+        return norm(hidden_states) if self.post_norm else hidden_states
 
 
-class ScaleformerEncoderLayer(GradientCheckpointingLayer):
-    """Bidirectional self-attention, then feed-forward; pre-norm or post-norm (`config.layer_norm_position`)."""
+class ScaleformerEncoderLayer(ScaleformerLayer):
+    """Bidirectional self-attention, then feed-forward."""
 
     def __init__(self, config: ScaleformerConfig, layer_idx: int):
-        super().__init__()
+        super().__init__(config)
         self.self_attn = ScaleformerAttention(config, config.encoder_attention_heads, is_causal=False, layer_idx=layer_idx)
         self.self_attn_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
         self.ffn = ScaleformerFeedForward(config, config.encoder_ffn_dim)
         self.ffn_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.dropout)
-        self.post_norm = config.layer_norm_position == "post"
 
     def forward(self, hidden_states: Tensor, key_mask: Tensor | None = None) -> Tensor:
-        hidden_states = residual_block(hidden_states, self.self_attn_layer_norm,
-                                       lambda x: self.self_attn(x, key_mask=key_mask), self.dropout, self.post_norm)
-        return residual_block(hidden_states, self.ffn_layer_norm, self.ffn, self.dropout, self.post_norm)
+        # self-attention
+        residual = hidden_states
+        hidden_states = self.self_attn(self.norm_input(hidden_states, self.self_attn_layer_norm), key_mask=key_mask)
+        hidden_states = self.norm_output(residual + self.dropout(hidden_states), self.self_attn_layer_norm)
+
+        # feed-forward
+        residual = hidden_states
+        hidden_states = self.ffn(self.norm_input(hidden_states, self.ffn_layer_norm))
+        return self.norm_output(residual + self.dropout(hidden_states), self.ffn_layer_norm)
 
 
-class ScaleformerDecoderLayer(GradientCheckpointingLayer):
-    """Causal self-attention, cross-attention (encoder-decoder only), feed-forward; pre-norm or post-norm."""
+class ScaleformerDecoderLayer(ScaleformerLayer):
+    """Causal self-attention, cross-attention (encoder-decoder only), then feed-forward."""
 
     def __init__(self, config: ScaleformerConfig, layer_idx: int):
-        super().__init__()
+        super().__init__(config)
         heads = config.decoder_attention_heads
         self.self_attn = ScaleformerAttention(config, heads, is_causal=True, layer_idx=layer_idx)
         self.self_attn_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
@@ -121,8 +135,6 @@ class ScaleformerDecoderLayer(GradientCheckpointingLayer):
             self.encoder_attn_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
         self.ffn = ScaleformerFeedForward(config, config.decoder_ffn_dim)
         self.ffn_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.dropout)
-        self.post_norm = config.layer_norm_position == "post"
 
     def forward(
         self,
@@ -133,21 +145,29 @@ class ScaleformerDecoderLayer(GradientCheckpointingLayer):
         past_key_values: ScaleformerCache | None = None,
         query_offset: int = 0,
     ) -> Tensor:
-        hidden_states = residual_block(
-            hidden_states, self.self_attn_layer_norm,
-            lambda x: self.self_attn(x, key_mask=key_mask, past_key_values=past_key_values),
-            self.dropout, self.post_norm,
+        # causal self-attention, continuing the cached state when there is one
+        residual = hidden_states
+        hidden_states = self.self_attn(
+            self.norm_input(hidden_states, self.self_attn_layer_norm), key_mask=key_mask, past_key_values=past_key_values
         )
+        hidden_states = self.norm_output(residual + self.dropout(hidden_states), self.self_attn_layer_norm)
+
+        # cross-attention over the encoder output
         if self.encoder_attn is not None:
-            hidden_states = residual_block(
-                hidden_states, self.encoder_attn_layer_norm,
-                lambda x: self.encoder_attn(
-                    x, key_value_states=encoder_hidden_states, key_mask=encoder_key_mask,
-                    past_key_values=past_key_values, query_offset=query_offset,
-                ),
-                self.dropout, self.post_norm,
+            residual = hidden_states
+            hidden_states = self.encoder_attn(
+                self.norm_input(hidden_states, self.encoder_attn_layer_norm),
+                key_value_states=encoder_hidden_states,
+                key_mask=encoder_key_mask,
+                past_key_values=past_key_values,
+                query_offset=query_offset,
             )
-        return residual_block(hidden_states, self.ffn_layer_norm, self.ffn, self.dropout, self.post_norm)
+            hidden_states = self.norm_output(residual + self.dropout(hidden_states), self.encoder_attn_layer_norm)
+
+        # feed-forward
+        residual = hidden_states
+        hidden_states = self.ffn(self.norm_input(hidden_states, self.ffn_layer_norm))
+        return self.norm_output(residual + self.dropout(hidden_states), self.ffn_layer_norm)
 
 
 class ScaleformerPreTrainedModel(PreTrainedModel):
