@@ -69,3 +69,22 @@ def test_readme_quick_start_runs_as_written(tmp_path):
     generated = ast.literal_eval(result.stdout.strip().splitlines()[-1])  # the printed list of translations
     assert isinstance(generated, list) and len(generated) == 1 and isinstance(generated[0], str)
     assert (tmp_path / "outputs" / "my-scaleformer" / "modeling_scaleformer.py").is_file()
+
+
+def github_anchor(heading: str) -> str:
+    """The anchor GitHub gives a Markdown heading: lower case, punctuation other than - and _ dropped."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_readme_links_point_at_existing_files_and_sections():
+    for page in ("README.md", "benchmarks/README.md", "examples/README.md"):
+        text = (ROOT / page).read_text()
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if target.startswith("http"):
+                continue
+            path, _, anchor = target.partition("#")
+            linked = (ROOT / page).parent / path if path else ROOT / page
+            assert linked.exists(), f"{page} links to missing {target}"
+            if anchor:
+                headings = re.findall(r"(?m)^#+ (.+)$", linked.read_text())
+                assert anchor in {github_anchor(h) for h in headings}, f"{page} links to missing section {target}"
