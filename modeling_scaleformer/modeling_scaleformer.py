@@ -40,11 +40,11 @@ def shift_tokens_right(input_ids: Tensor, pad_token_id: int, decoder_start_token
     return shifted.masked_fill(shifted == -100, pad_token_id)
 
 
-def check_labels(labels: Tensor, vocab_size: int, what: str = "token ids") -> None:
+def check_labels(labels: Tensor, vocab_size: int, what: str = "token ids", name: str = "labels") -> None:
     invalid = (labels >= vocab_size) | ((labels < 0) & (labels != -100))
     if bool(invalid.any()):
         bad = labels[invalid][0].item()
-        raise ValueError(f"`labels` must be {what} in [0, {vocab_size}) or -100 (ignored), found {bad}")
+        raise ValueError(f"`{name}` must be {what} in [0, {vocab_size}) or -100 (ignored), found {bad}")
 
 
 def check_mask(mask: Tensor | None, name: str, batch: int, lengths: tuple[int, ...]) -> None:
@@ -571,10 +571,17 @@ class ScaleformerForCausalLM(ScaleformerPreTrainedModel, GenerationMixin):
             Usually `input_ids`: the model shifts them so that position i predicts token i + 1; -100 is ignored.
         logits_to_keep (`int`, *optional*, defaults to 0):
             Compute logits for the last `logits_to_keep` positions only (0: all).
+        shift_labels (`torch.LongTensor` of shape `(batch_size, length)`, *optional*, keyword only):
+            Targets already shifted, `shift_labels[:, i]` the target of `logits[:, i]` (as transformers'
+            causal LM loss takes them under sequence parallelism); when given, the loss uses them instead of
+            `labels`.
         """
         num_items_in_batch = kwargs.pop("num_items_in_batch", None)
+        shift_labels = kwargs.pop("shift_labels", None)
         if labels is not None:
             check_labels(labels, self.config.vocab_size)
+        if shift_labels is not None:
+            check_labels(shift_labels, self.config.vocab_size, name="shift_labels")
         outputs = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -590,7 +597,9 @@ class ScaleformerForCausalLM(ScaleformerPreTrainedModel, GenerationMixin):
             hidden_states = hidden_states[:, -logits_to_keep:]
         logits = self.lm_head(hidden_states)
         loss = None
-        if labels is not None:
+        if shift_labels is not None:
+            loss = seq2seq_loss(logits, shift_labels, num_items_in_batch)
+        elif labels is not None:
             loss = seq2seq_loss(logits[:, :-1], labels[:, 1:], num_items_in_batch)
         return CausalLMOutputWithCrossAttentions(
             loss=loss,

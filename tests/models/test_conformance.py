@@ -142,3 +142,17 @@ def test_gradient_checkpointing_gives_same_gradients(model_class, use_reentrant,
     for name, p in model.named_parameters():
         assert p.grad is not None, name
         torch.testing.assert_close(p.grad, plain[name], rtol=0, atol=1e-6, msg=name)
+
+
+def test_causal_lm_loss_honours_shift_labels(tiny_config, batch):
+    model = build(tiny_config, ScaleformerForCausalLM).eval()
+    ids, mask = batch(padding="right")
+    labels = ids.masked_fill(mask == 0, -100)
+    shifted = torch.cat([labels[:, 1:], torch.full_like(labels[:, :1], -100)], dim=1)
+    from_labels = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+    torch.testing.assert_close(model(input_ids=ids, attention_mask=mask, shift_labels=shifted).loss, from_labels)
+    # pre-shifted targets win over `labels`: other targets give another loss
+    other = shifted.roll(1, dims=1)
+    assert not torch.allclose(model(input_ids=ids, attention_mask=mask, labels=labels, shift_labels=other).loss, from_labels)
+    with pytest.raises(ValueError, match="`shift_labels`"):
+        model(input_ids=ids, shift_labels=torch.full_like(ids, 10_000))
