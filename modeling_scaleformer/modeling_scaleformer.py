@@ -666,6 +666,47 @@ def sequence_classification_loss(
     return F.binary_cross_entropy_with_logits(logits, labels)
 
 
+class ScaleformerEncoderModel(ScaleformerPreTrainedModel):
+    """The bare encoder with its embedding table, laid out as in [`ScaleformerModel`] (`shared`, `encoder`), so that
+    the encoder of an encoder-decoder checkpoint loads into it, as into T5's `T5EncoderModel`."""
+
+    _tied_weights_keys = {"encoder.embed_tokens.weight": "shared.weight"}
+
+    def __init__(self, config: ScaleformerConfig):
+        super().__init__(config)
+        self.shared = nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id)
+        self.encoder = ScaleformerEncoder(config)
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.shared
+
+    def set_input_embeddings(self, value):
+        self.shared = value
+        self.encoder.embed_tokens = self.shared
+
+    def get_encoder(self):
+        return self.encoder
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+        inputs_embeds: Tensor | None = None,
+        output_hidden_states: bool | None = None,
+        **kwargs,
+    ) -> BaseModelOutput:
+        return self.encoder(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            inputs_embeds=inputs_embeds,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,  # `return_dict` applies to the outermost call only
+            **kwargs,
+        )
+
+
 class ScaleformerForSequenceClassification(ScaleformerPreTrainedModel):
     """Encoder-only classifier: the bidirectional encoder, a masked mean over the sequence, dropout and a linear head.
 
@@ -676,7 +717,9 @@ class ScaleformerForSequenceClassification(ScaleformerPreTrainedModel):
     The model is the encoder stack whatever `config.is_encoder_decoder` says: it is built from
     `encoder_layers`, `encoder_attention_heads` and `encoder_ffn_dim`, the `decoder_*` fields are not read, and a
     decoder-only config (as saved by [`ScaleformerForCausalLM`]) gives the same model as the encoder-decoder config
-    with the same encoder fields. `encoder_layers` must then be at least 1.
+    with the same encoder fields. `encoder_layers` must then be at least 1. The encoder is a
+    [`ScaleformerEncoderModel`] with the parameter names of [`ScaleformerModel`]'s (`model.shared`,
+    `model.encoder.*`), so `from_pretrained` on an encoder-decoder checkpoint starts the classifier from its encoder.
 
     The loss follows `config.problem_type` as in BERT; when it is `None`, it is inferred per call (the config
     is not changed): `"regression"` (mean squared error) if `num_labels == 1`, `"single_label_classification"`
@@ -704,16 +747,16 @@ class ScaleformerForSequenceClassification(ScaleformerPreTrainedModel):
             )
         super().__init__(config)
         self.num_labels = config.num_labels
-        self.model = ScaleformerEncoder(config)
+        self.model = ScaleformerEncoderModel(config)
         self.dropout = nn.Dropout(config.dropout)
         self.classifier = nn.Linear(config.d_model, config.num_labels)
         self.post_init()
 
     def get_input_embeddings(self):
-        return self.model.embed_tokens
+        return self.model.shared
 
     def set_input_embeddings(self, value):
-        self.model.embed_tokens = value
+        self.model.set_input_embeddings(value)
 
     @can_return_tuple
     def forward(
@@ -770,6 +813,7 @@ class ScaleformerForSequenceClassification(ScaleformerPreTrainedModel):
 
 
 __all__ = [
+    "ScaleformerEncoderModel",
     "ScaleformerForCausalLM",
     "ScaleformerForConditionalGeneration",
     "ScaleformerModel",

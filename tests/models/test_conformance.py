@@ -156,3 +156,18 @@ def test_causal_lm_loss_honours_shift_labels(tiny_config, batch):
     assert not torch.allclose(model(input_ids=ids, attention_mask=mask, labels=labels, shift_labels=other).loss, from_labels)
     with pytest.raises(ValueError, match="`shift_labels`"):
         model(input_ids=ids, shift_labels=torch.full_like(ids, 10_000))
+
+
+def test_classifier_starts_from_an_encoder_decoder_checkpoint(tiny_config, batch, tmp_path):
+    """The classifier's encoder has the encoder-decoder's parameter names: its weights load from that checkpoint,
+    and the encoder computes what the encoder-decoder's does."""
+    seq2seq = build(tiny_config, ScaleformerForConditionalGeneration).eval()
+    seq2seq.save_pretrained(tmp_path)
+    classifier = ScaleformerForSequenceClassification.from_pretrained(tmp_path, num_labels=2).to(torch.float64).eval()
+    for name, param in seq2seq.model.encoder.state_dict().items():
+        torch.testing.assert_close(classifier.model.encoder.state_dict()[name], param, rtol=0, atol=0)
+    src, src_mask = batch()
+    expected = seq2seq.get_encoder()(input_ids=src, attention_mask=src_mask).last_hidden_state
+    got = classifier.model(input_ids=src, attention_mask=src_mask).last_hidden_state
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    assert classifier.get_input_embeddings().weight is classifier.model.encoder.embed_tokens.weight

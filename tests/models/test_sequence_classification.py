@@ -179,7 +179,7 @@ def test_decoder_only_config_uses_the_bidirectional_encoder_stack():
     encoder_decoder = model_for(encoder_layers=3, decoder_layers=1)
     config = tiny_config(encoder_layers=3, decoder_layers=4, is_encoder_decoder=False)
     decoder_only = ScaleformerForSequenceClassification(config).double().eval()
-    assert len(decoder_only.model.layers) == 3 and not any("decoder" in n for n, _ in decoder_only.named_parameters())
+    assert len(decoder_only.model.encoder.layers) == 3 and not any("decoder" in n for n, _ in decoder_only.named_parameters())
     decoder_only.load_state_dict(encoder_decoder.state_dict())
     ids, mask = pad_batch([random_ids(1, n, seed=n)[0] for n in (6, 3)], "right")
     expected = encoder_decoder(input_ids=ids, attention_mask=mask).logits
