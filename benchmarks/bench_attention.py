@@ -39,15 +39,8 @@ the top and in the summary before trusting a figure.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import math
 import os
-import platform
-import resource
-import shlex
-import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -57,6 +50,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from common import (
+    MIB, Sample, Target, count_targets, load_summary, log2_axis, machine_info, measure_in_fresh_process, median_of,
+    memory_baseline, peak_rss_bytes, print_machine, print_slopes, print_targets, pyplot, sample_record, save_figure,
+    slope_fit, timed, write_json,
+)
 from modeling_scaleformer.ops_kernelized import choose_mode, kernelized_rpe_attention
 from modeling_scaleformer.ops_naive import naive_kernelized_rpe_attention
 from modeling_scaleformer.ops_registry import ATTENTION_VARIANTS, rotary_spectrum
@@ -91,23 +89,6 @@ AUTO_SHORT_REPEATS = 7
 AUTO_RATIO_MAX = 1.2
 
 MEMORY_WARMUP_LENGTH = 128  # loads every code path before the baseline is read
-# ru_maxrss survives execve: a process started straight from this one would begin with this one's
-# high-water mark. This launcher, small itself, forks the measuring process so that it starts low. It
-# also puts itself and that process first in line for the kernel's out-of-memory killer (the setting is
-# inherited), so that a point that does not fit kills the measurement, not the benchmark beside it that
-# holds every model, and it dies by the signal that killed the measuring process.
-MEMORY_LAUNCHER = """
-import os, subprocess, sys
-try:
-    with open("/proc/self/oom_score_adj", "w") as f:
-        f.write("1000")
-except OSError:
-    pass
-code = subprocess.run(sys.argv[1:]).returncode
-if code < 0:
-    os.kill(os.getpid(), -code)
-sys.exit(code)
-"""
 
 SLOPE_RANGE = (4096, 32768)
 LINEAR_SLOPE_MAX = 1.15
@@ -115,8 +96,6 @@ SPEEDUP_LENGTH = 16384
 SPEEDUP_MIN = {True: 5.0, False: 10.0}  # sdpa / linear, fwd+bwd, by causal
 MEMORY_LENGTH = 32768
 MEMORY_RATIO_MAX = 8.0  # peak extra of linear fwd+bwd, in multiples of the bytes of q+k+v
-
-MIB = 2**20
 
 
 class Inputs(NamedTuple):
@@ -132,19 +111,6 @@ class Config(NamedTuple):
     causal: bool
     pass_name: str
     length: int
-
-
-class Sample(NamedTuple):
-    wall_s: float
-    user_s: float
-    sys_s: float
-    minor_faults: int
-
-
-class Target(NamedTuple):
-    name: str
-    status: str  # "PASS", "FAIL" or "N/A"
-    figure: str
 
 
 def causal_label(causal: bool) -> str:
@@ -212,30 +178,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def machine_info(threads: int) -> dict:
-    return {
-        "command": shlex.join(sys.orig_argv),
-        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "threads": threads,
-        "cpu_model": cpu_model(),
-        "cpu_count": os.cpu_count(),
-        "load_average_at_start": os.getloadavg(),
-    }
-
-
 def variant_parameters(variant: str, g: torch.Generator, dtype: torch.dtype) -> dict[str, Tensor]:
     """Parameters of the shapes the model gives `variant`, at its initialisation plus noise."""
     specs = ATTENTION_VARIANTS[variant].parameters(HEADS, DIM, HORIZON, False)
@@ -286,18 +228,16 @@ def differentiable(method: str, x: Inputs) -> tuple[Tensor, ...]:
 
 def time_call(method: str, x: Inputs, causal: bool, pass_name: str, grad_out: Tensor | None) -> Sample:
     """One call, timed: fwd under no_grad, or fwd then the gradients of every input."""
-    r0 = resource.getrusage(resource.RUSAGE_SELF)
-    t0 = time.perf_counter()
-    if pass_name == "fwd":
-        with torch.no_grad():
-            out = attend(method, x, causal)
-    else:
+
+    def call() -> Tensor:
+        if pass_name == "fwd":
+            with torch.no_grad():
+                return attend(method, x, causal)
         out = attend(method, x, causal)
         torch.autograd.grad(out, differentiable(method, x), grad_out)
-    wall = time.perf_counter() - t0
-    r1 = resource.getrusage(resource.RUSAGE_SELF)
-    del out
-    return Sample(wall, r1.ru_utime - r0.ru_utime, r1.ru_stime - r0.ru_stime, r1.ru_minflt - r0.ru_minflt)
+        return out
+
+    return timed(call)
 
 
 def skip_reason(method: str, length: int, args: argparse.Namespace) -> str | None:
@@ -395,15 +335,6 @@ def run_benchmark(args: argparse.Namespace) -> dict[Config, list[Sample]]:
     return samples
 
 
-def current_rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def peak_rss_bytes() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
-
-
 def measure_memory_here(method: str, causal: bool, length: int, seed: int) -> dict:
     """Peak extra resident memory of fwd, then fwd+bwd, in this (fresh) process."""
     warm = make_inputs(MEMORY_WARMUP_LENGTH, seed=seed, requires_grad=True)
@@ -413,9 +344,7 @@ def measure_memory_here(method: str, causal: bool, length: int, seed: int) -> di
     del warm, warm_grad
     x = make_inputs(length, seed=seed, requires_grad=True)
     grad_out = make_grad_out(Config(method, causal, "fwd+bwd", length), seed)
-    baseline = current_rss_bytes()
-    # ru_maxrss only rises: a high-water mark above the baseline already is the resolution floor
-    floor = max(0, peak_rss_bytes() - baseline)
+    baseline, floor = memory_baseline()
     time_call(method, x, causal, "fwd", None)
     fwd = peak_rss_bytes() - baseline
     time_call(method, x, causal, "fwd+bwd", grad_out)
@@ -424,19 +353,10 @@ def measure_memory_here(method: str, causal: bool, length: int, seed: int) -> di
 
 
 def measure_memory(method: str, causal: bool, length: int, args: argparse.Namespace) -> dict:
-    command = [sys.executable, "-c", MEMORY_LAUNCHER, sys.executable, str(Path(__file__).resolve()),
-               "--measure-memory", method, causal_label(causal), str(length),
-               "--threads", str(args.threads), "--seed", str(args.seed)]
-    start = time.perf_counter()
-    proc = subprocess.run(command, capture_output=True, text=True)
-    elapsed = time.perf_counter() - start
-    lines = proc.stdout.strip().splitlines()
-    if proc.returncode != 0 or not lines:
-        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        result = {"error": f"exit status {proc.returncode}: {last}"}
-    else:
-        result = json.loads(lines[-1])
-    print(f"[memory] {method} {causal_label(causal)} L={length}: {elapsed:.1f} s", file=sys.stderr, flush=True)
+    """`measure_memory_here` in a fresh process (this script's hidden `--measure-memory`)."""
+    result = measure_in_fresh_process(
+        __file__, ["--measure-memory", method, causal_label(causal), str(length), "--threads", str(args.threads),
+                   "--seed", str(args.seed)], f"{method} {causal_label(causal)} L={length}")
     return {"method": method, "causal": causal, "length": length, "qkv_bytes": qkv_bytes(length), **result}
 
 
@@ -451,8 +371,7 @@ def qkv_bytes(length: int) -> int:
 
 
 def median_s(samples: dict[Config, list[Sample]], config: Config) -> float | None:
-    runs = samples.get(config)
-    return statistics.median(s.wall_s for s in runs) if runs else None
+    return median_of(samples.get(config))
 
 
 def fmt_ms(seconds: float | None, missing: str = "–") -> str:
@@ -541,51 +460,23 @@ def print_variant_tables(samples: dict[Config, list[Sample]], memory: dict, vari
         print()
 
 
-def least_squares_slope(points: list[tuple[int, float]]) -> float:
-    xs = [math.log2(n) for n, _ in points]
-    ys = [math.log2(t) for _, t in points]
-    mx, my = statistics.fmean(xs), statistics.fmean(ys)
-    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
-
-
 def compute_slopes(samples: dict[Config, list[Sample]], lengths: list[int]) -> list[dict]:
-    lo, hi = SLOPE_RANGE
+    """Per method, pass and direction that was timed: the fit over SLOPE_RANGE and the pairwise slopes."""
     rows = []
     for pass_name in PASSES:
         for causal in CAUSAL_ORDER:
             for method in ALL_METHODS:
                 points = [(n, t) for n in lengths
                           if (t := median_s(samples, Config(method, causal, pass_name, n))) is not None]
-                if not points:
-                    continue
-                in_range = [(n, t) for n, t in points if lo <= n <= hi]
-                pairwise = [{"from": a, "to": b, "slope": least_squares_slope([(a, ta), (b, tb)])}
-                            for (a, ta), (b, tb) in zip(points, points[1:])]
-                rows.append({
-                    "method": method, "pass": pass_name, "causal": causal,
-                    "range": [in_range[0][0], in_range[-1][0]] if len(in_range) >= 2 else None,
-                    "slope": least_squares_slope(in_range) if len(in_range) >= 2 else None,
-                    "pairwise": pairwise,
-                })
+                if points:
+                    rows.append({"method": method, "pass": pass_name, "causal": causal,
+                                 **slope_fit(points, SLOPE_RANGE, fit_all_if_few=False)})
     return rows
 
 
-def print_slopes(rows: list[dict], lengths: list[int]) -> None:
-    lo, hi = SLOPE_RANGE
-    pairs = list(zip(lengths, lengths[1:]))
-    print("## Growth: slope of log2(time) against log2(L) (1 = linear, 2 = quadratic)")
-    print()
-    print(f"| method | pass | causal | {lo}-{hi} (least squares) | " + " | ".join(f"{a}-{b}" for a, b in pairs) + " |")
-    print("|:---|:---|:---|---:|" + "---:|" * len(pairs))
-    for r in rows:
-        if r["slope"] is None:
-            fit = "–"
-        else:
-            fit = f"{r['slope']:.2f}" + ("" if r["range"] == [lo, hi] else f" ({r['range'][0]}-{r['range'][1]})")
-        by_pair = {(p["from"], p["to"]): p["slope"] for p in r["pairwise"]}
-        cells = [f"{by_pair[p]:.2f}" if p in by_pair else "–" for p in pairs]
-        print(f"| {r['method']} | {r['pass']} | {causal_label(r['causal'])} | {fit} | " + " | ".join(cells) + " |")
-    print()
+def print_slope_table(rows: list[dict], lengths: list[int]) -> None:
+    print_slopes(rows, lengths, SLOPE_RANGE, ("method", "pass", "causal"),
+                 lambda r: [r["method"], r["pass"], causal_label(r["causal"])])
 
 
 def evaluate_targets(
@@ -629,14 +520,6 @@ def evaluate_targets(
             targets.append(Target(name, status, f"{ratio:.2f}x ({extra / MIB:,.0f} MiB over "
                                                 f"{record['qkv_bytes'] / MIB:,.0f} MiB)"))
     return targets
-
-
-def print_targets(targets: list[Target]) -> None:
-    print("## Targets")
-    print()
-    for t in targets:
-        print(f"- {t.status} {t.name}: {t.figure}")
-    print()
 
 
 def run_auto_check(args: argparse.Namespace) -> dict:
@@ -689,24 +572,11 @@ def print_auto_check(result: dict, args: argparse.Namespace) -> None:
 
 
 def config_record(c: Config, runs: list[Sample]) -> dict:
-    return {"method": c.method, "causal": c.causal, "pass": c.pass_name, "length": c.length,
-            "median_s": statistics.median(s.wall_s for s in runs),
-            "wall_s": [s.wall_s for s in runs], "user_s": [s.user_s for s in runs],
-            "sys_s": [s.sys_s for s in runs], "minor_faults": [s.minor_faults for s in runs]}
-
-
-def write_json(path: Path, report: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report, indent=1) + "\n")
+    return {"method": c.method, "causal": c.causal, "pass": c.pass_name, "length": c.length, **sample_record(runs)}
 
 
 def write_plot(path: Path, samples: dict[Config, list[Sample]], lengths: list[int]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5), sharey=True)
+    fig, axes = pyplot().subplots(1, 2, figsize=(11, 4.5), sharey=True)
     for ax, causal in zip(axes, CAUSAL_ORDER):
         curves = {}
         for method in ALL_METHODS:
@@ -719,36 +589,14 @@ def write_plot(path: Path, samples: dict[Config, list[Sample]], lengths: list[in
                 n0, t0 = curves[anchor][0]
                 ax.plot(lengths, [t0 * (n / n0) ** slope for n in lengths], linestyle="--", linewidth=1,
                         color="black" if slope == 1 else "grey", label=f"slope {slope} (from {anchor})")
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(lengths, [str(n) for n in lengths])
-        ax.minorticks_off()
+        log2_axis(ax, lengths)
         ax.set_yscale("log")
         ax.set_xlabel("sequence length L")
         ax.set_title(f"fwd+bwd, {'causal' if causal else 'bidirectional'}")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend()
     axes[0].set_ylabel("median wall time (s)")
-    fig.suptitle(f"B={BATCH}, H={HEADS}, D={DIM}, fp32, h={HORIZON}, {torch.get_num_threads()} threads")
-    save_figure(fig, path)
-
-
-def print_machine(info: dict) -> None:
-    """The command, date, versions, threads, CPU and load average lines of a report header."""
-    print(f"- command: `{info['command']}`")
-    print(f"- date: {info['date']}")
-    print(f"- torch {info['torch']}, python {info['python']}, {info['threads']} torch threads")
-    print(f"- CPU: {info['cpu_model']} ({info['cpu_count']} logical CPUs), load average "
-          + " / ".join(f"{x:.2f}" for x in info["load_average_at_start"]) + " (1 / 5 / 15 min)")
-
-
-def save_figure(fig, path: Path) -> None:
-    """Lay out `fig`, write it to `path` as a 120-dpi PNG (creating the folder) and close it."""
-    import matplotlib.pyplot as plt
-
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, f"B={BATCH}, H={HEADS}, D={DIM}, fp32, h={HORIZON}, {torch.get_num_threads()} threads")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -777,7 +625,7 @@ def main(argv: list[str] | None = None) -> int:
     memory = [] if args.no_memory else run_memory(args)
     print_tables(samples, memory, args)
     slopes = compute_slopes(samples, args.lengths)
-    print_slopes(slopes, args.lengths)
+    print_slope_table(slopes, args.lengths)
     targets = evaluate_targets(samples, slopes, memory)
     print_targets(targets)
     auto = run_auto_check(args) if args.auto_check else None
@@ -803,13 +651,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"- raw figures written to {args.json}")
     if args.plot is not None:
         write_plot(args.plot, samples, args.lengths)
-        print(f"- plot written to {args.plot}")
 
-    counts = {s: sum(t.status == s for t in targets) for s in ("PASS", "FAIL", "N/A")}
     auto_summary = "skipped" if auto is None else ("PASS" if auto["passed"] else "FAIL")
-    print(f"Summary: verification PASS; targets {counts['PASS']} PASS, {counts['FAIL']} FAIL, "
-          f"{counts['N/A']} N/A; auto-check {auto_summary}; 1-min load average "
-          f"{info['load_average_at_start'][0]:.2f} at start, {info['load_average_at_end'][0]:.2f} at end")
+    print(f"Summary: verification PASS; {count_targets(targets)}; auto-check {auto_summary}; {load_summary(info)}")
     return 0
 
 

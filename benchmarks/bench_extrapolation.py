@@ -14,7 +14,7 @@ Tasks (`--tasks`), over an alphabet of `--symbols` symbols drawn uniformly (repe
 * `sort`: the output is the input sorted by symbol id.
 
 Models, all d_model 128, 2 + 2 layers, 4 heads, FFN 512, no dropout, fp32 by default (`--d_model` ...), built
-by `bench_quality.build`:
+by `models.build_seq2seq` (as in `bench_quality.py`):
 
 * `scaleformer`: attention_type `kernelized_rpe` (clipped relative positions, horizon 16) in encoder and
   decoder self-attention, plain kernelized cross-attention;
@@ -53,27 +53,25 @@ one thread each (different `--models`, separate JSON files) use the machine bett
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import random
 import statistics
 import sys
 import time
+from operator import itemgetter
 from pathlib import Path
 
 import torch
-from torch import Tensor
 from tqdm import tqdm
 from transformers import PreTrainedModel
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-from bench_attention import machine_info, save_figure  # noqa: E402
-from bench_listops import load_previous, run_missing, save_runs  # noqa: E402
-from bench_quality import (  # noqa: E402
-    BOS_ID, EOS_ID, GRAD_CLIP, PAD_ID, WEIGHT_DECAY, build, learning_rate, parse_model_name,
+from common import (
+    WEIGHT_DECAY, RunFile, Target, add_run_file_arguments, inverse_sqrt_lr, machine_info, optimizer_step,
+    print_targets, pyplot, save_figure, start_report,
+)
+from models import (
+    BOS_ID, EOS_ID, PAD_ID, ModelSize, add_model_size_arguments, bart_table_size, build_seq2seq, collate,
+    count_parameters, parse_model_name,
 )
 
 
@@ -97,6 +95,7 @@ QUICK = dict(
 )
 SETTING_KEYS = ("quick", "steps", "batch_size", "lr", "warmup_steps", "d_model", "layers", "heads", "ffn_dim",
                 "dropout", "symbols", "min_length", "max_length", "factors", "test_examples", "test_seed", "threads")
+run_key = itemgetter("task", "model", "seed")  # what identifies a run of the --json file
 
 
 # ----------------------------------------------------------------------------------------------- arguments
@@ -119,12 +118,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     train.add_argument("--lr", type=float, help="peak AdamW learning rate (default: 1e-3)")
     train.add_argument("--warmup_steps", type=int, help="linear warm-up, then inverse square root (default: 200)")
     train.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default: 1)")
-    model = parser.add_argument_group("model size (the same for every model)")
-    model.add_argument("--d_model", type=int, help="width (default: 128)")
-    model.add_argument("--layers", type=int, help="encoder layers, and as many decoder layers (default: 2)")
-    model.add_argument("--heads", type=int, help="attention heads (default: 4)")
-    model.add_argument("--ffn_dim", type=int, help="feed-forward width (default: 512)")
-    model.add_argument("--dropout", type=float, help="dropout of every model (default: 0)")
+    add_model_size_arguments(parser, DEFAULTS)
     data = parser.add_argument_group("data")
     data.add_argument("--symbols", type=int, help="alphabet size (default: 16)")
     data.add_argument("--min_length", type=int, help="shortest training input (default: 8)")
@@ -133,9 +127,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                       help="test bins (F/2 x max, F x max] (default: 2 4 8)")
     data.add_argument("--test_examples", type=int, help="test inputs per bin (default: 100)")
     data.add_argument("--test_seed", type=int, default=12345, help="seed of the test inputs (default: 12345)")
-    parser.add_argument("--json", type=Path, metavar="PATH", help="merge the runs into PATH and write every figure")
-    parser.add_argument("--plot", type=Path, metavar="PATH", help="write a PNG of exact match against input length")
-    parser.add_argument("--overwrite", action="store_true", help="run (task, model, seed) triples already in --json")
+    add_run_file_arguments(parser, plot_help="write a PNG of exact match against input length",
+                           overwrite_help="run (task, model, seed) triples already in --json",
+                           json_help="merge the runs into PATH and write every figure")
     args = parser.parse_args(argv)
 
     preset = {**DEFAULTS, **(QUICK if args.quick else {})}
@@ -210,26 +204,12 @@ def training_batches(task: str, seed: int, args: argparse.Namespace):
                for _ in range(args.batch_size)]
 
 
-def collate(examples: list[tuple[list[int], list[int]]]) -> tuple[Tensor, Tensor, Tensor]:
-    """(input_ids, attention_mask, labels): sources right-padded with PAD_ID, labels with -100."""
-    longest_source = max(len(s) for s, _ in examples)
-    longest_target = max(len(t) for _, t in examples)
-    input_ids = torch.full((len(examples), longest_source), PAD_ID)
-    attention_mask = torch.zeros_like(input_ids)
-    labels = torch.full((len(examples), longest_target), -100)
-    for row, (s, t) in enumerate(examples):
-        input_ids[row, :len(s)] = torch.tensor(s)
-        attention_mask[row, :len(s)] = 1
-        labels[row, :len(t)] = torch.tensor(t)
-    return input_ids, attention_mask, labels
-
-
 # ------------------------------------------------------------------------------------------- train and test
 
 
 def bart_positions(args: argparse.Namespace) -> int:
-    longest = max(args.factors) * args.max_length + 1 + EXTRA_NEW_TOKENS + 2
-    return 64 * math.ceil(longest / 64)
+    """BART's position table holds the longest test source and its decoding (start token, reference, extra)."""
+    return bart_table_size(max(args.factors) * args.max_length + 1 + EXTRA_NEW_TOKENS)
 
 
 def describe(name: str, model: PreTrainedModel, args: argparse.Namespace) -> str:
@@ -252,7 +232,7 @@ def score_bin(model: PreTrainedModel, examples: list[tuple[list[int], list[int]]
     exact = correct = total = 0
     for start in range(0, len(examples), batch_size):
         chunk = examples[start:start + batch_size]
-        input_ids, attention_mask, _ = collate(chunk)
+        input_ids, attention_mask, _ = collate([source for source, _ in chunk], [target for _, target in chunk])
         longest = max(len(t) for _, t in chunk)
         generated = model.generate(input_ids=input_ids, attention_mask=attention_mask, do_sample=False, num_beams=1,
                                    max_new_tokens=longest + EXTRA_NEW_TOKENS, decoder_start_token_id=BOS_ID,
@@ -271,7 +251,8 @@ def score_bin(model: PreTrainedModel, examples: list[tuple[list[int], list[int]]
 def train_one(task: str, name: str, seed: int, tests: list[dict], args: argparse.Namespace) -> dict:
     info = machine_info(torch.get_num_threads())
     vocabulary = FIRST_SYMBOL + args.symbols
-    model = build(name, seed, vocabulary, bart_positions(args), args).train()
+    size = ModelSize(vocabulary, args.d_model, args.layers, args.heads, args.ffn_dim)
+    model = build_seq2seq(name, seed, size, args.dropout, bart_positions(args)).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=WEIGHT_DECAY)
     batches = training_batches(task, seed, args)
     losses: list[float] = []
@@ -279,15 +260,11 @@ def train_one(task: str, name: str, seed: int, tests: list[dict], args: argparse
     bar = tqdm(range(args.steps), desc=f"{task} {name} seed {seed}", file=sys.stderr, mininterval=2.0,
                dynamic_ncols=True)
     for step in bar:
-        for group in optimizer.param_groups:
-            group["lr"] = learning_rate(step, args)
-        input_ids, attention_mask, labels = collate(next(batches))
-        optimizer.zero_grad(set_to_none=True)
-        loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels, use_cache=False).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
-        optimizer.step()
-        losses.append(loss.item())
+        lr = inverse_sqrt_lr(step, args.lr, args.warmup_steps)
+        batch = next(batches)
+        input_ids, attention_mask, labels = collate([source for source, _ in batch], [target for _, target in batch])
+        losses.append(optimizer_step(model, optimizer, lr, input_ids=input_ids, attention_mask=attention_mask,
+                                     labels=labels, use_cache=False))
         if step % 50 == 0:
             bar.set_postfix_str(f"loss {statistics.fmean(losses[-50:]):.3f}")
     train_seconds = time.perf_counter() - start
@@ -304,7 +281,7 @@ def train_one(task: str, name: str, seed: int, tests: list[dict], args: argparse
           f"{statistics.fmean(losses[-50:]):.4f}; exact match {line}", file=sys.stderr, flush=True)
     return {
         "task": task, "model": name, "seed": seed, "description": describe(name, model, args),
-        "parameters": sum(p.numel() for p in model.parameters()), "train_seconds": train_seconds,
+        "parameters": count_parameters(model), "train_seconds": train_seconds,
         "test_seconds": test_seconds, "final_train_loss": statistics.fmean(losses[-50:]),
         "train_loss_every_50": [statistics.fmean(losses[i:i + 50]) for i in range(0, len(losses), 50)],
         "bins": results, "machine": info,
@@ -312,10 +289,6 @@ def train_one(task: str, name: str, seed: int, tests: list[dict], args: argparse
 
 
 # ------------------------------------------------------------------------------------------------ reporting
-
-
-def run_key(run: dict) -> tuple[str, str, int]:
-    return run["task"], run["model"], run["seed"]
 
 
 def grouped(runs: list[dict]) -> dict[tuple[str, str], list[dict]]:
@@ -333,7 +306,7 @@ def mean_bins(rs: list[dict], key: str) -> list[float]:
     return [statistics.fmean(r["bins"][i][key] for r in rs) for i in range(len(rs[0]["bins"]))]
 
 
-def print_report(info: dict, args: argparse.Namespace, runs: list[dict], ran_now: set) -> list[dict]:
+def print_report(info: dict, args: argparse.Namespace, runs: list[dict], ran_now: set) -> list[Target]:
     print("# Length extrapolation: train on short inputs, test on longer ones")
     print()
     print(f"- command: `{info['command']}`")
@@ -382,23 +355,14 @@ def print_report(info: dict, args: argparse.Namespace, runs: list[dict], ran_now
             ratio = exact[TARGET_FACTOR] / exact[1]
             status = "PASS" if ratio >= HOLD_RATIO else "FAIL"
             figure = f"{100 * exact[TARGET_FACTOR]:.1f}% vs {100 * exact[1]:.1f}% (ratio {ratio:.2f})"
-        targets.append({"name": target, "status": status, "figure": figure})
-    print("## Targets")
-    print()
-    for t in targets:
-        print(f"- {t['status']} {t['name']}: {t['figure']}")
-    print()
+        targets.append(Target(target, status, figure))
+    print_targets(targets)
     return targets
 
 
 def write_plot(path: Path, runs: list[dict], args: argparse.Namespace) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     tasks = sorted({r["task"] for r in runs}, key=TASKS.index)
-    fig, axes = plt.subplots(1, len(tasks), figsize=(6 * len(tasks), 4.5), squeeze=False)
+    fig, axes = pyplot().subplots(1, len(tasks), figsize=(6 * len(tasks), 4.5), squeeze=False)
     colours: dict[str, str] = {}
     for (task, name), rs in grouped(runs).items():
         ax = axes[0][tasks.index(task)]
@@ -416,34 +380,28 @@ def write_plot(path: Path, runs: list[dict], args: argparse.Namespace) -> None:
         ax.set_title(task)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle(f"Length extrapolation: d_model {args.d_model}, {args.layers}+{args.layers} layers, {args.steps} "
-                 f"steps of {args.batch_size}", fontsize=10)
-    save_figure(fig, path)
+    save_figure(fig, path, f"Length extrapolation: d_model {args.d_model}, {args.layers}+{args.layers} layers, "
+                f"{args.steps} steps of {args.batch_size}", fontsize=10)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    torch.set_num_threads(args.threads)
-    info = machine_info(torch.get_num_threads())
+    info = start_report(args.threads)
     settings = {key: getattr(args, key) for key in SETTING_KEYS}
-    previous = load_previous(args.json, settings, BENCHMARK)
-    runs = {run_key(r): r for r in (previous or {}).get("runs", [])}
-    report = {"benchmark": BENCHMARK, "settings": settings, "machine": info, "runs": list(runs.values())}
+    store = RunFile(BENCHMARK, args, settings, run_key)
+    report = {"benchmark": BENCHMARK, "settings": settings, "machine": info, "runs": list(store.runs.values())}
     keys = [(task, name, seed) for task in args.tasks for seed in args.seeds for name in args.models]
     tests = {task: test_sets(task, args) for task in args.tasks}
-    ran_now = run_missing(keys, runs, lambda task, name, seed: train_one(task, name, seed, tests[task], args),
-                          lambda k: f"{k[0]} {k[1]} seed {k[2]}", args, report, run_key, settings, BENCHMARK)
-    all_runs = list(runs.values())
-    targets = print_report(info, args, all_runs, ran_now) if all_runs else []
-    report["targets"] = targets
-    if args.json is not None:
-        save_runs(args.json, report, runs, ran_now, run_key, settings, BENCHMARK)
-        print(f"- raw figures written to {args.json}")
+    store.run_missing(keys, lambda task, name, seed: train_one(task, name, seed, tests[task], args),
+                      lambda k: f"{k[0]} {k[1]} seed {k[2]}", report)
+    all_runs = list(store.runs.values())
+    targets = print_report(info, args, all_runs, store.ran_now) if all_runs else []
+    report["targets"] = [t._asdict() for t in targets]
+    store.write(report)
     if args.plot is not None and all_runs:
         write_plot(args.plot, all_runs, args)
-        print(f"- plot written to {args.plot}")
-    print(f"Summary: {len(ran_now)} run(s) trained now, {len(all_runs)} reported; "
-          + "; ".join(f"{t['status']} {t['name'].split(': exact match')[0]}" for t in targets))
+    print(f"Summary: {store.summary()}; "
+          + "; ".join(f"{t.status} {t.name.split(': exact match')[0]}" for t in targets))
     return 0
 
 

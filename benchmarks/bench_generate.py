@@ -64,43 +64,30 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import statistics
 import sys
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
 
 import torch
 from torch import Tensor
-from transformers import (
-    BartConfig,
-    BartForConditionalGeneration,
-    PreTrainedConfig,
-    PreTrainedModel,
-    T5Config,
-    T5ForConditionalGeneration,
-)
+from transformers import PreTrainedModel
 from transformers.cache_utils import Cache, EncoderDecoderCache
 
-from bench_attention import MIB, Target, machine_info, print_targets, save_figure
-from modeling_scaleformer import ScaleformerCache, ScaleformerConfig, ScaleformerForConditionalGeneration
-from modeling_scaleformer.ops_registry import ATTENTION_TYPES, ATTENTION_VARIANTS
+from common import (
+    MIB, Target, count_targets, describe_error, load_summary, log2_axis, print_machine, print_targets, pyplot,
+    rotated, save_figure, start_report, write_json,
+)
+from models import (
+    DTYPE, FIRST_PLAIN_ID, MODEL_SIZE, add_models_argument, attention_type_of, build_model, check_models,
+    describe_model, grows_with_position, model_configs, reference_model,
+)
+from modeling_scaleformer import ScaleformerCache
 
 
-DEFAULT_ATTENTION_TYPE = "kernelized_rpe"  # what `scaleformer` alone runs: ScaleformerConfig's default
-BASELINES = ("bart", "t5")
-MODEL_NAMES = ("scaleformer", *(f"scaleformer:{t}" for t in ATTENTION_TYPES), *BASELINES)
-DEFAULT_MODELS = ("scaleformer", "bart")
-MODEL_CLASSES = {
-    "scaleformer": ScaleformerForConditionalGeneration,
-    "bart": BartForConditionalGeneration,
-    "t5": T5ForConditionalGeneration,
-}
 BATCH = 1
-DTYPE = torch.float32
 
 DEFAULT_SOURCE_LENGTH = 2048
 DEFAULT_NEW_TOKENS = 4096
@@ -111,63 +98,14 @@ QUICK_POSITIONS = (64, 128, 256, 512)
 DEFAULT_WINDOW = 32
 VERIFY_TOKENS = 16
 VERIFY_LOGITS_TOLERANCE = 1e-4  # the same computation in fp32; a wrong cache moves logits far more
-FIRST_SOURCE_ID = 4  # ids below are special tokens of some model
 
 GROWTH_MAX = 1.15  # Scaleformer ms/token at the last position over the first
 FASTER_FROM_FRACTION = 4  # Scaleformer must beat BART at positions >= new_tokens / 4 (1024 of 4096)
 
 
-class ModelSize(NamedTuple):
-    vocab_size: int
-    d_model: int
-    layers: int  # encoder and decoder each
-    heads: int
-    ffn_dim: int
-
-
-MODEL_SIZE = ModelSize(vocab_size=32000, d_model=512, layers=6, heads=8, ffn_dim=2048)
-
-
 class CacheBytes(NamedTuple):
     total: int
     self_attention: int
-
-
-def add_models_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--models", nargs="+", metavar="MODEL",
-                        help="models to compare, in this order: scaleformer (attention_type "
-                        f"{DEFAULT_ATTENTION_TYPE}), scaleformer:TYPE with TYPE in {', '.join(ATTENTION_TYPES)}, "
-                        f"{', '.join(BASELINES)} (default: {' '.join(DEFAULT_MODELS)})")
-
-
-def check_models(parser: argparse.ArgumentParser, names: list[str] | None) -> list[str]:
-    """`--models` in order, repeats dropped and `scaleformer:kernelized_rpe` read as `scaleformer`; an unknown
-    name is a parser error that lists the accepted ones."""
-    if names is None:
-        return list(DEFAULT_MODELS)
-    unknown = [name for name in names if name not in MODEL_NAMES]
-    if unknown:
-        parser.error(f"--models: unknown model(s) {', '.join(map(repr, unknown))}; accepted: "
-                     f"{', '.join(MODEL_NAMES)}")
-    return list(dict.fromkeys("scaleformer" if name == f"scaleformer:{DEFAULT_ATTENTION_TYPE}" else name
-                              for name in names))
-
-
-def reference_model(names: Sequence[str]) -> str:
-    """The model the others are compared with: the first Scaleformer model, else the first model."""
-    return next((name for name in names if name.startswith("scaleformer")), names[0])
-
-
-def attention_type_of(name: str) -> str | None:
-    """The attention_type of a Scaleformer model name, None for a baseline."""
-    kind, _, attention_type = name.partition(":")
-    return (attention_type or DEFAULT_ATTENTION_TYPE) if kind == "scaleformer" else None
-
-
-def grows_with_position(name: str) -> bool:
-    """Whether the model's self-attention cache gains one token a step: the baselines and the softmax types."""
-    attention_type = attention_type_of(name)
-    return attention_type is None or not ATTENTION_VARIANTS[attention_type].constant_state
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -226,99 +164,16 @@ def bart_max_positions(args: argparse.Namespace) -> int:
     return max(args.source_length, args.new_tokens)
 
 
-def model_configs(size: ModelSize, bart_max_position_embeddings: int,
-                  models: Sequence[str] = DEFAULT_MODELS) -> dict[str, PreTrainedConfig]:
-    """Configs of one size for `models` (names of `MODEL_NAMES`), by default Scaleformer (default attention:
-    kernelized_rpe, horizon 16) and BART.
-
-    T5 takes Scaleformer's dropout and special ids; its relative attention buckets keep their defaults.
-    """
-    shape = dict(
-        vocab_size=size.vocab_size, d_model=size.d_model, encoder_layers=size.layers, decoder_layers=size.layers,
-        encoder_attention_heads=size.heads, decoder_attention_heads=size.heads,
-        encoder_ffn_dim=size.ffn_dim, decoder_ffn_dim=size.ffn_dim,
-    )
-    scaleformer = ScaleformerConfig(**shape)
-    configs: dict[str, PreTrainedConfig] = {}
-    for name in models:
-        kind, _, attention_type = name.partition(":")
-        if name == "scaleformer":
-            configs[name] = scaleformer
-        elif kind == "scaleformer" and attention_type in ATTENTION_TYPES:
-            configs[name] = ScaleformerConfig(**shape, attention_type=attention_type)
-        elif name == "bart":
-            # no forced end-of-sequence: decoding runs to the requested length, as for Scaleformer
-            configs[name] = BartConfig(**shape, max_position_embeddings=bart_max_position_embeddings,
-                                       forced_eos_token_id=None)
-        elif name == "t5":
-            configs[name] = T5Config(
-                vocab_size=size.vocab_size, d_model=size.d_model, d_kv=size.d_model // size.heads, d_ff=size.ffn_dim,
-                num_layers=size.layers, num_decoder_layers=size.layers, num_heads=size.heads,
-                dropout_rate=scaleformer.dropout, tie_word_embeddings=True,
-                pad_token_id=scaleformer.pad_token_id, bos_token_id=scaleformer.bos_token_id,
-                eos_token_id=scaleformer.eos_token_id, decoder_start_token_id=scaleformer.decoder_start_token_id,
-            )
-        else:
-            raise ValueError(f"`models` takes names of {', '.join(MODEL_NAMES)}, got {name!r}")
-    return configs
-
-
-def build_model(name: str, config: PreTrainedConfig, seed: int) -> PreTrainedModel:
-    """Random weights from `torch.manual_seed(seed)`, fp32; the class follows the name (`scaleformer:TYPE`
-    builds a Scaleformer)."""
-    kind = name.partition(":")[0]
-    if kind not in MODEL_CLASSES:
-        raise ValueError(f"`name` must be scaleformer, scaleformer:TYPE, bart or t5, got {name!r}")
-    torch.manual_seed(seed)
-    return MODEL_CLASSES[kind](config).to(DTYPE)
-
-
 def build_models(args: argparse.Namespace) -> dict[str, PreTrainedModel]:
     """The models of `--models` at the same size, random weights seeded from `--seed`, eval mode, fp32."""
     configs = model_configs(MODEL_SIZE, bart_max_positions(args), args.models)
     return {name: build_model(name, config, args.seed).eval() for name, config in configs.items()}
 
 
-def count_parameters(model: PreTrainedModel) -> int:
-    return sum(p.numel() for p in model.parameters())
-
-
-def describe_model(name: str, model: PreTrainedModel, bart_positions_note: str, *, decoding: bool) -> str:
-    """One header line: parameters and what decides the model's cost in length (with `decoding`, in its cache)."""
-    config = model.config
-    text = f"{name}: {count_parameters(model) / 1e6:.1f} M parameters, "
-    if name.startswith("scaleformer"):
-        text += (f"attention_type {config.attention_type}, rpe_horizon {config.rpe_horizon}, attention_mode "
-                 f"{config.attention_mode}")
-        if decoding:
-            return text + ("; self-attention state grows with position (keys and values)" if grows_with_position(name)
-                           else "; self-attention state of constant size")
-        return text + ("; softmax attention: quadratic in length" if grows_with_position(name) else "")
-    if name == "t5":
-        cost = "every step attends over the whole history" if decoding else "quadratic in length"
-        return text + (f"attention implementation {config._attn_implementation}, relative attention "
-                       f"{config.relative_attention_num_buckets} buckets, max distance "
-                       f"{config.relative_attention_max_distance}; the position bias is added to every score "
-                       f"(a dense heads x Lq x Lk mask): {cost}")
-    return text + (f"attention implementation {config._attn_implementation}, max_position_embeddings "
-                   f"{config.max_position_embeddings} ({bart_positions_note}; BART's default is 1024)")
-
-
-def describe_error(error: BaseException) -> str:
-    first_line = (str(error).strip().splitlines() or [""])[0][:160]
-    return f"{type(error).__name__}: {first_line}" if first_line else type(error).__name__
-
-
-def rotated(names: Sequence[str], turn: int) -> list[str]:
-    """`names` starting at index `turn` mod len: over len(names) turns each model goes first once."""
-    k = turn % len(names) if names else 0
-    return [*names[k:], *names[:k]]
-
-
 def make_source(args: argparse.Namespace) -> tuple[Tensor, Tensor]:
     """Random source ids (no special token of any model) and its all-ones attention mask."""
     g = torch.Generator().manual_seed(args.seed)
-    input_ids = torch.randint(FIRST_SOURCE_ID, MODEL_SIZE.vocab_size, (BATCH, args.source_length), generator=g)
+    input_ids = torch.randint(FIRST_PLAIN_ID, MODEL_SIZE.vocab_size, (BATCH, args.source_length), generator=g)
     return input_ids, torch.ones_like(input_ids)
 
 
@@ -638,12 +493,7 @@ def rolling_medians_ms(step_s: list[float], window: int) -> tuple[list[int], lis
 
 
 def write_plot(path: Path, decoding: Decoding, args: argparse.Namespace) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax_time, ax_mem) = plt.subplots(1, 2, figsize=(12, 4.5))
+    fig, (ax_time, ax_mem) = pyplot().subplots(1, 2, figsize=(12, 4.5))
     for name, after in decoding.bytes_after.items():
         color = f"C{list(decoding.bytes_after).index(name) % 10}"
         if not after:
@@ -659,9 +509,7 @@ def write_plot(path: Path, decoding: Decoding, args: argparse.Namespace) -> None
         ax_mem.plot(steps, [b.self_attention / MIB for b in after], linestyle="--", color=color,
                     label=f"{name}, self-attention")
     for ax, ticks in ((ax_time, args.positions), (ax_mem, [1, *args.positions])):
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(ticks, [str(p) for p in ticks])
-        ax.minorticks_off()
+        log2_axis(ax, ticks)
         ax.set_xlabel("decoder position")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize="small" if len(decoding.bytes_after) > 2 else None)
@@ -670,20 +518,15 @@ def write_plot(path: Path, decoding: Decoding, args: argparse.Namespace) -> None
     ax_mem.set_ylabel("cache MiB")
     ax_mem.set_yscale("log")
     size = MODEL_SIZE
-    fig.suptitle(f"greedy decoding, source {args.source_length}, d_model {size.d_model}, {size.layers}+{size.layers} "
-                 f"layers, fp32, {torch.get_num_threads()} thread(s)")
-    save_figure(fig, path)
+    save_figure(fig, path, f"greedy decoding, source {args.source_length}, d_model {size.d_model}, "
+                f"{size.layers}+{size.layers} layers, fp32, {torch.get_num_threads()} thread(s)")
 
 
 def print_header(info: dict, models: dict[str, PreTrainedModel], args: argparse.Namespace) -> None:
     size = MODEL_SIZE
     print(f"# Greedy generation benchmark: {', '.join(models)}")
     print()
-    print(f"- command: `{info['command']}`")
-    print(f"- date: {info['date']}")
-    print(f"- torch {info['torch']}, python {info['python']}, {info['threads']} torch thread(s)")
-    print(f"- CPU: {info['cpu_model']} ({info['cpu_count']} logical CPUs), load average "
-          + " / ".join(f"{x:.2f}" for x in info["load_average_at_start"]) + " (1 / 5 / 15 min)")
+    print_machine(info, "torch thread(s)")
     quick = " (the same with --quick)" if args.quick else ""
     print(f"- every model: d_model {size.d_model}, {size.layers}+{size.layers} layers, {size.heads} heads, FFN "
           f"{size.ffn_dim}, vocabulary {size.vocab_size}{quick}; random init (seed {args.seed}), eval, fp32, "
@@ -698,8 +541,7 @@ def print_header(info: dict, models: dict[str, PreTrainedModel], args: argparse.
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    torch.set_num_threads(args.threads)
-    info = machine_info(torch.get_num_threads())
+    info = start_report(args.threads)
     models = build_models(args)
     input_ids, attention_mask = make_source(args)
     print_header(info, models, args)
@@ -719,8 +561,7 @@ def main(argv: list[str] | None = None) -> int:
 
     info["load_average_at_end"] = os.getloadavg()
     if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({
+        write_json(args.json, {
             "machine": info,
             "settings": {"model_size": MODEL_SIZE._asdict(), "quick": args.quick, "dtype": str(DTYPE), "batch": BATCH,
                          "source_length": args.source_length, "new_tokens": args.new_tokens,
@@ -734,16 +575,12 @@ def main(argv: list[str] | None = None) -> int:
             "skipped": [{"model": name, "position": position, "reason": error}
                         for name, (position, error) in decoding.failed.items()],
             "targets": [t._asdict() for t in targets],
-        }, indent=1) + "\n")
+        })
         print(f"- raw figures written to {args.json}")
     if args.plot is not None:
         write_plot(args.plot, decoding, args)
-        print(f"- plot written to {args.plot}")
 
-    counts = {s: sum(t.status == s for t in targets) for s in ("PASS", "FAIL", "N/A")}
-    print(f"Summary: verification PASS; targets {counts['PASS']} PASS, {counts['FAIL']} FAIL, {counts['N/A']} N/A; "
-          "1-min load average "
-          f"{info['load_average_at_start'][0]:.2f} at start, {info['load_average_at_end'][0]:.2f} at end")
+    print(f"Summary: verification PASS; {count_targets(targets)}; {load_summary(info)}")
     return 0
 
 

@@ -62,12 +62,12 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import math
 import os
 import statistics
 import sys
 import time
+from operator import itemgetter
 from pathlib import Path
 
 import torch
@@ -75,15 +75,17 @@ from torch import Tensor
 from torch.nn.utils.rnn import pad_sequence
 from tqdm import tqdm
 
-from bench_attention import machine_info, save_figure
-from listops import LISTOPS_VOCAB, NUM_LABELS, PAD_ID, generate_listops, tokenize
+from common import (
+    GRAD_CLIP, RunFile, add_run_file_arguments, budget_text, load_summary, machine_info, optimizer_step,
+    print_machine, pyplot, save_figure, start_report,
+)
+from listops import LISTOPS_VOCAB, NUM_LABELS, PAD_ID, generate_listops, tokenize  # the ListOps data module
 from modeling_scaleformer import ScaleformerConfig, ScaleformerForSequenceClassification
 from modeling_scaleformer.ops_registry import ATTENTION_TYPES
 
 
 BENCHMARK = "bench_listops"
 SPLITS = ("train", "valid", "test")
-GRAD_CLIP = 1.0
 MAX_DEPTH = 10  # LRA's tree depth and arguments per operator
 MAX_ARGS = 10
 
@@ -103,6 +105,7 @@ QUICK = dict(
 SETTING_KEYS = ("train", "valid", "test", "min_length", "max_length", "data_seed", "d_model", "layers", "heads",
                 "ffn_dim", "rpe_horizon", "dropout", "batch_size", "lr", "weight_decay", "warmup_steps", "minutes",
                 "max_steps", "eval_every", "device")
+run_key = itemgetter("attention_type", "seed")  # what identifies a run of the --json file
 
 REFERENCE_SOURCE = ('Tay et al. 2021, "Long Range Arena: A Benchmark for Efficient Transformers" (ICLR 2021), '
                     "Table 1, ListOps test accuracy")
@@ -112,6 +115,8 @@ REFERENCES = {
     "Linear Transformer": (0.1613, "kernelized"),
     "Performer": (0.1801, None),
 }
+LRA_VALUES = dict(train=96000, valid=2000, test=2000, min_length=500, max_length=2000, d_model=512, layers=4, heads=8,
+                  ffn_dim=1024, batch_size=32, warmup_steps=1000, max_steps=5000)  # LRA's setting, for --help
 LRA_SIZE = (512, 4, 8, 1024, 96000, 32)  # d_model, layers, heads, FFN, training examples, batch
 LRA_SETTING = ("96k training examples of 500-2000 tokens, d_model 512, 4 layers, 8 heads, FFN 1024, batch 32, "
                "5k steps, on accelerators")
@@ -135,6 +140,15 @@ class Split:
         return input_ids.to(device), attention_mask.to(device), self.labels[indices].to(device)
 
 
+def add_preset_flags(group, *flags: tuple[str, type, str]) -> None:
+    """Flags (name, type, help) whose default, None, is filled from DEFAULTS or QUICK; their help gives DEFAULTS'
+    value and LRA's."""
+    for name, kind, text in flags:
+        default = "none" if DEFAULTS[name] is None else f"{DEFAULTS[name]:g}"
+        lra = f"; LRA: {LRA_VALUES[name]}" if name in LRA_VALUES else ""
+        group.add_argument(f"--{name}", type=kind, help=f"{text} (default: {default}{lra})")
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description="Train ScaleformerForSequenceClassification on ListOps per attention_type and seed; report "
@@ -148,41 +162,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true",
                         help="smoke test: tiny data and models, a few steps; explicit flags still apply")
     data = parser.add_argument_group("data (benchmarks/listops.py)")
-    data.add_argument("--train", type=int, help=f"training examples (default: {DEFAULTS['train']}; LRA: 96000)")
-    data.add_argument("--valid", type=int, help=f"validation examples (default: {DEFAULTS['valid']}; LRA: 2000)")
-    data.add_argument("--test", type=int, help=f"test examples (default: {DEFAULTS['test']}; LRA: 2000)")
-    data.add_argument("--min_length", type=int,
-                      help=f"fewest tokens, inclusive (default: {DEFAULTS['min_length']}; LRA: 500)")
-    data.add_argument("--max_length", type=int,
-                      help=f"most tokens, inclusive (default: {DEFAULTS['max_length']}; LRA: 2000)")
+    add_preset_flags(data, ("train", int, "training examples"), ("valid", int, "validation examples"),
+                     ("test", int, "test examples"), ("min_length", int, "fewest tokens, inclusive"),
+                     ("max_length", int, "most tokens, inclusive"))
     data.add_argument("--data_seed", type=int, default=0, help="seed of the generator (default: 0)")
-    model = parser.add_argument_group("model (the same for every attention_type)")
-    model.add_argument("--d_model", type=int, help=f"width (default: {DEFAULTS['d_model']}; LRA: 512)")
-    model.add_argument("--layers", type=int, help=f"encoder layers (default: {DEFAULTS['layers']}; LRA: 4)")
-    model.add_argument("--heads", type=int, help=f"attention heads (default: {DEFAULTS['heads']}; LRA: 8)")
-    model.add_argument("--ffn_dim", type=int, help=f"feed-forward width (default: {DEFAULTS['ffn_dim']}; LRA: 1024)")
-    model.add_argument("--rpe_horizon", type=int,
-                       help=f"horizon of the relative variants (default: {DEFAULTS['rpe_horizon']})")
-    model.add_argument("--dropout", type=float, help=f"dropout (default: {DEFAULTS['dropout']})")
-    train = parser.add_argument_group("training")
-    train.add_argument("--batch_size", type=int, help=f"examples per step (default: {DEFAULTS['batch_size']}; LRA: 32)")
-    train.add_argument("--lr", type=float, help=f"peak AdamW learning rate (default: {DEFAULTS['lr']:g})")
-    train.add_argument("--weight_decay", type=float, help=f"AdamW weight decay (default: {DEFAULTS['weight_decay']:g})")
-    train.add_argument("--warmup_steps", type=int,
-                       help=f"steps of linear warm-up (default: {DEFAULTS['warmup_steps']}; LRA: 1000)")
-    train.add_argument("--minutes", type=float,
-                       help=f"training-time budget per model in minutes, 0 for none (default: {DEFAULTS['minutes']:g})")
-    train.add_argument("--max_steps", type=int, help="stop after this many steps (default: none; LRA: 5000)")
-    train.add_argument("--eval_every", type=int,
-                       help=f"steps between valid evaluations (default: {DEFAULTS['eval_every']})")
+    add_preset_flags(parser.add_argument_group("model (the same for every attention_type)"),
+                     ("d_model", int, "width"), ("layers", int, "encoder layers"), ("heads", int, "attention heads"),
+                     ("ffn_dim", int, "feed-forward width"), ("rpe_horizon", int, "horizon of the relative variants"),
+                     ("dropout", float, "dropout"))
+    add_preset_flags(parser.add_argument_group("training"),
+                     ("batch_size", int, "examples per step"), ("lr", float, "peak AdamW learning rate"),
+                     ("weight_decay", float, "AdamW weight decay"), ("warmup_steps", int, "steps of linear warm-up"),
+                     ("minutes", float, "training-time budget per model in minutes, 0 for none"),
+                     ("max_steps", int, "stop after this many steps"),
+                     ("eval_every", int, "steps between valid evaluations"))
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu, cuda, cuda:1 (default: cpu)")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch intra-op threads on CPU (default: 1; see the module docstring)")
-    parser.add_argument("--json", type=Path, metavar="PATH",
-                        help="merge the runs into PATH (runs already there are skipped) and write every raw figure")
-    parser.add_argument("--plot", type=Path, metavar="PATH",
-                        help="write a PNG of valid accuracy against training seconds, one curve per run, to PATH")
-    parser.add_argument("--overwrite", action="store_true", help="run (type, seed) pairs already in --json again")
+    add_run_file_arguments(
+        parser, plot_help="write a PNG of valid accuracy against training seconds, one curve per run, to PATH",
+        overwrite_help="run (type, seed) pairs already in --json again")
     args = parser.parse_args(argv)
 
     preset = QUICK if args.quick else DEFAULTS
@@ -222,30 +221,6 @@ def settings_of(args: argparse.Namespace) -> dict:
     settings = {key: getattr(args, key) for key in SETTING_KEYS}
     settings["device"] = args.device.type
     return settings
-
-
-def refuse(message: str) -> None:
-    """Print an error in argparse's style, naming the running script, and exit with status 2."""
-    print(f"{Path(sys.argv[0]).name}: error: {message}", file=sys.stderr)
-    sys.exit(2)
-
-
-def load_previous(path: Path | None, settings: dict, benchmark: str = BENCHMARK) -> dict | None:
-    """The report of `benchmark` at `path`, if any; exit with status 2 if it was made with other settings."""
-    if path is None or not path.exists():
-        return None
-    try:
-        previous = json.loads(path.read_text())
-    except json.JSONDecodeError as error:
-        refuse(f"--json {path} exists but is not JSON ({error}); move it away or choose another path")
-    if not isinstance(previous, dict) or previous.get("benchmark") != benchmark:
-        refuse(f"--json {path} is not a report of {benchmark}.py; choose another path")
-    differ = {k: (previous["settings"].get(k), v) for k, v in settings.items() if previous["settings"].get(k) != v}
-    if differ:
-        lines = "; ".join(f"{k}: {there!r} there, {here!r} here" for k, (there, here) in differ.items())
-        refuse(f"--json {path} holds runs made with other settings ({lines}). Runs of one file share their data, "
-               "model size and training settings: choose another path, or delete the file to start again.")
-    return previous
 
 
 def make_data(args: argparse.Namespace) -> tuple[dict[str, Split], dict, float]:
@@ -358,15 +333,10 @@ def train_one(attention_type: str, seed: int, splits: dict[str, Split], args: ar
     stopped_by = None
     while stopped_by is None:
         t0 = time.perf_counter()
-        for group in optimizer.param_groups:
-            group["lr"] = learning_rate(steps, train_seconds, args)
+        lr = learning_rate(steps, train_seconds, args)
         input_ids, attention_mask, labels = splits["train"].batch(next(batches), args.device)
-        optimizer.zero_grad(set_to_none=True)
-        loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
-        optimizer.step()
-        losses.append(loss.item())  # also waits for an accelerator, so the clock below is honest
+        losses.append(optimizer_step(model, optimizer, lr, input_ids=input_ids, attention_mask=attention_mask,
+                                     labels=labels))
         train_seconds += time.perf_counter() - t0
         steps += 1
         examples_seen += len(labels)
@@ -396,51 +366,6 @@ def train_one(attention_type: str, seed: int, splits: dict[str, Split], args: ar
     }
 
 
-def write_json(path: Path, report: dict) -> None:
-    """Write atomically, so that an interrupted run leaves the previous file whole."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(report, indent=1) + "\n")
-    tmp.replace(path)
-
-
-def save_runs(path: Path, report: dict, runs: dict, ran_now: set, key, settings: dict,
-              benchmark: str = BENCHMARK) -> None:
-    """Write `report` with `runs` (key -> run) to `path`, first taking in the runs that another process wrote
-    there since this one started (runs made here win), under an exclusive lock on `path.lock`: several
-    processes, each with its own models or seeds, can fill one file at once. `runs` is updated in place."""
-    import fcntl
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_name(path.name + ".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        for run in (load_previous(path, settings, benchmark) or {}).get("runs", []):
-            if key(run) not in ran_now:
-                runs[key(run)] = run
-        report["runs"] = list(runs.values())
-        write_json(path, report)
-
-
-def run_missing(keys: list[tuple], runs: dict, train, label, args: argparse.Namespace, report: dict, key,
-                settings: dict, benchmark: str = BENCHMARK) -> set:
-    """Train `train(*k)` for every k of `keys` not in `runs` yet (every one with `args.overwrite`), merging each
-    finished run into `args.json` at once (`save_runs`), then take in what parallel processes added. `label(k)`
-    names a run in messages. Returns the keys trained now; `runs` is updated in place."""
-    ran_now: set = set()
-    for k in keys:
-        if k in runs and not args.overwrite:
-            print(f"[{label(k)}] already in {args.json}: skipped (--overwrite runs it again)", file=sys.stderr,
-                  flush=True)
-            continue
-        runs[k] = train(*k)
-        ran_now.add(k)
-        if args.json is not None:
-            save_runs(args.json, report, runs, ran_now, key, settings, benchmark)
-    if args.json is not None:
-        save_runs(args.json, report, runs, ran_now, key, settings, benchmark)
-    return ran_now
-
-
 def pct(x: float | None) -> str:
     return "–" if x is None else f"{100 * x:.1f}"
 
@@ -461,11 +386,7 @@ def reference_cell(attention_type: str) -> str:
 def print_header(info: dict, args: argparse.Namespace, data: dict, majority: dict, data_seconds: float) -> None:
     print("# ListOps: ScaleformerForSequenceClassification by attention_type")
     print()
-    print(f"- command: `{info['command']}`")
-    print(f"- date: {info['date']}")
-    print(f"- torch {info['torch']}, python {info['python']}, {info['threads']} torch threads, device {args.device}")
-    print(f"- CPU: {info['cpu_model']} ({info['cpu_count']} logical CPUs), load average "
-          + " / ".join(f"{x:.2f}" for x in info["load_average_at_start"]) + " (1 / 5 / 15 min)")
+    print_machine(info, f"torch threads, device {args.device}")
     print(f"- data: ListOps (benchmarks/listops.py, LRA's process: depth <= {MAX_DEPTH}, <= {MAX_ARGS} arguments), "
           f"{args.min_length}-{args.max_length} tokens, data seed {args.data_seed}, generated in {data_seconds:.1f} s"
           + (" (--quick)" if args.quick else ""))
@@ -476,13 +397,10 @@ def print_header(info: dict, args: argparse.Namespace, data: dict, majority: dic
     print(f"- model: d_model {args.d_model}, {args.layers} encoder layer(s), {args.heads} heads, FFN {args.ffn_dim}, "
           f"rpe_horizon {args.rpe_horizon} (relative variants), dropout {args.dropout:g}, masked mean and a linear "
           f"head over {NUM_LABELS} labels, fp32")
-    budget = [b for b in (f"{args.minutes:g} min of training" if args.minutes > 0 else None,
-                          f"{args.max_steps} steps" if args.max_steps is not None else None) if b]
     print(f"- training: batch {args.batch_size}, AdamW lr {args.lr:g} (warm-up {args.warmup_steps} steps, linear "
           f"decay to 0 at the budget's end), weight decay {args.weight_decay:g}, gradient norm clipped to "
-          f"{GRAD_CLIP:g}; budget per model: " + " or ".join(budget)
-          + (", whichever comes first" if len(budget) > 1 else "")
-          + f"; valid accuracy every {args.eval_every} steps; test accuracy of the best-valid weights")
+          f"{GRAD_CLIP:g}; budget per model: {budget_text(args.minutes, args.max_steps)}; valid accuracy every "
+          f"{args.eval_every} steps; test accuracy of the best-valid weights")
     print()
 
 
@@ -545,12 +463,7 @@ def print_results(runs: list[dict], majority: dict, args: argparse.Namespace, ra
 
 
 def write_plot(path: Path, runs: list[dict], majority: dict, args: argparse.Namespace) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 5))
+    fig, ax = pyplot().subplots(figsize=(8, 5))
     types = sorted({r["attention_type"] for r in runs}, key=ATTENTION_TYPES.index)
     colors = {t: f"C{ATTENTION_TYPES.index(t)}" for t in types}
     styles = ("-", "--", ":", "-.")
@@ -572,18 +485,11 @@ def write_plot(path: Path, runs: list[dict], majority: dict, args: argparse.Name
     save_figure(fig, path)
 
 
-def run_key(run: dict) -> tuple[str, int]:
-    return run["attention_type"], run["seed"]
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    torch.set_num_threads(args.threads)
+    info = start_report(args.threads)
     settings = settings_of(args)
-    previous = load_previous(args.json, settings)
-    runs = {run_key(r): r for r in (previous or {}).get("runs", [])}
-
-    info = machine_info(torch.get_num_threads())
+    store = RunFile(BENCHMARK, args, settings, run_key)
     splits, majority, data_seconds = make_data(args)
     data = describe_splits(splits)
     print_header(info, args, data, majority, data_seconds)
@@ -596,25 +502,23 @@ def main(argv: list[str] | None = None) -> int:
         "runs": [],
     }
     keys = [(attention_type, seed) for seed in args.seed for attention_type in args.attention_types]
-    ran_now = run_missing(keys, runs, lambda attention_type, seed: train_one(attention_type, seed, splits, args),
-                          lambda k: f"{k[0]} seed {k[1]}", args, report, run_key, settings)
+    store.run_missing(keys, lambda attention_type, seed: train_one(attention_type, seed, splits, args),
+                      lambda k: f"{k[0]} seed {k[1]}", report)
     info["load_average_at_end"] = os.getloadavg()
     if args.json is not None:
         print(f"- raw figures written to {args.json}")
-    all_runs = list(runs.values())
-    print_results(all_runs, majority, args, ran_now, args.json)
+    all_runs = list(store.runs.values())
+    print_results(all_runs, majority, args, store.ran_now, args.json)
     if args.plot is not None:
         write_plot(args.plot, all_runs, majority, args)
-        print(f"- plot written to {args.plot}")
 
     best = max(all_runs, key=lambda r: r["test_accuracy"], default=None)
     above = sum(r["test_accuracy"] > majority["test_accuracy"] for r in all_runs)
-    print(f"Summary: {len(ran_now)} run(s) trained now, {len(all_runs)} reported; "
+    print(f"Summary: {store.summary()}; "
           + (f"best test accuracy {pct(best['test_accuracy'])}% ({best['attention_type']} seed {best['seed']}), "
              if best else "")
           + f"{above} of {len(all_runs)} run(s) above the majority class ({pct(majority['test_accuracy'])}%); "
-          f"1-min load average {info['load_average_at_start'][0]:.2f} at start, {info['load_average_at_end'][0]:.2f} "
-          "at end")
+          + load_summary(info))
     return 0
 
 

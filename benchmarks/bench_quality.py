@@ -14,15 +14,16 @@ Models, all d_model 256, 3 + 3 layers, 4 heads, FFN 1024, dropout 0.1, fp32 by d
   relative positions to cross-attention (`cross_attention_rpe`), then `+sinusoidal` adds sinusoidal absolute
   positions to the embeddings (`absolute_positions`) and `+post_ln` makes every block post-norm
   (`layer_norm_position="post"`), e.g. `scaleformer:softmax+sinusoidal+post_ln`;
-* `bart`: `transformers.BartForConditionalGeneration` (the builder of `bench_generate.py`), learned absolute
+* `bart`: `transformers.BartForConditionalGeneration` (the builder of `models.py`), learned absolute
   positions; `max_position_embeddings` fits the longest sequence of the task (128 for verses of at most 96
   tokens); for chapters see `--bart_long`;
 * `t5`: `transformers.T5ForConditionalGeneration`, d_kv = d_model / heads, relative attention buckets at
   their defaults (32 buckets, max distance 128), ReLU FFN, tied embeddings.
 
-Every model uses the same tokenizer: a byte-level BPE (`train_bpe_tokenizer`, 8000 tokens) trained on the
-training split's source and target text, saved once in the output folder (`--output_dir`, by default
-the folder of `--json`) and loaded from there by every later run; its SHA-256 is part of the settings.
+Every model uses the same tokenizer: a byte-level BPE (8000 tokens) trained on the training split's source and
+target text by `examples/data/train_tokenizer.py` (run as a command), saved once in the output folder
+(`--output_dir`, by default the folder of `--json`) and loaded from there by every later run; its SHA-256 is part
+of the settings.
 Special ids: pad 0, bos 1 (the decoder start of every model), eos 2.
 
 How: per seed, the weights come from `torch.manual_seed(seed)` and the training batches from a
@@ -50,7 +51,8 @@ Tasks (`--task`):
   1024 tokens. T5 reads full sources; its attention cost grows quadratically with length. The report says
   what each baseline did and how many sources were cut.
 * `docstrings`: code-to-docstring summarisation: the functions and methods of the running interpreter's
-  standard library (`examples/data/build_docstrings.py`, split by package, so no package spans two splits):
+  standard library (`examples/data/build_docstrings.py --kinds function`, run as a command; split by package,
+  so no package spans two splits):
   source without its docstring -> the docstring's first paragraph. Train on `train`, curves on
   `validation`, ROUGE-1/2/L F-measure (x100, mean over examples, as `examples/main_job.py` computes it) on a
   seeded sample of `--test_examples` (200) `test` functions. Pairs with more than `--max_source_tokens`
@@ -101,41 +103,37 @@ import json
 import math
 import os
 import random
+import shlex
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
+from operator import itemgetter
 from pathlib import Path
-from typing import NamedTuple
 
 import sacrebleu
 import torch
 import torch.nn.functional as F
+from rouge_score import rouge_scorer
 from torch import Tensor
 from tqdm import tqdm
 from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerFast
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "examples" / "data"))
-sys.path.insert(0, str(ROOT / "examples"))
-
-from bench_attention import machine_info, print_machine, save_figure  # noqa: E402
-from bench_listops import load_previous, run_missing, save_runs  # noqa: E402
-from bench_generate import ModelSize, build_model, model_configs  # noqa: E402
-from build_docstrings import build_docstring_pairs  # noqa: E402
-from main_job import rouge_scores  # noqa: E402
-from train_tokenizer import train_bpe_tokenizer  # noqa: E402
-
-from modeling_scaleformer import ScaleformerConfig  # noqa: E402
-from modeling_scaleformer.ops_registry import ATTENTION_TYPES  # noqa: E402
+from common import (
+    GRAD_CLIP, WEIGHT_DECAY, RunFile, Target, add_run_file_arguments, budget_text, inverse_sqrt_lr, load_summary,
+    machine_info, optimizer_step, print_machine, print_targets, pyplot, save_figure, start_report,
+)
+from models import (
+    BART_DEFAULT_POSITIONS, BASELINES, BOS_ID, EOS_ID, PAD_ID, ModelSize, add_model_size_arguments, bart_table_size,
+    build_seq2seq, collate, count_parameters, parse_model_name,
+)
 
 
 BENCHMARK = "bench_quality"
+ROOT = Path(__file__).resolve().parents[1]
 DATA_DIR = ROOT / "examples" / "data" / "bible"
-PAD_ID, BOS_ID, EOS_ID = 0, 1, 2  # train_bpe_tokenizer's special ids
-BASELINES = ("bart", "t5")
-GRAD_CLIP = 1.0
-WEIGHT_DECAY = 0.01
-BART_DEFAULT_POSITIONS = 1024
+DATA_BUILDERS = ROOT / "examples" / "data"  # build_docstrings.py and train_tokenizer.py, run as commands
 VERSE_TARGET_RATIO = 1.02  # Scaleformer's held-out loss at most 2% above the best baseline's
 REPETITION_GUARD = dict(no_repeat_ngram_size=3, repetition_penalty=1.2)  # examples/main_job.py's
 
@@ -166,6 +164,7 @@ SETTING_KEYS = ("task", "quick", "minutes", "max_steps", "eval_every_seconds", "
                 "dropout", "vocab_size", "lr", "warmup_steps", "batch_size", "threads", "train_examples",
                 "heldout_examples", "test_examples", "max_tokens", "min_source_tokens", "max_source_tokens",
                 "max_target_tokens", "max_new_tokens", "bart_long", "repetition_guard", "data_dir")
+run_key = itemgetter("model", "seed")  # what identifies a run of the --json file
 
 
 # ----------------------------------------------------------------------------------------------- arguments
@@ -193,12 +192,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     budget.add_argument("--max_steps", type=int, help="also stop after this many steps (default: none)")
     budget.add_argument("--eval_every_seconds", type=float,
                         help="training seconds between held-out evaluations (default: 60)")
-    model = parser.add_argument_group("model size (the same for every model)")
-    model.add_argument("--d_model", type=int, help="width (default: 256)")
-    model.add_argument("--layers", type=int, help="encoder layers, and as many decoder layers (default: 3)")
-    model.add_argument("--heads", type=int, help="attention heads (default: 4)")
-    model.add_argument("--ffn_dim", type=int, help="feed-forward width (default: 1024)")
-    model.add_argument("--dropout", type=float, help="dropout of every model (default: 0.1)")
+    model = add_model_size_arguments(parser, DEFAULTS)
     model.add_argument("--vocab_size", type=int, help="BPE vocabulary trained on the training split (default: 8000)")
     model.add_argument("--bart_long", choices=("table", "truncate"), default="truncate",
                        help="chapters: enlarge BART's position table to the longest sequence (table), or cut BART's "
@@ -237,11 +231,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--output_dir", type=Path,
                         help="where the tokenizer is cached (default: the folder of --json, else "
                         "outputs/bench_quality)")
-    parser.add_argument("--json", type=Path, metavar="PATH",
-                        help="merge the runs into PATH (runs already there are skipped) and write every raw figure")
-    parser.add_argument("--plot", type=Path, metavar="PATH",
-                        help="write a PNG of held-out loss against training seconds and against tokens seen")
-    parser.add_argument("--overwrite", action="store_true", help="run (model, seed) pairs already in --json again")
+    add_run_file_arguments(parser,
+                           plot_help="write a PNG of held-out loss against training seconds and against tokens seen",
+                           overwrite_help="run (model, seed) pairs already in --json again")
     args = parser.parse_args(argv)
 
     preset = {**DEFAULTS, **TASK_DEFAULTS[args.task], **(QUICK if args.quick else {})}
@@ -292,6 +284,24 @@ def read_jsonl(path: Path) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
+def run_data_builder(script: str, *arguments: str | Path) -> None:
+    """Run `python examples/data/SCRIPT ARGUMENTS`, the builder's own command line; what it prints goes to stderr."""
+    command = [sys.executable, str(DATA_BUILDERS / script), *map(str, arguments)]
+    proc = subprocess.run(command, capture_output=True, text=True)
+    for line in proc.stdout.splitlines():
+        print(f"[{script}] {line}", file=sys.stderr, flush=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"`{shlex.join(command)}` failed with exit status {proc.returncode}:\n{proc.stderr[-3000:]}")
+
+
+def docstring_splits() -> dict[str, list[dict]]:
+    """The function records of `build_docstrings.py` (train, validation and test), from the running interpreter's
+    standard library."""
+    with tempfile.TemporaryDirectory() as folder:
+        run_data_builder("build_docstrings.py", "--output_dir", folder, "--kinds", "function")
+        return {file: read_jsonl(Path(folder) / f"{file}.jsonl") for file in ("train", "validation", "test")}
+
+
 def chapter_pairs(rows: list[dict]) -> list[dict]:
     """The verses of each (book, chapter), in file order, joined with spaces (as `build_bible.py --level chapter`
     writes them, whose records pass through unchanged); the verses of a chapter must be 1..n in order."""
@@ -312,7 +322,7 @@ def chapter_pairs(rows: list[dict]) -> list[dict]:
 
 def raw_splits(args: argparse.Namespace) -> dict[str, list[dict]]:
     """{"train", "heldout", "test"}: rows with `source` and `target` text."""
-    built = build_docstring_pairs(kinds=("function",)) if args.task == "docstrings" else None
+    built = docstring_splits() if args.task == "docstrings" else None
     splits = {}
     for name, file in (("train", "train"), ("heldout", "validation"), ("test", "test")):
         if built is not None:
@@ -327,19 +337,24 @@ def raw_splits(args: argparse.Namespace) -> dict[str, list[dict]]:
 
 
 def get_tokenizer(train_rows: list[dict], args: argparse.Namespace) -> tuple[PreTrainedTokenizerFast, Path, str]:
-    """The BPE of the training text, trained once and cached under --output_dir (keyed by its text and size)."""
+    """The BPE of the training text, trained once by `train_tokenizer.py` and cached under --output_dir (keyed by
+    its text and size)."""
     texts = [text for r in train_rows for text in (r["source"], r["target"])]
     text_hash = hashlib.sha256("\n".join(texts).encode()).hexdigest()[:12]
     folder = args.output_dir / f"bench_quality_tokenizer_{args.vocab_size}_{text_hash}"
     if (folder / "tokenizer.json").exists():
-        tokenizer = AutoTokenizer.from_pretrained(folder)
-        print(f"[tokenizer] loaded from {folder}", file=sys.stderr, flush=True)
+        print(f"[tokenizer] loading from {folder}", file=sys.stderr, flush=True)
     else:
         start = time.perf_counter()
-        tokenizer = train_bpe_tokenizer(texts, vocab_size=args.vocab_size)
-        tokenizer.save_pretrained(folder)
+        with tempfile.TemporaryDirectory() as scratch:  # the training text, as the pairs the builder reads
+            text_file = Path(scratch) / "train.jsonl"
+            text_file.write_text("".join(json.dumps({"source": r["source"], "target": r["target"]}, ensure_ascii=False)
+                                         + "\n" for r in train_rows), encoding="utf-8")
+            run_data_builder("train_tokenizer.py", "--files", text_file, "--fields", "source", "target",
+                             "--vocab_size", str(args.vocab_size), "--output_dir", folder)
         print(f"[tokenizer] trained in {time.perf_counter() - start:.1f} s, saved to {folder}", file=sys.stderr,
               flush=True)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
     if (tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id) != (PAD_ID, BOS_ID, EOS_ID):
         raise SystemExit(f"tokenizer in {folder} has unexpected special ids")
     sha = hashlib.sha256((folder / "tokenizer.json").read_bytes()).hexdigest()
@@ -421,74 +436,17 @@ def data_notes(splits: dict[str, list[dict]], args: argparse.Namespace) -> list[
 # --------------------------------------------------------------------------------------------------- models
 
 
-class ModelSpec(NamedTuple):
-    """What a `--models` name asks for; the last three are Scaleformer config fields."""
-
-    kind: str  # scaleformer, bart or t5
-    attention_type: str | None  # None: the default (scaleformer) or not a Scaleformer
-    cross_attention_rpe: bool = False
-    absolute_positions: str | None = None
-    layer_norm_position: str = "pre"
-
-
-MODEL_SUFFIXES = ("cross_rpe", "sinusoidal", "post_ln")
-
-
-def parse_model_name(name: str) -> ModelSpec:
-    """`bart`, `t5`, or `scaleformer` / `scaleformer:TYPE` followed by any of `+cross_rpe` (relative positions in
-    cross-attention too, kernelized_rpe only), `+sinusoidal` (absolute positions) and `+post_ln` (post-norm
-    blocks), in that order."""
-    base, *suffixes = name.split("+")
-    kind, _, attention_type = base.partition(":")
-    usage = (f"unknown model {name!r}; use bart, t5, or scaleformer or scaleformer:TYPE with TYPE in "
-             f"{', '.join(ATTENTION_TYPES)}, followed by any of " + ", ".join(f"+{x}" for x in MODEL_SUFFIXES)
-             + " in that order (+cross_rpe with kernelized_rpe only)")
-    if kind in BASELINES and not attention_type and not suffixes:
-        return ModelSpec(kind, None)
-    if kind != "scaleformer" or (attention_type and attention_type not in ATTENTION_TYPES):
-        raise ValueError(usage)
-    if [x for x in MODEL_SUFFIXES if x in suffixes] != suffixes:  # unknown, repeated or out of order
-        raise ValueError(usage)
-    if "cross_rpe" in suffixes and attention_type not in ("", "kernelized_rpe"):
-        raise ValueError(usage)
-    return ModelSpec(kind, attention_type or None, "cross_rpe" in suffixes,
-                     "sinusoidal" if "sinusoidal" in suffixes else None, "post" if "post_ln" in suffixes else "pre")
-
-
 def bart_positions(splits: dict[str, list[dict]], args: argparse.Namespace) -> int:
     """BART's position table: 1024 with `--bart_long truncate`; otherwise the longest source, target or decoded
     sequence (+2, BART's offset), rounded up to a multiple of 64, so that the table holds what the task needs."""
     if args.task == "chapters" and args.bart_long == "truncate":
         return BART_DEFAULT_POSITIONS
     longest = max(len(p[k]) for s in splits.values() for p in s for k in ("src", "tgt"))
-    longest = max(longest, args.max_new_tokens + 1) + 2
-    return 64 * math.ceil(longest / 64)
+    return bart_table_size(max(longest, args.max_new_tokens + 1))
 
 
 def bart_source_limit(args: argparse.Namespace) -> int | None:
     return BART_DEFAULT_POSITIONS if args.task == "chapters" and args.bart_long == "truncate" else None
-
-
-def build(name: str, seed: int, vocabulary: int, bart_max_positions: int, args: argparse.Namespace) -> PreTrainedModel:
-    size = ModelSize(vocab_size=vocabulary, d_model=args.d_model, layers=args.layers, heads=args.heads,
-                     ffn_dim=args.ffn_dim)
-    ids = dict(pad_token_id=PAD_ID, bos_token_id=BOS_ID, eos_token_id=EOS_ID, decoder_start_token_id=BOS_ID)
-    spec = parse_model_name(name)
-    kind = spec.kind
-    if kind in BASELINES:  # the builders of bench_generate.py, with this task's dropout and special ids
-        config = model_configs(size, bart_max_positions, [kind])[kind]
-        for key, value in {**ids, ("dropout_rate" if kind == "t5" else "dropout"): args.dropout}.items():
-            setattr(config, key, value)
-        return build_model(kind, config, seed)
-    sf = model_configs(size, bart_max_positions, ["scaleformer"])["scaleformer"]
-    config = ScaleformerConfig(
-        vocab_size=vocabulary, d_model=sf.d_model, encoder_layers=sf.encoder_layers, decoder_layers=sf.decoder_layers,
-        encoder_attention_heads=sf.encoder_attention_heads, decoder_attention_heads=sf.decoder_attention_heads,
-        encoder_ffn_dim=sf.encoder_ffn_dim, decoder_ffn_dim=sf.decoder_ffn_dim, dropout=args.dropout,
-        attention_type=spec.attention_type or sf.attention_type, cross_attention_rpe=spec.cross_attention_rpe,
-        absolute_positions=spec.absolute_positions, layer_norm_position=spec.layer_norm_position, **ids,
-    )
-    return build_model("scaleformer", config, seed)
 
 
 def describe_model(name: str, model: PreTrainedModel, args: argparse.Namespace, cut: dict) -> str:
@@ -516,18 +474,9 @@ def describe_model(name: str, model: PreTrainedModel, args: argparse.Namespace, 
 # ------------------------------------------------------------------------------------------------- training
 
 
-def collate(pairs: list[dict], indices: list[int], source_limit: int | None) -> tuple[Tensor, Tensor, Tensor]:
-    """(input_ids, attention_mask, labels): sources padded with PAD_ID, labels with -100."""
-    src = [pairs[i]["src"] if source_limit is None else pairs[i]["src"][:source_limit] for i in indices]
-    tgt = [pairs[i]["tgt"] for i in indices]
-    input_ids = torch.full((len(src), max(map(len, src))), PAD_ID)
-    attention_mask = torch.zeros_like(input_ids)
-    labels = torch.full((len(tgt), max(map(len, tgt))), -100)
-    for row, (s, t) in enumerate(zip(src, tgt)):
-        input_ids[row, :len(s)] = torch.tensor(s)
-        attention_mask[row, :len(s)] = 1
-        labels[row, :len(t)] = torch.tensor(t)
-    return input_ids, attention_mask, labels
+def batch_of(pairs: list[dict], indices: list[int], source_limit: int | None) -> tuple[Tensor, Tensor, Tensor]:
+    """(input_ids, attention_mask, labels) of the pairs at `indices`, sources cut to `source_limit` tokens."""
+    return collate([pairs[i]["src"][:source_limit] for i in indices], [pairs[i]["tgt"] for i in indices])
 
 
 def training_batches(pairs: list[dict], batch_size: int, seed: int):
@@ -541,12 +490,6 @@ def training_batches(pairs: list[dict], batch_size: int, seed: int):
         yield from batches
 
 
-def learning_rate(step: int, args: argparse.Namespace) -> float:
-    if args.warmup_steps == 0:
-        return args.lr
-    return args.lr * min((step + 1) / args.warmup_steps, math.sqrt(args.warmup_steps / (step + 1)))
-
-
 @torch.no_grad()
 def heldout_loss(model: PreTrainedModel, pairs: list[dict], batch_size: int, source_limit: int | None) -> dict:
     """Summed target cross-entropy (nats) over `pairs`, per target token and per target character."""
@@ -556,7 +499,7 @@ def heldout_loss(model: PreTrainedModel, pairs: list[dict], batch_size: int, sou
     tokens = chars = 0
     for start in range(0, len(order), batch_size):
         indices = order[start:start + batch_size]
-        input_ids, attention_mask, labels = collate(pairs, indices, source_limit)
+        input_ids, attention_mask, labels = batch_of(pairs, indices, source_limit)
         logits = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels, use_cache=False).logits
         total += F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100,
                                  reduction="sum").item()
@@ -575,7 +518,7 @@ def greedy_decode(model: PreTrainedModel, pairs: list[dict], batch_size: int, so
     guard = REPETITION_GUARD if args.repetition_guard else {}
     for start in range(0, len(order), batch_size):
         indices = order[start:start + batch_size]
-        input_ids, attention_mask, _ = collate(pairs, indices, source_limit)
+        input_ids, attention_mask, _ = batch_of(pairs, indices, source_limit)
         generated = model.generate(input_ids=input_ids, attention_mask=attention_mask, do_sample=False, num_beams=1,
                                    max_new_tokens=args.max_new_tokens, decoder_start_token_id=BOS_ID,
                                    eos_token_id=EOS_ID, pad_token_id=PAD_ID, **guard)
@@ -586,8 +529,11 @@ def greedy_decode(model: PreTrainedModel, pairs: list[dict], batch_size: int, so
 
 def scores(hypotheses: list[str], references: list[str], task: str) -> dict:
     """The task's test scores (METRICS): ROUGE F-measures for docstrings, corpus BLEU and chrF otherwise."""
-    if task == "docstrings":
-        return rouge_scores(hypotheses, references)
+    if task == "docstrings":  # mean F-measure over examples, x100
+        scorer = rouge_scorer.RougeScorer(["rouge1", "rouge2", "rougeL"], use_stemmer=True)
+        per_example = [scorer.score(reference, hypothesis) for hypothesis, reference in zip(hypotheses, references)]
+        return {key: 100 * sum(s[key].fmeasure for s in per_example) / max(1, len(hypotheses))
+                for key in ("rouge1", "rouge2", "rougeL")}
     return {"bleu": sacrebleu.corpus_bleu(hypotheses, [references]).score,
             "chrf": sacrebleu.corpus_chrf(hypotheses, [references]).score}
 
@@ -601,8 +547,9 @@ def train_one(name: str, seed: int, splits: dict[str, list[dict]], tokenizer: Pr
     info = machine_info(torch.get_num_threads())
     start = time.perf_counter()
     limit = bart_source_limit(args) if name == "bart" else None
-    model = build(name, seed, len(tokenizer), bart_positions(splits, args), args).train()
-    parameters = sum(p.numel() for p in model.parameters())
+    size = ModelSize(len(tokenizer), args.d_model, args.layers, args.heads, args.ffn_dim)
+    model = build_seq2seq(name, seed, size, args.dropout, bart_positions(splits, args)).train()
+    parameters = count_parameters(model)
     cut = {s: (sum(len(p["src"]) > limit for p in splits[s]), len(splits[s])) for s in splits} if limit else {}
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=WEIGHT_DECAY)
     batches = training_batches(splits["train"], args.batch_size, seed)
@@ -633,15 +580,10 @@ def train_one(name: str, seed: int, splits: dict[str, list[dict]], tokenizer: Pr
     stopped_by = None
     while stopped_by is None:
         t0 = time.perf_counter()
-        for group in optimizer.param_groups:
-            group["lr"] = learning_rate(steps, args)
-        input_ids, attention_mask, labels = collate(splits["train"], next(batches), limit)
-        optimizer.zero_grad(set_to_none=True)
-        loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels, use_cache=False).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
-        optimizer.step()
-        losses.append(loss.item())
+        lr = inverse_sqrt_lr(steps, args.lr, args.warmup_steps)
+        input_ids, attention_mask, labels = batch_of(splits["train"], next(batches), limit)
+        losses.append(optimizer_step(model, optimizer, lr, input_ids=input_ids, attention_mask=attention_mask,
+                                     labels=labels, use_cache=False))
         elapsed = time.perf_counter() - t0
         train_seconds += elapsed
         steps += 1
@@ -737,13 +679,11 @@ def print_header(info: dict, args: argparse.Namespace, data: dict) -> None:
         print(f"  - note: {note}")
     print(f"- models: d_model {args.d_model}, {args.layers}+{args.layers} layers, {args.heads} heads, FFN "
           f"{args.ffn_dim}, dropout {args.dropout:g}, fp32, random init from the seed")
-    budget = [b for b in (f"{args.minutes:g} min of training" if args.minutes > 0 else None,
-                          f"{args.max_steps} steps" if args.max_steps is not None else None) if b]
     print(f"- training: batch {args.batch_size} pairs grouped by source length, the same order per seed for every "
           f"model; AdamW lr {args.lr:g} (warm-up {args.warmup_steps} steps, then inverse square root), weight decay "
-          f"{WEIGHT_DECAY:g}, gradient norm clipped to {GRAD_CLIP:g}; budget per run: " + " or ".join(budget)
-          + (", whichever comes first" if len(budget) > 1 else "")
-          + f"; held-out loss every {args.eval_every_seconds:g} s of training (evaluation not counted)")
+          f"{WEIGHT_DECAY:g}, gradient norm clipped to {GRAD_CLIP:g}; budget per run: "
+          f"{budget_text(args.minutes, args.max_steps)}; held-out loss every {args.eval_every_seconds:g} s of training "
+          "(evaluation not counted)")
     guard = "no_repeat_ngram_size 3, repetition_penalty 1.2" if args.repetition_guard else "no repetition guard"
     metrics = ("ROUGE-1/2/L F-measure x100, mean over examples" if args.task == "docstrings"
                else "BLEU and chrF (sacreBLEU)")
@@ -798,8 +738,8 @@ def print_results(runs: list[dict], copy: dict, args: argparse.Namespace, ran_no
     print()
 
 
-def evaluate_targets(runs: list[dict], args: argparse.Namespace) -> tuple[str, list[tuple[str, str, str]]]:
-    """The ratio line and (target, status, figure) for this task."""
+def evaluate_targets(runs: list[dict], args: argparse.Namespace) -> tuple[str, list[Target]]:
+    """The ratio line and the targets of this task."""
     by_model = aggregate(runs)
     loss = {name: statistics.fmean(r["final_heldout_loss_per_token"] for r in rs) for name, rs in by_model.items()}
     baselines = {name: loss[name] for name in BASELINES if name in loss}
@@ -826,13 +766,13 @@ def evaluate_targets(runs: list[dict], args: argparse.Namespace) -> tuple[str, l
         ok = sf is not None and all(sf < v for v in baselines.values())
     if args.quick:
         smoke = "--quick smoke settings"
-        target = (name, "N/A", f"{smoke} (ratio {ratio:.3f})" if ratio is not None else smoke)
+        target = Target(name, "N/A", f"{smoke} (ratio {ratio:.3f})" if ratio is not None else smoke)
     elif missing:
-        target = (name, "N/A", f"no run of {', '.join(missing)} in the report")
+        target = Target(name, "N/A", f"no run of {', '.join(missing)} in the report")
     else:
         figure = f"ratio {ratio:.3f}" if args.task == "verses" else ", ".join(
             f"scaleformer {sf:.3f} vs {k} {v:.3f}" for k, v in baselines.items())
-        target = (name, "PASS" if ok else "FAIL", figure)
+        target = Target(name, "PASS" if ok else "FAIL", figure)
     return line, [target]
 
 
@@ -848,12 +788,7 @@ def curve_band(rs: list[dict], axis: str):
 
 
 def write_plot(path: Path, runs: list[dict], args: argparse.Namespace) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8), sharey=True)
+    fig, axes = pyplot().subplots(1, 2, figsize=(12, 4.8), sharey=True)
     for index, (name, rs) in enumerate(aggregate(runs).items()):
         for ax, axis in zip(axes, ("train_seconds", "tokens_seen")):
             grid, mean, low, high = curve_band(rs, axis)
@@ -867,57 +802,37 @@ def write_plot(path: Path, runs: list[dict], args: argparse.Namespace) -> None:
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
     threads = f"{args.threads} thread" + "s" * (args.threads != 1)
-    fig.suptitle(f"{task_title(args)}: d_model {args.d_model}, {args.layers}+{args.layers} layers, batch "
-                 f"{args.batch_size}, {threads}; mean and min-max across seeds", fontsize=10)
-    save_figure(fig, path)
-
-
-def run_key(run: dict) -> tuple[str, int]:
-    return run["model"], run["seed"]
+    save_figure(fig, path, f"{task_title(args)}: d_model {args.d_model}, {args.layers}+{args.layers} layers, batch "
+                f"{args.batch_size}, {threads}; mean and min-max across seeds", fontsize=10)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    torch.set_num_threads(args.threads)
-    info = machine_info(torch.get_num_threads())
+    info = start_report(args.threads)
     splits, data, tokenizer = make_data(args)
     settings = {**settings_of(args), "tokenizer_sha256": data["tokenizer"]["sha256"]}
-    previous = load_previous(args.json, settings, BENCHMARK)
-    runs = {run_key(r): r for r in (previous or {}).get("runs", [])}
+    store = RunFile(BENCHMARK, args, settings, run_key)
     print_header(info, args, data)
 
     copy = scores([p["source"] for p in splits["test"]], [p["reference"] for p in splits["test"]], args.task)
     report = {"benchmark": BENCHMARK, "settings": settings, "machine": info, "data": data,
-              "copy_baseline": copy, "runs": list(runs.values())}
+              "copy_baseline": copy, "runs": list(store.runs.values())}
     keys = [(name, seed) for seed in args.seeds for name in args.models]
-    ran_now = run_missing(keys, runs, lambda name, seed: train_one(name, seed, splits, tokenizer, args),
-                          lambda k: f"{k[0]} seed {k[1]}", args, report, run_key, settings, BENCHMARK)
-    all_runs = list(runs.values())
+    store.run_missing(keys, lambda name, seed: train_one(name, seed, splits, tokenizer, args),
+                      lambda k: f"{k[0]} seed {k[1]}", report)
+    all_runs = list(store.runs.values())
     if all_runs:
-        print_results(all_runs, copy, args, ran_now, args.json)
+        print_results(all_runs, copy, args, store.ran_now, args.json)
     line, targets = evaluate_targets(all_runs, args)
     print(line)
     print()
-    print("## Targets")
-    print()
-    for name, status, figure in targets:
-        print(f"- {status} {name}: {figure}")
-    if not targets:
-        print(f"- none for {args.task}")
-    print()
+    print_targets(targets, none=f"none for {args.task}")
     info["load_average_at_end"] = os.getloadavg()
-    report["ratio_line"] = line
-    report["targets"] = [{"name": n, "status": s, "figure": f} for n, s, f in targets]
-    if args.json is not None:
-        save_runs(args.json, report, runs, ran_now, run_key, settings, BENCHMARK)
-        print(f"- raw figures written to {args.json}")
+    report.update(ratio_line=line, targets=[t._asdict() for t in targets])
+    store.write(report)
     if args.plot is not None and all_runs:
         write_plot(args.plot, all_runs, args)
-        print(f"- plot written to {args.plot}")
-    print(f"Summary: {len(ran_now)} run(s) trained now, {len(all_runs)} reported; copy baseline "
-          f"{format_scores(copy, args.task)}; 1-min load average "
-          f"{info['load_average_at_start'][0]:.2f} at start, "
-          f"{info['load_average_at_end'][0]:.2f} at end")
+    print(f"Summary: {store.summary()}; copy baseline {format_scores(copy, args.task)}; {load_summary(info)}")
     return 0
 
 

@@ -2,7 +2,7 @@
 against source length.
 
 What is measured, for batch 1, fp32, train mode (dropout on), random weights (`torch.manual_seed`), for each
-model of `--models` (default: `scaleformer bart`; the builders are those of `bench_generate.py`):
+model of `--models` (default: `scaleformer bart`; the builders of `models.py`, as in `bench_generate.py`):
 
 * `scaleformer`: `ScaleformerForConditionalGeneration`, default attention (`kernelized_rpe`, horizon 16,
   `attention_mode="auto"`);
@@ -60,9 +60,6 @@ import argparse
 import gc
 import json
 import os
-import resource
-import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -72,34 +69,16 @@ import torch
 from torch import Tensor
 from transformers import PreTrainedModel
 
+from common import (
+    GIB, MIB, Sample, Target, count_targets, describe_error, load_summary, log2_axis, machine_info,
+    measure_in_fresh_process, median_of, memory_baseline, peak_rss_bytes, print_machine, print_slopes,
+    print_targets, pyplot, rotated, sample_record, save_figure, slope_fit, timed, write_json,
+)
+from models import (
+    FIRST_PLAIN_ID, MODEL_NAMES, MODEL_SIZE, ModelSize, add_models_argument, build_model, check_models,
+    describe_model, grows_with_position, model_configs, reference_model,
+)
 from modeling_scaleformer.ops_registry import SOFTMAX_TYPES
-
-from bench_attention import (
-    MEMORY_LAUNCHER,
-    MIB,
-    Target,
-    current_rss_bytes,
-    least_squares_slope,
-    machine_info,
-    peak_rss_bytes,
-    print_machine,
-    print_targets,
-    save_figure,
-)
-from bench_generate import (
-    MODEL_NAMES,
-    MODEL_SIZE,
-    ModelSize,
-    add_models_argument,
-    build_model,
-    check_models,
-    describe_error,
-    describe_model,
-    grows_with_position,
-    model_configs,
-    reference_model,
-    rotated,
-)
 
 
 BATCH = 1
@@ -108,22 +87,12 @@ DEFAULT_LENGTHS = (512, 2048, 8192, 16384)
 QUICK_LENGTHS = (256, 512, 1024)
 QUICK_SIZE = ModelSize(vocab_size=8000, d_model=256, layers=3, heads=4, ffn_dim=1024)
 LEARNING_RATE = 1e-4
-FIRST_TOKEN_ID = 4  # ids below are special tokens of some model
 
 MEMORY_WARMUP_LENGTH = 128
 
 SLOPE_RANGE = (2048, 16384)
 SLOPE_MAX = 1.15
 MEMORY_LIMIT_BYTES = 24 * 2**30
-
-GIB = 2**30
-
-
-class Sample(NamedTuple):
-    wall_s: float
-    user_s: float
-    sys_s: float
-    minor_faults: int
 
 
 class Skip(NamedTuple):
@@ -213,19 +182,9 @@ def build_trainer(name: str, args: argparse.Namespace) -> Trainer:
 def make_batch(length: int, vocab_size: int, seed: int) -> tuple[Tensor, Tensor]:
     """Random source ids (B, length) and labels (B, TARGET_LENGTH), no special token of any model."""
     g = torch.Generator().manual_seed(seed * 1_000_003 + length)
-    input_ids = torch.randint(FIRST_TOKEN_ID, vocab_size, (BATCH, length), generator=g)
-    labels = torch.randint(FIRST_TOKEN_ID, vocab_size, (BATCH, TARGET_LENGTH), generator=g)
+    input_ids = torch.randint(FIRST_PLAIN_ID, vocab_size, (BATCH, length), generator=g)
+    labels = torch.randint(FIRST_PLAIN_ID, vocab_size, (BATCH, TARGET_LENGTH), generator=g)
     return input_ids, labels
-
-
-def timed(work) -> Sample:
-    """Run `work()` and return its wall time, user and system CPU time and minor page faults."""
-    r0 = resource.getrusage(resource.RUSAGE_SELF)
-    t0 = time.perf_counter()
-    work()
-    wall = time.perf_counter() - t0
-    r1 = resource.getrusage(resource.RUSAGE_SELF)
-    return Sample(wall, r1.ru_utime - r0.ru_utime, r1.ru_stime - r0.ru_stime, r1.ru_minflt - r0.ru_minflt)
 
 
 def train_step(trainer: Trainer, input_ids: Tensor, labels: Tensor) -> Sample:
@@ -259,9 +218,7 @@ def measure_memory_here(name: str, length: int, args: argparse.Namespace) -> dic
     train_step(trainer, *make_batch(MEMORY_WARMUP_LENGTH, args.size.vocab_size, args.seed))
     input_ids, labels = make_batch(length, args.size.vocab_size, args.seed)
     gc.collect()
-    baseline = current_rss_bytes()
-    # ru_maxrss only rises: a high-water mark above the baseline already is the resolution floor
-    floor = max(0, peak_rss_bytes() - baseline)
+    baseline, floor = memory_baseline()
     try:
         sample = train_step(trainer, input_ids, labels)
     except (MemoryError, RuntimeError) as error:
@@ -272,30 +229,16 @@ def measure_memory_here(name: str, length: int, args: argparse.Namespace) -> dic
 
 
 def measure_memory(name: str, length: int, args: argparse.Namespace) -> dict:
-    """Run `measure_memory_here` in a fresh process (forked by a small launcher, so ru_maxrss starts low)."""
-    command = [sys.executable, "-c", MEMORY_LAUNCHER, sys.executable, str(Path(__file__).resolve()),
-               "--measure-memory", name, str(length), "--lengths", *map(str, args.lengths),
-               "--threads", str(args.threads), "--seed", str(args.seed)]
+    """`measure_memory_here` in a fresh process (this script's hidden `--measure-memory`)."""
+    arguments = ["--measure-memory", name, str(length), "--lengths", *map(str, args.lengths),
+                 "--threads", str(args.threads), "--seed", str(args.seed)]
     if args.quick:
-        command.append("--quick")
+        arguments.append("--quick")
     if args.max_bart_length is not None:
-        command += ["--max-bart-length", str(args.max_bart_length)]
+        arguments += ["--max-bart-length", str(args.max_bart_length)]
     if args.max_quadratic_length is not None:
-        command += ["--max-quadratic-length", str(args.max_quadratic_length)]
-    start = time.perf_counter()
-    proc = subprocess.run(command, capture_output=True, text=True)
-    elapsed = time.perf_counter() - start
-    lines = proc.stdout.strip().splitlines()
-    if proc.returncode < 0:
-        result = {"error": f"subprocess killed by signal {-proc.returncode}"
-                  + (" (out of memory?)" if proc.returncode == -9 else "")}
-    elif proc.returncode != 0 or not lines:
-        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        result = {"error": f"subprocess exit status {proc.returncode}: {last}"}
-    else:
-        result = json.loads(lines[-1])
-    print(f"[memory] {name} L={length}: {elapsed:.1f} s", file=sys.stderr, flush=True)
-    return {"model": name, "length": length, **result}
+        arguments += ["--max-quadratic-length", str(args.max_quadratic_length)]
+    return {"model": name, "length": length, **measure_in_fresh_process(__file__, arguments, f"{name} L={length}")}
 
 
 Samples = dict[tuple[str, int], list[Sample]]
@@ -360,10 +303,8 @@ def run_benchmark(args: argparse.Namespace) -> tuple[Samples, Samples, dict[tupl
     return samples, forwards, memory, skipped
 
 
-def median_of(samples: dict[tuple[str, int], list[Sample]], name: str, length: int,
-              field: str = "wall_s") -> float | None:
-    runs = samples.get((name, length))
-    return statistics.median(getattr(s, field) for s in runs) if runs else None
+def median_at(samples: Samples, name: str, length: int, field: str = "wall_s") -> float | None:
+    return median_of(samples.get((name, length)), field)
 
 
 def fmt_s(seconds: float | None, missing: str = "–") -> str:
@@ -388,7 +329,7 @@ def print_time_table(samples: Samples, memory: dict[tuple[str, int], dict] | Non
     print("| source L | " + " | ".join(columns) + " |")
     print("|---:|" + "---:|" * len(columns))
     for length in args.lengths:
-        t = {name: median_of(samples, name, length) for name in args.models}
+        t = {name: median_at(samples, name, length) for name in args.models}
         cells = [str(length)] + [fmt_s(t[name], skipped[(name, length)].short if (name, length) in skipped else "–")
                                  for name in args.models]
         cells += ["–" if t[name] is None or t[ref] is None else f"{t[name] / t[ref]:.2f}x" for name in others]
@@ -417,10 +358,10 @@ def print_tables(samples: Samples, forwards: Samples, memory: dict[tuple[str, in
             for label, runs in (("step", samples), ("forward", forwards)):
                 if (name, length) not in runs:
                     continue
-                faults = median_of(runs, name, length, "minor_faults")
-                print(f"| {length} | {name} | {label} | {fmt_s(median_of(runs, name, length))} | "
-                      f"{fmt_s(median_of(runs, name, length, 'user_s'))} | "
-                      f"{fmt_s(median_of(runs, name, length, 'sys_s'))} | {faults:,.0f} |")
+                faults = median_at(runs, name, length, "minor_faults")
+                print(f"| {length} | {name} | {label} | {fmt_s(median_at(runs, name, length))} | "
+                      f"{fmt_s(median_at(runs, name, length, 'user_s'))} | "
+                      f"{fmt_s(median_at(runs, name, length, 'sys_s'))} | {faults:,.0f} |")
     print()
     notes = ["Peak extra MiB: the high-water mark of resident memory during one step at L, over the baseline, in a "
              "fresh process per (model, L). The baseline holds the weights, AdamW's state (after one step at L="
@@ -451,41 +392,18 @@ def print_tables(samples: Samples, forwards: Samples, memory: dict[tuple[str, in
 def compute_slopes(samples: Samples, lengths: list[int], models: list[str], kind: str = "step") -> list[dict]:
     """Least-squares slope of log2(time) against log2(L) over SLOPE_RANGE (all measured lengths if < 2 there),
     per model and time (wall, user CPU); `kind` ("step" or "forward") labels the rows."""
-    lo, hi = SLOPE_RANGE
     rows = []
     for name in models:
         for field in ("wall_s", "user_s"):
-            points = [(n, t) for n in lengths if (t := median_of(samples, name, n, field)) is not None and t > 0]
-            in_range = [(n, t) for n, t in points if lo <= n <= hi]
-            fit = in_range if len(in_range) >= 2 else points
-            pairwise = [{"from": a, "to": b, "slope": least_squares_slope([(a, ta), (b, tb)])}
-                        for (a, ta), (b, tb) in zip(points, points[1:])]
-            rows.append({
-                "model": name, "pass": kind, "time": field,
-                "range": [fit[0][0], fit[-1][0]] if len(fit) >= 2 else None,
-                "slope": least_squares_slope(fit) if len(fit) >= 2 else None,
-                "pairwise": pairwise,
-            })
+            points = [(n, t) for n in lengths if (t := median_at(samples, name, n, field)) is not None and t > 0]
+            rows.append({"model": name, "pass": kind, "time": field,
+                         **slope_fit(points, SLOPE_RANGE, fit_all_if_few=True)})
     return rows
 
 
-def print_slopes(rows: list[dict], lengths: list[int]) -> None:
-    lo, hi = SLOPE_RANGE
-    pairs = list(zip(lengths, lengths[1:]))
-    print("## Growth: slope of log2(time) against log2(L) (1 = linear, 2 = quadratic)")
-    print()
-    print(f"| model | pass | time | {lo}-{hi} (least squares) | " + " | ".join(f"{a}-{b}" for a, b in pairs) + " |")
-    print("|:---|:---|:---|---:|" + "---:|" * len(pairs))
-    for r in rows:
-        if r["slope"] is None:
-            fit = "–"
-        else:
-            fit = f"{r['slope']:.2f}" + ("" if r["range"] == [lo, hi] else f" ({r['range'][0]}-{r['range'][1]})")
-        by_pair = {(p["from"], p["to"]): p["slope"] for p in r["pairwise"]}
-        cells = [f"{by_pair[p]:.2f}" if p in by_pair else "–" for p in pairs]
-        label = "wall" if r["time"] == "wall_s" else "user CPU"
-        print(f"| {r['model']} | {r['pass']} | {label} | {fit} | " + " | ".join(cells) + " |")
-    print()
+def print_slope_table(rows: list[dict], lengths: list[int]) -> None:
+    print_slopes(rows, lengths, SLOPE_RANGE, ("model", "pass", "time"),
+                 lambda r: [r["model"], r["pass"], "wall" if r["time"] == "wall_s" else "user CPU"])
 
 
 def evaluate_targets(samples: dict[tuple[str, int], list[Sample]], slopes: list[dict],
@@ -507,7 +425,7 @@ def evaluate_targets(samples: dict[tuple[str, int], list[Sample]], slopes: list[
         status = "PASS" if row["slope"] <= SLOPE_MAX else "FAIL"
         targets.append(Target(name, status, f"slope {row['slope']:.2f}{partial}"))
     name = names[1]
-    step = median_of(samples, "scaleformer", top)
+    step = median_at(samples, "scaleformer", top)
     record = memory.get(("scaleformer", top))
     if step is None:
         skip = skipped.get(("scaleformer", top))
@@ -524,19 +442,14 @@ def evaluate_targets(samples: dict[tuple[str, int], list[Sample]], slopes: list[
 
 def write_plot(path: Path, samples: Samples, forwards: Samples, memory: dict[tuple[str, int], dict],
                args: argparse.Namespace) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax_time, ax_forward, ax_mem) = plt.subplots(1, 3, figsize=(16, 4.8))
+    fig, (ax_time, ax_forward, ax_mem) = pyplot().subplots(1, 3, figsize=(16, 4.8))
     ref = reference_model(args.models)
     for ax, runs in ((ax_time, samples), (ax_forward, forwards)):
         for name in args.models:
-            points = [(n, t) for n in args.lengths if (t := median_of(runs, name, n)) is not None]
+            points = [(n, t) for n in args.lengths if (t := median_at(runs, name, n)) is not None]
             if points:
                 ax.plot(*zip(*points), marker="o", label=name)
-        measured = [(n, t) for n in args.lengths if (t := median_of(runs, ref, n)) is not None]
+        measured = [(n, t) for n in args.lengths if (t := median_at(runs, ref, n)) is not None]
         if measured:
             n0, t0 = measured[0]
             ax.plot(args.lengths, [t0 * n / n0 for n in args.lengths], linestyle="--", linewidth=1, color="black",
@@ -550,9 +463,7 @@ def write_plot(path: Path, samples: Samples, forwards: Samples, memory: dict[tup
         if mem:
             ax_mem.plot(*zip(*mem), marker="o", label=name)
     for ax in (ax_time, ax_forward, ax_mem):
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(args.lengths, [str(n) for n in args.lengths])
-        ax.minorticks_off()
+        log2_axis(ax, args.lengths)
         ax.set_yscale("log")
         ax.set_xlabel("source length L")
         ax.grid(True, which="both", alpha=0.3)
@@ -562,9 +473,8 @@ def write_plot(path: Path, samples: Samples, forwards: Samples, memory: dict[tup
     ax_forward.set_ylabel("median forward-pass time (s)")
     ax_mem.set_ylabel("peak extra resident memory of a step (MiB)")
     size = args.size
-    fig.suptitle(f"training step and forward pass, target {TARGET_LENGTH}, d_model {size.d_model}, "
-                 f"{size.layers}+{size.layers} layers, fp32, {torch.get_num_threads()} threads")
-    save_figure(fig, path)
+    save_figure(fig, path, f"training step and forward pass, target {TARGET_LENGTH}, d_model {size.d_model}, "
+                f"{size.layers}+{size.layers} layers, fp32, {torch.get_num_threads()} threads")
 
 
 def print_header(info: dict, args: argparse.Namespace) -> None:
@@ -602,40 +512,34 @@ def main(argv: list[str] | None = None) -> int:
     print_tables(samples, forwards, memory, skipped, args)
     slopes = (compute_slopes(samples, args.lengths, args.models, "step")
               + compute_slopes(forwards, args.lengths, args.models, "forward"))
-    print_slopes(slopes, args.lengths)
+    print_slope_table(slopes, args.lengths)
     targets = evaluate_targets(samples, slopes, memory, skipped, args)
     print_targets(targets)
 
     info["load_average_at_end"] = os.getloadavg()
     if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({
+        write_json(args.json, {
             "machine": info,
             "settings": {"model_size": args.size._asdict(), "quick": args.quick, "batch": BATCH,
                          "target_length": TARGET_LENGTH, "lengths": args.lengths, "repeats": args.repeats,
                          "seed": args.seed, "learning_rate": LEARNING_RATE, "max_bart_length": args.max_bart_length,
                          "max_quadratic_length": args.max_quadratic_length,
                          "models": args.models, "bart_max_position_embeddings": bart_max_positions(args)},
-            "timings": [{"model": name, "length": length, "median_s": median_of(samples, name, length),
-                         **{field: [getattr(s, field) for s in runs] for field in Sample._fields}}
+            "timings": [{"model": name, "length": length, **sample_record(runs)}
                         for (name, length), runs in samples.items()],
-            "forward_timings": [{"model": name, "length": length, "median_s": median_of(forwards, name, length),
-                                 **{field: [getattr(s, field) for s in runs] for field in Sample._fields}}
+            "forward_timings": [{"model": name, "length": length, **sample_record(runs)}
                                 for (name, length), runs in forwards.items()],
             "skipped": [{"model": name, "length": length, "reason": skip.detail}
                         for (name, length), skip in skipped.items()],
             "memory": list(memory.values()),
             "slopes": slopes,
             "targets": [t._asdict() for t in targets],
-        }, indent=1) + "\n")
+        })
         print(f"- raw figures written to {args.json}")
     if args.plot is not None:
         write_plot(args.plot, samples, forwards, memory, args)
-        print(f"- plot written to {args.plot}")
 
-    counts = {s: sum(t.status == s for t in targets) for s in ("PASS", "FAIL", "N/A")}
-    print(f"Summary: targets {counts['PASS']} PASS, {counts['FAIL']} FAIL, {counts['N/A']} N/A; 1-min load average "
-          f"{info['load_average_at_start'][0]:.2f} at start, {info['load_average_at_end'][0]:.2f} at end")
+    print(f"Summary: {count_targets(targets)}; {load_summary(info)}")
     return 0
 
 

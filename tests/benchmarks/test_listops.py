@@ -1,27 +1,12 @@
 """ListOps generator (benchmarks/listops.py): LRA's process, lengths, depth, labels, vocabulary, files, CLI."""
 
-import importlib.util
 import itertools
 import random
 import re
 import statistics
-from pathlib import Path
 
 import pytest
 
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "listops.py"
-
-
-def load_listops():
-    """Import ``benchmarks/listops.py`` (the folder is not a package)."""
-    spec = importlib.util.spec_from_file_location("benchmarks_listops", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-listops = load_listops()
 
 INNERMOST = re.compile(r"\[(MIN|MAX|MED|SM)((?: \d)+) \]")
 
@@ -102,12 +87,12 @@ HAND_WRITTEN = [
 
 
 @pytest.mark.parametrize("expr, value", HAND_WRITTEN)
-def test_evaluate_hand_written(expr, value):
+def test_evaluate_hand_written(listops, expr, value):
     assert listops.evaluate_listops(expr) == value
     assert brute_force_value(expr) == value
 
 
-def test_evaluate_all_two_and_three_argument_lists():
+def test_evaluate_all_two_and_three_argument_lists(listops):
     for op, n in itertools.product(listops.OPERATORS, (1, 2, 3)):
         for digits in itertools.product(range(10), repeat=n):
             expr = " ".join([op, *map(str, digits), "]"])
@@ -117,12 +102,12 @@ def test_evaluate_all_two_and_three_argument_lists():
 @pytest.mark.parametrize(
     "expr", ["", "[MAX 1 2", "[MAX ]", "1 2", "]", "[MAX 1 x ]", "[MAX 1 ] ]", "[MAX 1 ] 3", "[max 1 ]"]
 )
-def test_evaluate_rejects_malformed(expr):
+def test_evaluate_rejects_malformed(listops, expr):
     with pytest.raises(ValueError, match="`expr`"):
         listops.evaluate_listops(expr)
 
 
-def test_generator_follows_lra_process():
+def test_generator_follows_lra_process(listops):
     # with no tree cut short, the accepted trees are exactly those of LRA's process, filtered and deduplicated
     kwargs = dict(seed=3, min_length=8, max_length=10**6, max_depth=6, max_args=5)
     ours = listops.generate_listops(150, **kwargs)
@@ -136,7 +121,7 @@ def test_generator_follows_lra_process():
     assert ours == expected
 
 
-def test_generator_is_deterministic_per_seed():
+def test_generator_is_deterministic_per_seed(listops):
     kwargs = dict(min_length=20, max_length=80, max_depth=6, max_args=6)
     first = listops.generate_listops(40, seed=0, **kwargs)
     assert first == listops.generate_listops(40, seed=0, **kwargs)
@@ -153,7 +138,7 @@ def test_generator_is_deterministic_per_seed():
         pytest.param(500, 2000, 10, 10, id="lra"),
     ],
 )
-def test_generated_examples_respect_limits(min_length, max_length, max_depth, max_args):
+def test_generated_examples_respect_limits(listops, min_length, max_length, max_depth, max_args):
     n = 30 if min_length >= 500 else 200
     examples = listops.generate_listops(
         n, seed=5, min_length=min_length, max_length=max_length, max_depth=max_depth, max_args=max_args
@@ -169,7 +154,7 @@ def test_generated_examples_respect_limits(min_length, max_length, max_depth, ma
         assert isinstance(target, int) and target == brute_force_value(source)
 
 
-def test_labels_cover_all_digits_and_match_brute_force():
+def test_labels_cover_all_digits_and_match_brute_force(listops):
     examples = listops.generate_listops(300, seed=11, min_length=5, max_length=60, max_depth=5)
     assert {e["target"] for e in examples} == set(range(10))
     for example in examples:
@@ -187,14 +172,14 @@ def test_labels_cover_all_digits_and_match_brute_force():
         pytest.param(dict(min_length=2, max_length=3), "min_length", id="unreachable"),
     ],
 )
-def test_generator_rejects_bad_arguments(kwargs, name):
+def test_generator_rejects_bad_arguments(listops, kwargs, name):
     with pytest.raises(ValueError, match=f"`{name}`"):
         listops.generate_listops(1, seed=0, **kwargs)
     with pytest.raises(ValueError, match="`n`"):
         listops.generate_listops(-1, seed=0, min_length=1, max_length=9)
 
 
-def test_vocabulary_and_tokenizer_round_trip():
+def test_vocabulary_and_tokenizer_round_trip(listops):
     vocab = listops.LISTOPS_VOCAB
     assert vocab[0] == "<pad>" and listops.PAD_ID == 0
     assert len(set(vocab)) == len(vocab) == 16
@@ -207,7 +192,7 @@ def test_vocabulary_and_tokenizer_round_trip():
     assert listops.tokenize(" [MAX  2\n9 ] ") == [2, 8, 15, 5]
 
 
-def test_tokenizer_rejects_unknown_tokens():
+def test_tokenizer_rejects_unknown_tokens(listops):
     for source in ("[MAX 2 10 ]", "[MAX 2 9]", "<pad> 1", "( [MIN 1 2 ] )"):
         with pytest.raises(ValueError, match="`source`"):
             listops.tokenize(source)
@@ -215,7 +200,7 @@ def test_tokenizer_rejects_unknown_tokens():
         listops.detokenize([3, 16])
 
 
-def test_jsonl_round_trip(tmp_path):
+def test_jsonl_round_trip(listops, tmp_path):
     examples = listops.generate_listops(20, seed=4, min_length=5, max_length=50)
     path = tmp_path / "sub" / "train.jsonl"
     listops.write_jsonl(examples, path)
@@ -223,7 +208,7 @@ def test_jsonl_round_trip(tmp_path):
     assert len(path.read_text().splitlines()) == 20
 
 
-def test_cli_writes_disjoint_splits_and_prints_statistics(tmp_path, capsys):
+def test_cli_writes_disjoint_splits_and_prints_statistics(listops, tmp_path, capsys):
     listops.main([
         "--out", str(tmp_path), "--train", "40", "--valid", "10", "--test", "10",
         "--min_length", "20", "--max_length", "60", "--seed", "1",

@@ -1,0 +1,262 @@
+"""The models the benchmarks compare: Scaleformer of any attention_type, BART and T5 at one size.
+
+`bench_generate.py` and `bench_train.py` name them `scaleformer`, `scaleformer:TYPE`, `bart` and `t5`
+(`MODEL_NAMES`, `model_configs`, `build_model`); `bench_quality.py` and `bench_extrapolation.py` add
+Scaleformer ablations such as `scaleformer+cross_rpe` (`parse_model_name`) and build every model with the
+special ids of `examples/data/train_tokenizer.py` (`build_seq2seq`, `collate`). `bench_listops.py` builds its
+encoder-only classifier itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+from transformers import (
+    BartConfig,
+    BartForConditionalGeneration,
+    PreTrainedConfig,
+    PreTrainedModel,
+    T5Config,
+    T5ForConditionalGeneration,
+)
+
+from modeling_scaleformer import ScaleformerConfig, ScaleformerForConditionalGeneration
+from modeling_scaleformer.ops_registry import ATTENTION_TYPES, ATTENTION_VARIANTS
+
+
+DEFAULT_ATTENTION_TYPE = "kernelized_rpe"  # what `scaleformer` alone runs: ScaleformerConfig's default
+BASELINES = ("bart", "t5")
+MODEL_NAMES = ("scaleformer", *(f"scaleformer:{t}" for t in ATTENTION_TYPES), *BASELINES)
+DEFAULT_MODELS = ("scaleformer", "bart")
+MODEL_CLASSES = {
+    "scaleformer": ScaleformerForConditionalGeneration,
+    "bart": BartForConditionalGeneration,
+    "t5": T5ForConditionalGeneration,
+}
+DTYPE = torch.float32
+FIRST_PLAIN_ID = 4  # ids below are special tokens of some model: random inputs start here
+PAD_ID, BOS_ID, EOS_ID = 0, 1, 2  # build_seq2seq's special ids (train_tokenizer.py's); BOS starts decoding
+BART_DEFAULT_POSITIONS = 1024
+
+
+class ModelSize(NamedTuple):
+    vocab_size: int
+    d_model: int
+    layers: int  # encoder and decoder each
+    heads: int
+    ffn_dim: int
+
+
+MODEL_SIZE = ModelSize(vocab_size=32000, d_model=512, layers=6, heads=8, ffn_dim=2048)
+
+
+# ------------------------------------------------------------------ names: scaleformer, scaleformer:TYPE, bart, t5
+
+
+def add_models_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--models", nargs="+", metavar="MODEL",
+                        help="models to compare, in this order: scaleformer (attention_type "
+                        f"{DEFAULT_ATTENTION_TYPE}), scaleformer:TYPE with TYPE in {', '.join(ATTENTION_TYPES)}, "
+                        f"{', '.join(BASELINES)} (default: {' '.join(DEFAULT_MODELS)})")
+
+
+def check_models(parser: argparse.ArgumentParser, names: list[str] | None) -> list[str]:
+    """`--models` in order, repeats dropped and `scaleformer:kernelized_rpe` read as `scaleformer`; an unknown
+    name is a parser error that lists the accepted ones."""
+    if names is None:
+        return list(DEFAULT_MODELS)
+    unknown = [name for name in names if name not in MODEL_NAMES]
+    if unknown:
+        parser.error(f"--models: unknown model(s) {', '.join(map(repr, unknown))}; accepted: "
+                     f"{', '.join(MODEL_NAMES)}")
+    return list(dict.fromkeys("scaleformer" if name == f"scaleformer:{DEFAULT_ATTENTION_TYPE}" else name
+                              for name in names))
+
+
+def reference_model(names: Sequence[str]) -> str:
+    """The model the others are compared with: the first Scaleformer model, else the first model."""
+    return next((name for name in names if name.startswith("scaleformer")), names[0])
+
+
+def attention_type_of(name: str) -> str | None:
+    """The attention_type of a Scaleformer model name, None for a baseline."""
+    kind, _, attention_type = name.partition(":")
+    return (attention_type or DEFAULT_ATTENTION_TYPE) if kind == "scaleformer" else None
+
+
+def grows_with_position(name: str) -> bool:
+    """Whether the model's self-attention cache gains one token a step: the baselines and the softmax types.
+    They are also the models whose attention is quadratic in length."""
+    attention_type = attention_type_of(name)
+    return attention_type is None or not ATTENTION_VARIANTS[attention_type].constant_state
+
+
+# ----------------------------------------------------------------------------------------------- building
+
+
+def config_shape(size: ModelSize) -> dict:
+    """The config fields of `size` under BART's (and Scaleformer's) names."""
+    return dict(
+        vocab_size=size.vocab_size, d_model=size.d_model, encoder_layers=size.layers, decoder_layers=size.layers,
+        encoder_attention_heads=size.heads, decoder_attention_heads=size.heads,
+        encoder_ffn_dim=size.ffn_dim, decoder_ffn_dim=size.ffn_dim,
+    )
+
+
+def model_configs(size: ModelSize, bart_max_position_embeddings: int,
+                  models: Sequence[str] = DEFAULT_MODELS) -> dict[str, PreTrainedConfig]:
+    """Configs of one size for `models` (names of `MODEL_NAMES`), by default Scaleformer (default attention:
+    kernelized_rpe, horizon 16) and BART.
+
+    T5 takes Scaleformer's dropout and special ids; its relative attention buckets keep their defaults.
+    """
+    shape = config_shape(size)
+    scaleformer = ScaleformerConfig(**shape)
+    configs: dict[str, PreTrainedConfig] = {}
+    for name in models:
+        kind, _, attention_type = name.partition(":")
+        if name == "scaleformer":
+            configs[name] = scaleformer
+        elif kind == "scaleformer" and attention_type in ATTENTION_TYPES:
+            configs[name] = ScaleformerConfig(**shape, attention_type=attention_type)
+        elif name == "bart":
+            # no forced end-of-sequence: decoding runs to the requested length, as for Scaleformer
+            configs[name] = BartConfig(**shape, max_position_embeddings=bart_max_position_embeddings,
+                                       forced_eos_token_id=None)
+        elif name == "t5":
+            configs[name] = T5Config(
+                vocab_size=size.vocab_size, d_model=size.d_model, d_kv=size.d_model // size.heads, d_ff=size.ffn_dim,
+                num_layers=size.layers, num_decoder_layers=size.layers, num_heads=size.heads,
+                dropout_rate=scaleformer.dropout, tie_word_embeddings=True,
+                pad_token_id=scaleformer.pad_token_id, bos_token_id=scaleformer.bos_token_id,
+                eos_token_id=scaleformer.eos_token_id, decoder_start_token_id=scaleformer.decoder_start_token_id,
+            )
+        else:
+            raise ValueError(f"`models` takes names of {', '.join(MODEL_NAMES)}, got {name!r}")
+    return configs
+
+
+def build_model(name: str, config: PreTrainedConfig, seed: int) -> PreTrainedModel:
+    """Random weights from `torch.manual_seed(seed)`, fp32; the class follows the name (`scaleformer:TYPE`
+    builds a Scaleformer)."""
+    kind = name.partition(":")[0]
+    if kind not in MODEL_CLASSES:
+        raise ValueError(f"`name` must be scaleformer, scaleformer:TYPE, bart or t5, got {name!r}")
+    torch.manual_seed(seed)
+    return MODEL_CLASSES[kind](config).to(DTYPE)
+
+
+def count_parameters(model: PreTrainedModel) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def describe_model(name: str, model: PreTrainedModel, bart_positions_note: str, *, decoding: bool) -> str:
+    """One header line: parameters and what decides the model's cost in length (with `decoding`, in its cache)."""
+    config = model.config
+    text = f"{name}: {count_parameters(model) / 1e6:.1f} M parameters, "
+    if name.startswith("scaleformer"):
+        text += (f"attention_type {config.attention_type}, rpe_horizon {config.rpe_horizon}, attention_mode "
+                 f"{config.attention_mode}")
+        if decoding:
+            return text + ("; self-attention state grows with position (keys and values)" if grows_with_position(name)
+                           else "; self-attention state of constant size")
+        return text + ("; softmax attention: quadratic in length" if grows_with_position(name) else "")
+    if name == "t5":
+        cost = "every step attends over the whole history" if decoding else "quadratic in length"
+        return text + (f"attention implementation {config._attn_implementation}, relative attention "
+                       f"{config.relative_attention_num_buckets} buckets, max distance "
+                       f"{config.relative_attention_max_distance}; the position bias is added to every score "
+                       f"(a dense heads x Lq x Lk mask): {cost}")
+    return text + (f"attention implementation {config._attn_implementation}, max_position_embeddings "
+                   f"{config.max_position_embeddings} ({bart_positions_note}; BART's default is 1024)")
+
+
+def bart_table_size(longest: int) -> int:
+    """BART's `max_position_embeddings` for sequences of up to `longest` tokens: +2 (BART's position offset),
+    rounded up to a multiple of 64."""
+    return 64 * math.ceil((longest + 2) / 64)
+
+
+# ------------------------------------------------------------ ablation names of bench_quality, bench_extrapolation
+
+
+def add_model_size_arguments(parser: argparse.ArgumentParser, defaults: dict):
+    """The group `model size (the same for every model)`: --d_model, --layers, --heads, --ffn_dim and --dropout,
+    their help giving `defaults`; returned for more flags."""
+    model = parser.add_argument_group("model size (the same for every model)")
+    model.add_argument("--d_model", type=int, help=f"width (default: {defaults['d_model']})")
+    model.add_argument("--layers", type=int,
+                       help=f"encoder layers, and as many decoder layers (default: {defaults['layers']})")
+    model.add_argument("--heads", type=int, help=f"attention heads (default: {defaults['heads']})")
+    model.add_argument("--ffn_dim", type=int, help=f"feed-forward width (default: {defaults['ffn_dim']})")
+    model.add_argument("--dropout", type=float, help=f"dropout of every model (default: {defaults['dropout']:g})")
+    return model
+
+
+class ModelSpec(NamedTuple):
+    """What a `--models` name asks for; the last three are Scaleformer config fields."""
+
+    kind: str  # scaleformer, bart or t5
+    attention_type: str | None  # None: the default (scaleformer) or not a Scaleformer
+    cross_attention_rpe: bool = False
+    absolute_positions: str | None = None
+    layer_norm_position: str = "pre"
+
+
+MODEL_SUFFIXES = ("cross_rpe", "sinusoidal", "post_ln")
+
+
+def parse_model_name(name: str) -> ModelSpec:
+    """`bart`, `t5`, or `scaleformer` / `scaleformer:TYPE` followed by any of `+cross_rpe` (relative positions in
+    cross-attention too, kernelized_rpe only), `+sinusoidal` (absolute positions) and `+post_ln` (post-norm
+    blocks), in that order."""
+    base, *suffixes = name.split("+")
+    kind, _, attention_type = base.partition(":")
+    usage = (f"unknown model {name!r}; use bart, t5, or scaleformer or scaleformer:TYPE with TYPE in "
+             f"{', '.join(ATTENTION_TYPES)}, followed by any of " + ", ".join(f"+{x}" for x in MODEL_SUFFIXES)
+             + " in that order (+cross_rpe with kernelized_rpe only)")
+    if kind in BASELINES and not attention_type and not suffixes:
+        return ModelSpec(kind, None)
+    if kind != "scaleformer" or (attention_type and attention_type not in ATTENTION_TYPES):
+        raise ValueError(usage)
+    if [x for x in MODEL_SUFFIXES if x in suffixes] != suffixes:  # unknown, repeated or out of order
+        raise ValueError(usage)
+    if "cross_rpe" in suffixes and attention_type not in ("", "kernelized_rpe"):
+        raise ValueError(usage)
+    return ModelSpec(kind, attention_type or None, "cross_rpe" in suffixes,
+                     "sinusoidal" if "sinusoidal" in suffixes else None, "post" if "post_ln" in suffixes else "pre")
+
+
+def build_seq2seq(name: str, seed: int, size: ModelSize, dropout: float, bart_max_positions: int) -> PreTrainedModel:
+    """The model of a `parse_model_name` name at `size`, with `dropout` and the special ids PAD_ID, BOS_ID (also
+    the decoder start) and EOS_ID; the baselines come from `model_configs`."""
+    ids = dict(pad_token_id=PAD_ID, bos_token_id=BOS_ID, eos_token_id=EOS_ID, decoder_start_token_id=BOS_ID)
+    spec = parse_model_name(name)
+    if spec.kind in BASELINES:
+        config = model_configs(size, bart_max_positions, [spec.kind])[spec.kind]
+        for key, value in {**ids, ("dropout_rate" if spec.kind == "t5" else "dropout"): dropout}.items():
+            setattr(config, key, value)
+        return build_model(spec.kind, config, seed)
+    config = ScaleformerConfig(
+        **config_shape(size), dropout=dropout, attention_type=spec.attention_type or DEFAULT_ATTENTION_TYPE,
+        cross_attention_rpe=spec.cross_attention_rpe, absolute_positions=spec.absolute_positions,
+        layer_norm_position=spec.layer_norm_position, **ids,
+    )
+    return build_model("scaleformer", config, seed)
+
+
+def collate(sources: list[list[int]], targets: list[list[int]]) -> tuple[Tensor, Tensor, Tensor]:
+    """(input_ids, attention_mask, labels): sources right-padded with PAD_ID, labels with -100."""
+    input_ids = torch.full((len(sources), max(map(len, sources))), PAD_ID)
+    attention_mask = torch.zeros_like(input_ids)
+    labels = torch.full((len(targets), max(map(len, targets))), -100)
+    for row, (s, t) in enumerate(zip(sources, targets)):
+        input_ids[row, :len(s)] = torch.tensor(s)
+        attention_mask[row, :len(s)] = 1
+        labels[row, :len(t)] = torch.tensor(t)
+    return input_ids, attention_mask, labels

@@ -1,0 +1,50 @@
+"""bench_quality.py: `--quick` on verses and on docstrings trains every model and scores it; a second call reuses
+the JSON and the cached tokenizer."""
+
+import math
+
+
+def test_bench_quality_quick(run_report, tmp_path):
+    stdout, report = run_report(["benchmarks/bench_quality.py", "--quick"])
+    runs = {(r["model"], r["seed"]): r for r in report["runs"]}
+    assert set(runs) == {("scaleformer", 0), ("bart", 0), ("t5", 0)}
+    for run in runs.values():
+        assert run["steps"] >= 1 and len(run["curve"]) >= 2
+        first, last = run["curve"][0], run["curve"][-1]
+        assert first["train_seconds"] == 0 and last["tokens_seen"] == run["tokens_seen"] > 0
+        assert all(math.isfinite(p["heldout_loss_per_token"]) and p["heldout_loss_per_char"] > 0
+                   for p in run["curve"])
+        assert 0.0 <= run["test"]["bleu"] <= 100.0 and 0.0 <= run["test"]["chrf"] <= 100.0
+    copy = report["copy_baseline"]
+    assert 0.0 <= copy["bleu"] <= 100.0 and copy["chrf"] > 0.0
+    # every model shares one tokenizer, cached beside the report
+    assert list(tmp_path.glob("bench_quality_tokenizer_*/tokenizer.json"))
+    assert "| copy the source |" in stdout and "Scaleformer vs best baseline at equal wall-clock: loss ratio" in stdout
+    assert "N/A verses:" in stdout
+
+    # a second call with the same --json skips the runs it holds and reports them unchanged
+    stdout, again = run_report(["benchmarks/bench_quality.py", "--quick"])
+    assert again["runs"] == report["runs"]
+    assert "Summary: 0 run(s) trained now, 3 reported" in stdout
+
+
+def test_bench_quality_docstrings_quick(run_report):
+    stdout, report = run_report(
+        ["benchmarks/bench_quality.py", "--quick", "--task", "docstrings", "--models", "scaleformer", "bart"]
+    )
+    assert {(r["model"], r["seed"]) for r in report["runs"]} == {("scaleformer", 0), ("bart", 0)}
+    rouge = ("rouge1", "rouge2", "rougeL")
+    for run in report["runs"]:
+        assert set(run["test"]) == set(rouge) and all(0.0 <= run["test"][k] <= 100.0 for k in rouge)
+    # copying a function's source shares words with its docstring
+    assert set(report["copy_baseline"]) == set(rouge) and report["copy_baseline"]["rouge1"] > 0.0
+    assert report["settings"]["data_dir"].endswith("standard library") and report["targets"] == []
+    assert report["data"]["splits"]["test"]["used"] == 8
+    assert report["data"]["splits"]["train"]["source_tokens_kept"][1] <= 256
+    assert "| ROUGE-1 | ROUGE-2 | ROUGE-L |" in stdout and "- none for docstrings" in stdout
+
+
+def test_bench_quality_rejects_data_dir_for_docstrings(run_command, tmp_path):
+    result = run_command(["benchmarks/bench_quality.py", "--task", "docstrings", "--data_dir", str(tmp_path)],
+                         timeout=120)
+    assert result.returncode == 2 and "--data_dir does not apply to --task docstrings" in result.stderr

@@ -1,0 +1,75 @@
+"""bench_train.py: a training step and a forward pass of every Scaleformer attention_type, BART and T5.
+
+Smoke runs, narrowed so that each takes seconds; timings are not checked. What is checked: every model of
+`--models` has figures in the JSON and a column in the stdout table, `--max-quadratic-length` skips the quadratic
+models, and the memory subprocess builds every kind of model.
+"""
+
+import json
+
+import pytest
+
+
+MODELS = ["scaleformer", "scaleformer:softmax", "bart", "t5"]
+
+
+@pytest.mark.parametrize("extra", [["--no-memory"]], ids=["no-memory"])
+def test_bench_train_quick(run_report, extra):
+    stdout, report = run_report(["benchmarks/bench_train.py", "--quick", "--lengths", "64", "128", "--repeats", "1",
+                                 *extra])
+    assert report
+
+
+def test_bench_train_models(run_report):
+    stdout, report = run_report(
+        ["benchmarks/bench_train.py", "--quick", "--lengths", "32", "64", "--repeats", "1", "--no-memory",
+         "--models", *MODELS, "--threads", "1"]
+    )
+    assert report["settings"]["models"] == MODELS
+    for key in ("timings", "forward_timings"):
+        timed = {(t["model"], t["length"]) for t in report[key] if t["median_s"] > 0}
+        assert timed == {(name, length) for name in MODELS for length in (32, 64)}
+    assert {(r["model"], r["pass"], r["time"]) for r in report["slopes"] if r["slope"] is not None} == {
+        (name, kind, time) for name in MODELS for kind in ("step", "forward") for time in ("wall_s", "user_s")}
+    assert "## One forward pass" in stdout and "| 64 | t5 | forward |" in stdout
+    header = next(line for line in stdout.splitlines() if line.startswith("| source L | scaleformer s"))
+    for name in MODELS:
+        assert f"| {name} s |" in header and f"| {name} peak extra MiB |" in header
+    for name in MODELS[1:]:
+        assert f"| {name} / scaleformer |" in header
+        assert f"| {name} | step | wall |" in stdout and f"| {name} | forward | wall |" in stdout
+    assert "- t5: " in stdout and "quadratic in length" in stdout
+    # (a) is fitted over the lengths measured; (b) needs the memory figure that --no-memory leaves out
+    assert report["targets"][0]["status"] in ("PASS", "FAIL") and report["targets"][1]["status"] == "N/A"
+
+
+def test_bench_train_max_quadratic_length(run_report):
+    stdout, report = run_report(
+        ["benchmarks/bench_train.py", "--quick", "--lengths", "32", "64", "--repeats", "1", "--no-memory",
+         "--max-quadratic-length", "32", "--models", "scaleformer", "scaleformer:softmax", "bart", "t5",
+         "--threads", "1"]
+    )
+    timed = {(t["model"], t["length"]) for t in report["forward_timings"]}
+    assert timed == {("scaleformer", 32), ("scaleformer", 64), ("scaleformer:softmax", 32), ("bart", 32), ("t5", 32)}
+    skipped = {(s["model"], s["length"]): s["reason"] for s in report["skipped"]}
+    assert set(skipped) == {("scaleformer:softmax", 64), ("bart", 64), ("t5", 64)}
+    assert all("--max-quadratic-length 32" in reason for reason in skipped.values())
+    assert report["settings"]["bart_max_position_embeddings"] == 128  # the table fits the target, not L=64
+
+
+def test_bench_train_targets_without_scaleformer(run_report):
+    stdout, report = run_report(
+        ["benchmarks/bench_train.py", "--quick", "--lengths", "32", "--repeats", "1", "--no-memory",
+         "--models", "scaleformer:kernelized", "t5", "--threads", "1"]
+    )
+    assert [t["status"] for t in report["targets"]] == ["N/A", "N/A"]
+    assert "| t5 / scaleformer:kernelized |" in stdout
+
+
+@pytest.mark.parametrize("model", ["scaleformer:softmax", "t5"])
+def test_bench_train_measure_memory(run_command, model):
+    result = run_command(["benchmarks/bench_train.py", "--quick", "--lengths", "64", "--measure-memory", model, "64",
+                          "--threads", "1"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    record = json.loads(result.stdout.strip().splitlines()[-1])
+    assert record["extra_bytes"] > 0 and record["step_s"] > 0

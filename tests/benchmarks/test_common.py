@@ -1,0 +1,108 @@
+"""The shared modules of the benchmarks (`common.py`, `models.py`) and the rule that keeps them shared: a script
+imports them, never another script, nor anything of examples/ or model_cards/."""
+
+import ast
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+ROOT = Path(__file__).resolve().parents[2]
+BENCHMARKS = ROOT / "benchmarks"
+SHARED = {"common", "models"}
+DATA_MODULES = {"bench_listops": {"listops"}}  # benchmarks/listops.py: the ListOps generator, a data module
+
+
+def top_level_imports(path: Path) -> set[str]:
+    """The first component of every module a file imports (relative imports included, as "")."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {alias.name.partition(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            names.add("" if node.level else node.module.partition(".")[0])
+    return names
+
+
+@pytest.mark.parametrize("path", sorted(BENCHMARKS.glob("*.py")), ids=lambda p: p.name)
+def test_benchmarks_import_only_the_shared_modules(path):
+    local = {p.stem for p in BENCHMARKS.glob("*.py")}
+    imported = top_level_imports(path)
+    assert "sys.path" not in path.read_text(), f"{path.name} changes sys.path"
+    assert "" not in imported, f"{path.name} has a relative import"
+    if path.stem.startswith("bench_"):
+        allowed = SHARED | DATA_MODULES.get(path.stem, set())
+        assert imported & local <= allowed, f"{path.name} imports {sorted(imported & local - allowed)}"
+    else:  # the shared modules and the data module import no other benchmark module
+        assert not imported & local, f"{path.name} imports {sorted(imported & local)}"
+    for name in sorted(imported - local - {"__future__"}):
+        spec = importlib.util.find_spec(name)
+        assert spec is not None, f"{path.name} imports {name}, which is not installed (a module of examples/?)"
+        origin = Path(spec.origin).resolve() if spec.origin else None
+        for folder in ("examples", "model_cards"):
+            assert origin is None or not origin.is_relative_to(ROOT / folder), f"{path.name} imports {origin}"
+
+
+def test_save_runs_merges_what_other_processes_wrote(tmp_path, import_benchmark):
+    """Two processes filling one JSON: each save keeps the other's runs, and a run made here replaces the file's."""
+    save_runs = import_benchmark("common").save_runs
+
+    path = tmp_path / "runs.json"
+    settings = {"size": 1}
+    key = lambda run: (run["model"], run["seed"])  # noqa: E731
+    first = {("a", 0): {"model": "a", "seed": 0, "value": 1}}
+    save_runs(path, {"benchmark": "bench_x", "settings": settings}, first, {("a", 0)}, key, settings, "bench_x")
+    # a second process started before "a" existed, made "b", and re-made "a" with --overwrite
+    second = {("b", 0): {"model": "b", "seed": 0, "value": 2}, ("a", 0): {"model": "a", "seed": 0, "value": 3}}
+    report = {"benchmark": "bench_x", "settings": settings}
+    save_runs(path, report, second, {("b", 0), ("a", 0)}, key, settings, "bench_x")
+    on_disk = {key(r): r["value"] for r in json.loads(path.read_text())["runs"]}
+    assert on_disk == {("a", 0): 3, ("b", 0): 2}
+    # the first process saves again without having re-made "a": it takes the file's newer "a"
+    save_runs(path, {"benchmark": "bench_x", "settings": settings}, first, set(), key, settings, "bench_x")
+    assert first[("a", 0)]["value"] == 3 and ("b", 0) in first
+    assert {key(r): r["value"] for r in json.loads(path.read_text())["runs"]} == {("a", 0): 3, ("b", 0): 2}
+
+
+@pytest.mark.skipif(not Path("/proc/self/oom_score_adj").exists(), reason="needs Linux /proc")
+def test_memory_launcher_volunteers_for_the_oom_killer_and_passes_on_its_exit(import_benchmark):
+    launcher = import_benchmark("common").MEMORY_LAUNCHER
+
+    def launch(code: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-c", launcher, sys.executable, "-c", code],
+                              capture_output=True, text=True, timeout=60)
+
+    # the measuring process inherits the launcher's score: first in line, before the benchmark beside it
+    assert launch('print(open("/proc/self/oom_score_adj").read())').stdout.strip() == "1000"
+    assert launch("import os, signal; os.kill(os.getpid(), signal.SIGKILL)").returncode == -9
+    assert launch("raise SystemExit(3)").returncode == 3
+
+
+def test_bench_quality_model_names(import_benchmark):
+    models = import_benchmark("models")
+    ModelSpec, parse_model_name = models.ModelSpec, models.parse_model_name
+
+    assert parse_model_name("scaleformer") == ModelSpec("scaleformer", None, False, None, "pre")
+    assert parse_model_name("scaleformer+cross_rpe+sinusoidal") == ModelSpec("scaleformer", None, True, "sinusoidal")
+    assert parse_model_name("scaleformer:softmax+sinusoidal+post_ln") == ModelSpec(
+        "scaleformer", "softmax", False, "sinusoidal", "post")
+    assert parse_model_name("scaleformer+post_ln").layer_norm_position == "post"
+    assert parse_model_name("t5") == ModelSpec("t5", None)
+    for bad in ("scaleformer+sinusoidal+cross_rpe", "scaleformer:softmax+cross_rpe", "bart+sinusoidal",
+                "scaleformer:nope", "scaleformer+cross_rpe+cross_rpe", "scaleformer+post_ln+sinusoidal",
+                "scaleformer+", "t5+post_ln"):
+        with pytest.raises(ValueError, match="unknown model"):
+            parse_model_name(bad)
+
+
+@pytest.mark.parametrize("script", ["bench_generate.py", "bench_train.py"])
+def test_unknown_model(run_command, script):
+    result = run_command([f"benchmarks/{script}", "--quick", "--models", "scaleformer", "scaleformer:nope",
+                          "--threads", "1"])
+    assert result.returncode == 2
+    assert "--models" in result.stderr and "'scaleformer:nope'" in result.stderr
+    assert "scaleformer:softmax" in result.stderr and "t5" in result.stderr
