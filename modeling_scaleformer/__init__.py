@@ -1,93 +1,44 @@
 """Scaleformer: transformers with linear-time, relative-position-aware kernelized attention."""
 
-from .ops_kernelized import (
-    KernelizedRPECrossSummary,
-    KernelizedRPEState,
-    choose_mode,
-    chunk_kernelized_rpe_attention,
-    kernelized_rpe_attention,
-    kernelized_rpe_cross_step,
-    kernelized_rpe_cross_summary,
-    kernelized_rpe_initial_state,
-    kernelized_rpe_prefill_state,
-    kernelized_rpe_step,
-)
-from .ops_fourier import (
-    FourierState,
-    fourier_attention,
-    fourier_initial_state,
-    fourier_prefill_state,
-    fourier_step,
-    naive_fourier_attention,
-)
-from .ops_naive import naive_kernelized_rpe_attention
-from .ops_registry import ATTENTION_TYPES, ATTENTION_VARIANTS, AttentionVariant, get_attention_variant
-from .ops_softmax import (
-    SoftmaxKVState,
-    naive_shaw_softmax_attention,
-    naive_softmax_attention,
-    naive_xl_relative_attention,
-    shaw_softmax_attention,
-    softmax_attention,
-    softmax_cross_state,
-    softmax_cross_step,
-    softmax_initial_state,
-    softmax_prefill_state,
-    softmax_step,
-    xl_relative_attention,
-)
-from .ops_toeplitz import (
-    ToeplitzState,
-    fft_toeplitz_attention,
-    naive_toeplitz_attention,
-    toeplitz_attention,
-    toeplitz_initial_state,
-    toeplitz_prefill_state,
-    toeplitz_step,
-)
+# the ops, by module: each attention's functions, its naive reference, and the registry of variants
+from .ops_fourier import FourierState, chunk_fourier_attention, fourier_attention, fourier_choose_mode
+from .ops_fourier import fourier_initial_state, fourier_prefill_state, fourier_step
+from .ops_kernelized import KernelizedRPECrossSummary, KernelizedRPEState, chunk_kernelized_rpe_attention
+from .ops_kernelized import choose_mode, kernelized_rpe_attention, kernelized_rpe_choose_mode
+from .ops_kernelized import kernelized_rpe_cross_step, kernelized_rpe_cross_summary, kernelized_rpe_initial_state
+from .ops_kernelized import kernelized_rpe_prefill_state, kernelized_rpe_step
+from .ops_naive import naive_fourier_attention, naive_kernelized_rpe_attention, naive_shaw_softmax_attention
+from .ops_naive import naive_softmax_attention, naive_toeplitz_attention, naive_xl_relative_attention
+from .ops_registry import ATTENTION_TYPES, ATTENTION_VARIANTS, SOFTMAX_TYPES, AttentionVariant
+from .ops_registry import cross_attention_type, get_attention_variant
+from .ops_softmax import SoftmaxKVState, shaw_softmax_attention, softmax_attention, softmax_cross_state
+from .ops_softmax import softmax_cross_step, softmax_initial_state, softmax_prefill_state, softmax_step
+from .ops_softmax import xl_relative_attention
+from .ops_toeplitz import ToeplitzState, fft_toeplitz_attention, toeplitz_attention, toeplitz_choose_mode
+from .ops_toeplitz import toeplitz_initial_state, toeplitz_prefill_state, toeplitz_step
 
 
 __all__ = [
-    "ATTENTION_TYPES",
-    "ATTENTION_VARIANTS",
-    "AttentionVariant",
-    "FourierState",
-    "SoftmaxKVState",
-    "ToeplitzState",
-    "fft_toeplitz_attention",
-    "fourier_attention",
-    "fourier_initial_state",
-    "fourier_prefill_state",
-    "fourier_step",
-    "get_attention_variant",
-    "naive_fourier_attention",
-    "naive_shaw_softmax_attention",
-    "naive_softmax_attention",
-    "naive_toeplitz_attention",
-    "naive_xl_relative_attention",
-    "shaw_softmax_attention",
-    "softmax_attention",
-    "softmax_cross_state",
-    "softmax_cross_step",
-    "softmax_initial_state",
-    "softmax_prefill_state",
-    "softmax_step",
-    "toeplitz_attention",
-    "toeplitz_initial_state",
-    "toeplitz_prefill_state",
-    "toeplitz_step",
-    "xl_relative_attention",
-    "KernelizedRPECrossSummary",
-    "KernelizedRPEState",
-    "choose_mode",
-    "chunk_kernelized_rpe_attention",
-    "kernelized_rpe_attention",
-    "kernelized_rpe_cross_step",
-    "kernelized_rpe_cross_summary",
-    "kernelized_rpe_initial_state",
-    "kernelized_rpe_prefill_state",
+    # ops_fourier
+    "FourierState", "chunk_fourier_attention", "fourier_attention", "fourier_choose_mode", "fourier_initial_state",
+    "fourier_prefill_state", "fourier_step",
+    # ops_kernelized
+    "KernelizedRPECrossSummary", "KernelizedRPEState", "choose_mode", "chunk_kernelized_rpe_attention",
+    "kernelized_rpe_attention", "kernelized_rpe_choose_mode", "kernelized_rpe_cross_step",
+    "kernelized_rpe_cross_summary", "kernelized_rpe_initial_state", "kernelized_rpe_prefill_state",
     "kernelized_rpe_step",
-    "naive_kernelized_rpe_attention",
+    # ops_naive
+    "naive_fourier_attention", "naive_kernelized_rpe_attention", "naive_shaw_softmax_attention",
+    "naive_softmax_attention", "naive_toeplitz_attention", "naive_xl_relative_attention",
+    # ops_registry
+    "ATTENTION_TYPES", "ATTENTION_VARIANTS", "SOFTMAX_TYPES", "AttentionVariant", "cross_attention_type",
+    "get_attention_variant",
+    # ops_softmax
+    "SoftmaxKVState", "shaw_softmax_attention", "softmax_attention", "softmax_cross_state", "softmax_cross_step",
+    "softmax_initial_state", "softmax_prefill_state", "softmax_step", "xl_relative_attention",
+    # ops_toeplitz
+    "ToeplitzState", "fft_toeplitz_attention", "toeplitz_attention", "toeplitz_choose_mode", "toeplitz_initial_state",
+    "toeplitz_prefill_state", "toeplitz_step",
 ]
 
 from transformers import (

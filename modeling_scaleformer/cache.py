@@ -6,7 +6,6 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 
-
 def _map_tensors(obj, fn):
     """Apply fn to every tensor field of a state NamedTuple (None stays None)."""
     if obj is None:

@@ -9,6 +9,8 @@ from huggingface_hub.dataclasses import strict
 from transformers import PreTrainedConfig
 from transformers.activations import ACT2FN
 
+from .ops_registry import ATTENTION_TYPES, ATTENTION_VARIANTS, get_attention_variant
+
 
 AUTO_MAP = {
     "AutoConfig": "configuration_scaleformer.ScaleformerConfig",
@@ -62,7 +64,8 @@ class ScaleformerConfig(PreTrainedConfig):
             depth). `"post"`: every block computes LayerNorm(x + f(x)) (the original Transformer and BART), and
             the stack's extra layer norm is applied to the embeddings instead (BART's `layernorm_embedding`).
         attention_type (`str`, *optional*, defaults to `"kernelized_rpe"`):
-            The attention of every layer (an op bundle of `ops_registry.ATTENTION_VARIANTS`):
+            The attention of every layer, a key of `ops_registry.ATTENTION_VARIANTS` (whose entries state what
+            each variant computes and which of the options below it has):
             `"kernelized_rpe"`: kernelized attention with clipped relative positions, linear;
             `"kernelized"`: plain kernelized attention (no position information at all), linear;
             `"fourier"`: kernelized attention with a learned cosine relative-position kernel, linear;
@@ -138,9 +141,7 @@ class ScaleformerConfig(PreTrainedConfig):
     init_std: float = 0.02
     layer_norm_eps: float = 1e-5
     layer_norm_position: Literal["pre", "post"] = "pre"
-    attention_type: Literal[
-        "kernelized_rpe", "kernelized", "fourier", "toeplitz", "xl_relative", "shaw_softmax", "softmax"
-    ] = "kernelized_rpe"
+    attention_type: Literal[ATTENTION_TYPES] = "kernelized_rpe"
     attention_mode: Literal["auto", "linear", "naive"] = "auto"
     rpe_horizon: int = 16
     rpe_shared_across_heads: bool = False
@@ -204,19 +205,22 @@ class ScaleformerConfig(PreTrainedConfig):
                 raise ValueError(f"`{name}` must be in [0, 1), got {getattr(self, name)}")
         if self.rpe_horizon < 0:
             raise ValueError(f"`rpe_horizon` must be >= 0, got {self.rpe_horizon}")
-        if self.rpe_shared_across_heads and self.attention_type not in ("kernelized_rpe", "shaw_softmax"):
+        variant = get_attention_variant(self.attention_type)
+        if self.rpe_shared_across_heads and not variant.rpe_shareable:
+            allowed = [name for name, v in ATTENTION_VARIANTS.items() if v.rpe_shareable]
             raise ValueError(
-                "`rpe_shared_across_heads` applies to attention_type 'kernelized_rpe' and 'shaw_softmax' only, got "
-                f"attention_type {self.attention_type!r}"
+                f"`rpe_shared_across_heads` applies to attention_type {allowed} only, got attention_type "
+                f"{self.attention_type!r}"
             )
-        if self.cross_attention_rpe and self.attention_type != "kernelized_rpe":
+        if self.cross_attention_rpe and not variant.cross_attention_rpe:
+            allowed = [name for name, v in ATTENTION_VARIANTS.items() if v.cross_attention_rpe]
             raise ValueError(
-                f"`cross_attention_rpe` requires attention_type 'kernelized_rpe', got {self.attention_type!r}"
+                f"`cross_attention_rpe` requires attention_type {allowed}, got {self.attention_type!r}"
             )
-        if self.attention_mode == "linear" and self.attention_type in ("xl_relative", "shaw_softmax", "softmax"):
+        if self.attention_mode not in variant.modes:
             raise ValueError(
-                f"`attention_mode` 'linear' does not exist for the softmax attention_type {self.attention_type!r}: "
-                "use 'auto' or 'naive'"
+                f"`attention_mode` {self.attention_mode!r} does not exist for attention_type {self.attention_type!r}: "
+                f"use one of {tuple(variant.modes)}"
             )
         if self.activation_function not in ACT2FN:
             raise ValueError(

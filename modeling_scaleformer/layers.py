@@ -70,12 +70,8 @@ class ScaleformerAttention(nn.Module):
         return keep if key_mask is None else keep & key_mask.bool()
 
     def forward(
-        self,
-        hidden_states: Tensor,
-        key_value_states: Tensor | None = None,
-        key_mask: Tensor | None = None,
-        past_key_values: ScaleformerCache | None = None,
-        query_offset: int = 0,
+        self, hidden_states: Tensor, key_value_states: Tensor | None = None, key_mask: Tensor | None = None,
+        past_key_values: ScaleformerCache | None = None, query_offset: int = 0,
     ) -> Tensor:
         batch, length, _ = hidden_states.shape
         state = None if past_key_values is None else past_key_values.layers[self.layer_idx]

@@ -1,4 +1,15 @@
-"""Helpers shared by the attention ops: feature map, relative indices, dtype policy, input checks."""
+"""Helpers shared by the attention ops: feature map, relative index, visible keys, normalisers, dtype policy,
+input checks and the block budgets of the blocked algorithms.
+
+Relative positions follow one convention in every op: query i sits at p_i = i + query_offset, key j at j,
+and a table of 2h + 1 rows (h the horizon) is read at row
+
+    r(i, j) = clip(p_i - j, -h, h) + h                 (`relative_index`; row h is distance 0)
+
+so row h + t holds distance p_i - j = t (t > 0: the key is t positions in the past). The one table laid
+out the other way round, the Toeplitz `rel_bias` (row r for key offset j - p_i = r - h), is read through
+`rows_by_distance`.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +19,23 @@ from torch import Tensor
 
 
 ATTENTION_MODES = ("auto", "naive", "linear")
+
+# New tokens taken together by the chunked linear algorithms and by the recurrent steps.
+DEFAULT_CHUNK_SIZE = 64
+
+# Largest temporary (in elements) one block of the chunked linear algorithms (`ops_kernelized`,
+# `ops_fourier_chunk`) may create: small blocks keep allocations out of fresh pages from the kernel,
+# which otherwise dominate wall time at long lengths.
+BLOCK_ELEMENTS = 1 << 20
+
+# Size (in elements) of one block of the FFT path (`ops_toeplitz`): each of its few temporaries (N reals
+# or N/2+1 complex numbers per row and feature pair) stays about this size, 16 MiB in float32. A block
+# must hold whole sequences of N points, and each FFT call carries a fixed cost, so the FFT path takes
+# blocks four times larger than the chunked algorithms.
+FFT_BLOCK_ELEMENTS = 1 << 22
+
+# Guard of the Fourier normaliser (`guarded_normalise`): |out_i| <= max|v| / eps.
+DEFAULT_EPS = 1e-2
 
 
 def elu_feature_map(x: Tensor) -> Tensor:
@@ -25,10 +53,46 @@ def horizon_of(rel: Tensor | None) -> int:
     return 0 if rel is None else (rel.shape[-2] - 1) // 2
 
 
+def distance_index(distance: Tensor, horizon: int) -> Tensor:
+    """Row clip(t, -h, h) + h of a relative table for distances t = p_i - j (any shape)."""
+    return distance.clamp(-horizon, horizon) + horizon
+
+
 def relative_index(query_positions: Tensor, key_positions: Tensor, horizon: int) -> Tensor:
     """r(i, j) = clip(p_i - j, -h, h) + h, shape (len(query_positions), len(key_positions))."""
-    delta = query_positions[:, None] - key_positions[None, :]
-    return delta.clamp(-horizon, horizon) + horizon
+    return distance_index(query_positions[:, None] - key_positions[None, :], horizon)
+
+
+def rows_by_distance(rel_bias: Tensor) -> Tensor:
+    """The Toeplitz bias table (H, 2h+1) reordered so that `relative_index` reads it.
+
+    `rel_bias` is stored by key offset: row r is the bias of j - p_i = r - h (row 0: keys h or more
+    positions in the past, row 2h: keys h or more positions ahead). The result has row r for distance
+    p_i - j = r - h, the layout of every other relative table. Reversing the rows is exact.
+    """
+    return rel_bias.flip(-1)
+
+
+def token_positions(start: int, length: int, dtype: torch.dtype, device) -> Tensor:
+    """Positions (1, length, 1) of tokens start .. start + length - 1: their token indices."""
+    return (torch.arange(length, device=device) + start).to(dtype)[None, :, None]
+
+
+def visible_keys(
+    lq: int, lk: int, *, causal: bool, key_mask: Tensor | None, query_offset: int, device
+) -> Tensor:
+    """keep[b, 0, i, j]: whether key j is visible to query i, boolean and broadcastable to (B, H, Lq, Lk).
+
+    A key is hidden when key_mask[b, j] == 0, or, causal, when j > p_i = i + query_offset. The shape is
+    the smallest that holds this: (B or 1, 1, Lq or 1, Lk).
+    """
+    keep = torch.ones(1, 1, 1, lk, dtype=torch.bool, device=device)
+    if causal:
+        q_pos = torch.arange(lq, device=device) + query_offset
+        keep = (torch.arange(lk, device=device)[None, :] <= q_pos[:, None])[None, None]
+    if key_mask is not None:
+        keep = keep & key_mask.bool()[:, None, None, :]
+    return keep
 
 
 def augment_values(v: Tensor, key_mask: Tensor | None) -> Tensor:
@@ -44,17 +108,62 @@ def augment_values(v: Tensor, key_mask: Tensor | None) -> Tensor:
     return torch.cat([v * m, m], dim=-1)
 
 
-def normalise(a: Tensor) -> Tensor:
-    """Split augmented sums into out = numerator / normaliser; rows with no visible key give 0."""
-    num, den = a[..., :-1], a[..., -1:]
-    visible = den > 0
+def normalise(num: Tensor, den: Tensor, visible: Tensor | None = None) -> Tensor:
+    """out = num / den row by row, 0 on rows with no visible key; with augmented sums a = [num, den],
+    num = a[..., :-1] and den = a[..., -1:].
+
+    `visible` (broadcastable to den) says which rows see a key; by default den > 0, right whenever
+    every score is positive.
+    """
+    if visible is None:
+        visible = den > 0
     return torch.where(visible, num / torch.where(visible, den, torch.ones_like(den)), torch.zeros_like(num))
 
 
-def _describe(t: object) -> str:
+def guarded_normalise(num: Tensor, den: Tensor, big: Tensor, eps: float) -> Tensor:
+    """num / den_safe row by row, with den_safe = den if |den| >= eps M, and sign(den) eps M otherwise
+    (sign(0) = +1); 0 where M == 0 (no visible key). M = `big` bounds |den|.
+    """
+    sign = torch.where(den >= 0, torch.ones_like(den), -torch.ones_like(den))
+    den_safe = torch.where(den.abs() >= eps * big, den, sign * eps * big)
+    visible = big > 0
+    den_safe = torch.where(visible, den_safe, torch.ones_like(den_safe))
+    return torch.where(visible, num / den_safe, torch.zeros_like(num))
+
+
+def describe(t: object) -> str:
+    """What an argument is, for error messages: shape and dtype of a tensor, else type and value."""
     if isinstance(t, Tensor):
         return f"tensor of shape {tuple(t.shape)} and dtype {t.dtype}"
     return f"{type(t).__name__} {t!r}"
+
+
+def check_horizon(horizon: int) -> None:
+    """Raise ValueError naming `horizon` unless it is a non-negative int."""
+    if isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 0:
+        raise ValueError(f"`horizon` must be a non-negative int, got {horizon!r}")
+
+
+def check_state(state: object, state_type: type) -> None:
+    """Raise ValueError naming `state` unless it is a `state_type` (a state NamedTuple of the ops)."""
+    if not isinstance(state, state_type):
+        raise ValueError(f"`state` must be a {state_type.__name__}, got {type(state).__name__}")
+
+
+def check_new_tokens(q: Tensor, k: Tensor) -> None:
+    """Raise ValueError unless `q` and `k` hold the same number of new tokens (a recurrent step)."""
+    if k.shape[2] != q.shape[2]:
+        raise ValueError(f"`q` and `k` must hold the same new tokens, got lengths {q.shape[2]} and {k.shape[2]}")
+
+
+def check_key_mask(key_mask: Tensor | None, batch: int, length: int) -> None:
+    """Raise ValueError naming `key_mask` unless it is None or a (batch, length) mask of 0 and 1 (or bool)."""
+    if key_mask is None:
+        return
+    if not isinstance(key_mask, Tensor) or tuple(key_mask.shape) != (batch, length):
+        raise ValueError(f"`key_mask` must have shape (batch, Lk) = ({batch}, {length}), got {describe(key_mask)}")
+    if key_mask.dtype != torch.bool and bool(((key_mask != 0) & (key_mask != 1)).any()):
+        raise ValueError("`key_mask` must hold only 0 and 1 (or be boolean)")
 
 
 def check_attention_inputs(
@@ -69,7 +178,7 @@ def check_attention_inputs(
     """Raise ValueError naming the argument when shapes, dtypes or values are not as documented."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, Tensor) or t.dim() != 4:
-            raise ValueError(f"`{name}` must be a 4-D tensor (batch, heads, length, dim), got {_describe(t)}")
+            raise ValueError(f"`{name}` must be a 4-D tensor (batch, heads, length, dim), got {describe(t)}")
         if not t.is_floating_point():
             raise ValueError(f"`{name}` must be a floating-point tensor, got dtype {t.dtype}")
     if k.dtype != q.dtype or v.dtype != q.dtype:
@@ -83,17 +192,13 @@ def check_attention_inputs(
         raise ValueError(f"`q` and `k` must hold at least one position, got Lq={q.shape[2]}, Lk={k.shape[2]}")
     if rel is not None:
         if not isinstance(rel, Tensor) or rel.dim() not in (2, 3):
-            raise ValueError(f"`rel` must be a tensor of shape (heads, 2h+1, dim) or (2h+1, dim), got {_describe(rel)}")
+            raise ValueError(f"`rel` must be a tensor of shape (heads, 2h+1, dim) or (2h+1, dim), got {describe(rel)}")
         if rel.dtype != q.dtype:
             raise ValueError(f"`rel` must have the dtype of `q` ({q.dtype}), got {rel.dtype}")
         if rel.shape[-1] != d or rel.shape[-2] % 2 != 1 or (rel.dim() == 3 and rel.shape[0] != h):
             expected = f"({h}, 2h+1, {d}) or (2h+1, {d})"
             raise ValueError(f"`rel` must have shape {expected} with an odd number of rows, got {tuple(rel.shape)}")
-    if key_mask is not None:
-        if not isinstance(key_mask, Tensor) or tuple(key_mask.shape) != (b, k.shape[2]):
-            raise ValueError(f"`key_mask` must have shape (batch, Lk) = ({b}, {k.shape[2]}), got {_describe(key_mask)}")
-        if key_mask.dtype != torch.bool and bool(((key_mask != 0) & (key_mask != 1)).any()):
-            raise ValueError("`key_mask` must hold only 0 and 1 (or be boolean)")
+    check_key_mask(key_mask, b, k.shape[2])
     if isinstance(query_offset, bool) or not isinstance(query_offset, int) or query_offset < 0:
         raise ValueError(f"`query_offset` must be a non-negative int, got {query_offset!r}")
     if mode not in ATTENTION_MODES:

@@ -35,20 +35,19 @@ import torch
 from torch import Tensor
 
 from .ops_common import (
+    BLOCK_ELEMENTS,
+    DEFAULT_CHUNK_SIZE,
     augment_values,
     check_attention_inputs,
+    check_new_tokens,
+    check_state,
     compute_dtype,
     elu_feature_map,
     horizon_of,
     normalise,
+    relative_index,
 )
 from .ops_naive import naive_kernelized_rpe_attention
-
-
-DEFAULT_CHUNK_SIZE = 64
-# Largest temporary (in elements) one block may create: small blocks keep allocations out of fresh
-# pages from the kernel, which otherwise dominate wall time at long lengths.
-BLOCK_ELEMENTS = 1 << 20
 
 
 class _Geometry(NamedTuple):
@@ -73,11 +72,12 @@ def _geometry(lq: int, lk: int, query_offset: int, horizon: int, causal: bool, c
     local = torch.where((local >= 0) & (local < nk), local, torch.full_like(local, nk))
     before = (absolute - 1).clamp(0, nk)
     after = (absolute + 2).clamp(0, nk)
-    a = torch.arange(c, device=device)[:, None]
-    col = torch.arange(w * c, device=device)[None, :]
-    delta = (1 - col // c) * c + a - col % c
-    rel_index = delta.clamp(-horizon, horizon) + horizon
-    keep = (delta >= 0) if causal else None
+    # positions from the start of the query chunk: its queries at 0..c-1, the local keys (w chunks from
+    # the chunk before it) at -c..(w-1)c-1
+    queries = torch.arange(c, device=device)
+    keys = torch.arange(w * c, device=device) - c
+    rel_index = relative_index(queries, keys, horizon)
+    keep = (keys[None, :] <= queries[:, None]) if causal else None
     return _Geometry(c, lead, nq, nk, local, before, after, rel_index, keep)
 
 
@@ -177,8 +177,7 @@ def _rows_per_group(bh: int, per_row: int) -> int:
 def _chunk_forward(q, k, va, rf_rows, causal, query_offset, chunk, dtype) -> Tensor:
     bh, lq, _ = q.shape
     lk = k.shape[1]
-    horizon = 0 if rf_rows is None else (rf_rows.shape[1] - 1) // 2
-    geo = _geometry(lq, lk, query_offset, horizon, causal, chunk, q.device)
+    geo = _geometry(lq, lk, query_offset, horizon_of(rf_rows), causal, chunk, q.device)
     out = torch.empty(bh, lq, va.shape[-1] - 1, dtype=q.dtype, device=q.device)
     w = 2 if causal else 3
     per_chunk = geo.chunk * w * geo.chunk
@@ -189,7 +188,7 @@ def _chunk_forward(q, k, va, rf_rows, causal, query_offset, chunk, dtype) -> Ten
         p = _prepare(q[r0:r1], k[r0:r1], va[r0:r1].to(dtype), rf, geo, dtype)
         for m0, m1 in _chunk_blocks(geo.n_query_chunks, per_chunk, r1 - r0):
             a = _block_sums(_block_terms(p, geo, causal, m0, m1))
-            o = normalise(a).view(r1 - r0, (m1 - m0) * geo.chunk, -1)
+            o = normalise(a[..., :-1], a[..., -1:]).view(r1 - r0, (m1 - m0) * geo.chunk, -1)
             # query rows of this block in unpadded coordinates
             s0, s1 = m0 * geo.chunk - geo.lead, m1 * geo.chunk - geo.lead
             lo, hi = max(s0, 0), min(s1, lq)
@@ -200,8 +199,7 @@ def _chunk_forward(q, k, va, rf_rows, causal, query_offset, chunk, dtype) -> Ten
 def _chunk_backward(q, k, va, rf_rows, grad_out, causal, query_offset, chunk, dtype):
     bh, lq, d = q.shape
     lk = k.shape[1]
-    horizon = 0 if rf_rows is None else (rf_rows.shape[1] - 1) // 2
-    geo = _geometry(lq, lk, query_offset, horizon, causal, chunk, q.device)
+    geo = _geometry(lq, lk, query_offset, horizon_of(rf_rows), causal, chunk, q.device)
     c, nq, nk = geo.chunk, geo.n_query_chunks, geo.n_key_chunks
     w = 2 if causal else 3
     dq = torch.empty_like(q)
@@ -295,14 +293,8 @@ class _ChunkKernelizedRPE(torch.autograd.Function):
 
 
 def chunk_kernelized_rpe_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    rel: Tensor | None = None,
-    *,
-    causal: bool = False,
-    key_mask: Tensor | None = None,
-    query_offset: int = 0,
+    q: Tensor, k: Tensor, v: Tensor, rel: Tensor | None = None,
+    *, causal: bool = False, key_mask: Tensor | None = None, query_offset: int = 0,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
 ) -> Tensor:
     """The linear-time algorithm; same contract and shapes as `kernelized_rpe_attention`.
@@ -324,7 +316,7 @@ def chunk_kernelized_rpe_attention(
     return out.view(b, h, lq, dv)
 
 
-def choose_mode(
+def kernelized_rpe_choose_mode(
     lq: int, lk: int, dim: int, value_dim: int, horizon: int, *, causal: bool, batch_heads: int = 1
 ) -> str:
     """The cheaper algorithm for one call, "naive" or "linear", from a cost model in multiply-adds.
@@ -343,19 +335,16 @@ def choose_mode(
     return "linear" if linear < naive else "naive"
 
 
+# Fixed cost of the linear path per call, in multiply-adds (Python and launch overhead).
 LINEAR_OVERHEAD = 15_000_000
+
+# The name this cost model had first, kept for callers (`benchmarks/bench_attention.py`).
+choose_mode = kernelized_rpe_choose_mode
 
 
 def kernelized_rpe_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    rel: Tensor | None = None,
-    *,
-    causal: bool = False,
-    key_mask: Tensor | None = None,
-    query_offset: int = 0,
-    mode: str = "auto",
+    q: Tensor, k: Tensor, v: Tensor, rel: Tensor | None = None,
+    *, causal: bool = False, key_mask: Tensor | None = None, query_offset: int = 0, mode: str = "auto",
 ) -> Tensor:
     """Kernelized attention with clipped relative positions (Scaleformer), exact, linear in length.
 
@@ -375,14 +364,14 @@ def kernelized_rpe_attention(
         key_mask (`Tensor` of shape `(B, Lk)`, *optional*): 1 (or True) for keys to attend to.
         query_offset (`int`, defaults to 0): absolute position of the first query.
         mode (`str`, defaults to `"auto"`): `"naive"` (quadratic reference), `"linear"` (chunked,
-            O(L) time and memory) or `"auto"` (the cheaper for this call, see `choose_mode`).
+            O(L) time and memory) or `"auto"` (the cheaper for this call, see `kernelized_rpe_choose_mode`).
 
     Returns:
         `Tensor` of shape `(B, H, Lq, Dv)` in q's dtype. Half precision accumulates in float32.
     """
     check_attention_inputs(q, k, v, rel, key_mask, query_offset, mode)
     if mode == "auto":
-        mode = choose_mode(
+        mode = kernelized_rpe_choose_mode(
             q.shape[2], k.shape[2], q.shape[-1], v.shape[-1], horizon_of(rel), causal=causal,
             batch_heads=q.shape[0] * q.shape[1],
         )
@@ -468,11 +457,9 @@ def kernelized_rpe_step(
     Returns:
         `(out, state)`: out of shape (B, H, n, Dv) in q's dtype, and the new `KernelizedRPEState`.
     """
-    if not isinstance(state, KernelizedRPEState):
-        raise ValueError(f"`state` must be a KernelizedRPEState, got {type(state).__name__}")
+    check_state(state, KernelizedRPEState)
     check_attention_inputs(q, k, v, rel, key_mask, state.seen, "linear")
-    if k.shape[2] != q.shape[2]:
-        raise ValueError(f"`q` and `k` must hold the same new tokens, got lengths {q.shape[2]} and {k.shape[2]}")
+    check_new_tokens(q, k)
     horizon = horizon_of(rel)
     b, h_, _, d = q.shape
     expected = (b, h_, d, v.shape[-1] + 1)
@@ -504,10 +491,11 @@ def _step_chunk(q, k, v, rf, state: KernelizedRPEState, key_mask, horizon: int):
     local = torch.cat([state.window, va], dim=2)
     if rf is not None:
         weights = qf @ (rf if rf.dim() == 3 else rf.unsqueeze(0)).transpose(-1, -2)
-        # local key jj sits at position seen - w + jj, query i at seen + i
-        delta = new[:, None] + w - torch.arange(w + n, device=q.device)[None, :]
-        rel_index = delta.clamp(-horizon, horizon) + horizon
-        rel_scores = weights.gather(-1, rel_index.expand(*weights.shape[:2], -1, -1)) * (delta >= 0)
+        # positions from seen - w: local key jj at jj, query i at w + i
+        queries, keys = new + w, torch.arange(w + n, device=q.device)
+        rel_index = relative_index(queries, keys, horizon)
+        causal = keys[None, :] <= queries[:, None]
+        rel_scores = weights.gather(-1, rel_index.expand(*weights.shape[:2], -1, -1)) * causal
         a = a + rel_scores @ local + weights[..., -1:] * state.far[:, :, None, :]
     split = local.shape[2] - w
     new_state = KernelizedRPEState(
@@ -516,7 +504,7 @@ def _step_chunk(q, k, v, rf, state: KernelizedRPEState, key_mask, horizon: int):
         window=local[:, :, split:],
         seen=state.seen + n,
     )
-    return normalise(a), new_state
+    return normalise(a[..., :-1], a[..., -1:]), new_state
 
 
 class KernelizedRPECrossSummary(NamedTuple):
@@ -584,4 +572,4 @@ def kernelized_rpe_cross_step(
             inside = (keys >= 0) & (keys < lk)
             window = values[:, :, keys.clamp(0, lk - 1)] * inside[..., None]  # (B, H, n, 2h-1, Dv+1)
             a = a + (weights[..., 1:-1, None] * window).sum(3)
-    return normalise(a).to(q.dtype)
+    return normalise(a[..., :-1], a[..., -1:]).to(q.dtype)

@@ -1,72 +1,233 @@
-"""Quadratic reference implementations, written straight from the formulas.
+"""Quadratic reference implementations of every attention op, written straight from the formulas.
 
-They build the full (Lq, Lk) score matrix and are the ground truth every fast path is tested
-against. They are also the fastest choice for short sequences, where `mode="auto"` uses them.
+Each `naive_<algo>` builds the full (Lq, Lk) score matrix of the op of the same name and is the ground
+truth its fast paths are tested against (`tests/ops/test_naive.py` checks each against a loop over
+(query, key) pairs). They share one calling convention with the fast paths: q (B, H, Lq, D),
+k (B, H, Lk, D), v (B, H, Lk, Dv), the op's parameters, then keyword-only `causal`, `key_mask` (B, Lk)
+and `query_offset` (p_i = i + query_offset); they return (B, H, Lq, Dv) in q's dtype, computed in
+`compute_dtype` (float32 for half precision), with 0 for a query row that sees no key
+(`naive_kernelized_rpe_scores` returns the masked score matrix itself). Relative tables are read at
+r(i, j) = clip(p_i - j, -h, h) + h (`ops_common.relative_index`; the Toeplitz bias, stored by key offset,
+through `ops_common.rows_by_distance`). Each costs
+O(Lq Lk (D + Dv)) time and O(Lq Lk) memory per head (Shaw and Transformer-XL: O(Lq Lk D) memory).
+
+`mode="naive"` runs them. For the kernelized ops (`kernelized_rpe_attention`, `fourier_attention`,
+`toeplitz_attention`) they are also the cheaper choice on short sequences, which `mode="auto"` picks by
+a cost model; the softmax ops' "auto" runs SDPA instead.
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
-from .ops_common import compute_dtype, elu_feature_map, horizon_of
+from .ops_common import (
+    DEFAULT_EPS,
+    compute_dtype,
+    elu_feature_map,
+    guarded_normalise,
+    horizon_of,
+    normalise,
+    relative_index,
+    rows_by_distance,
+    token_positions,
+    visible_keys,
+)
+
+
+def _positions(lq: int, lk: int, query_offset: int, device) -> tuple[Tensor, Tensor]:
+    """Positions p_i = i + query_offset of the queries and j of the keys."""
+    return torch.arange(lq, device=device) + query_offset, torch.arange(lk, device=device)
+
+
+def _normalised_rows(scores: Tensor, v: Tensor) -> Tensor:
+    """sum_j S_ij v_j / sum_j S_ij for scores that are positive on visible keys and 0 elsewhere."""
+    return normalise(scores @ v.to(scores.dtype), scores.sum(-1, keepdim=True))
+
+
+# kernelized attention: clipped relative positions (Scaleformer), Fourier kernel, Toeplitz bias
 
 
 def naive_kernelized_rpe_scores(
-    q: Tensor,
-    k: Tensor,
-    rel: Tensor | None = None,
-    *,
-    causal: bool = False,
-    key_mask: Tensor | None = None,
-    query_offset: int = 0,
+    q: Tensor, k: Tensor, rel: Tensor | None = None,
+    *, causal: bool = False, key_mask: Tensor | None = None, query_offset: int = 0,
 ) -> Tensor:
     """Unnormalised scores S (B, H, Lq, Lk) of kernelized attention with clipped relative positions.
 
-    S_ij = phi(q_i).phi(k_j) + phi(q_i).phi(rel_r(i,j)), r(i, j) = clip(i + query_offset - j, -h, h) + h,
+    S_ij = phi(q_i).phi(k_j) + phi(q_i).phi(rel[r(i, j)]), r(i, j) = clip(i + query_offset - j, -h, h) + h,
     set to 0 where j > i + query_offset (causal) or key_mask[j] == 0.
     """
     dtype = compute_dtype(q.dtype)
     qf, kf = elu_feature_map(q.to(dtype)), elu_feature_map(k.to(dtype))
     lq, lk = q.shape[2], k.shape[2]
     scores = qf @ kf.transpose(-1, -2)
-    q_pos = torch.arange(lq, device=q.device) + query_offset
-    k_pos = torch.arange(lk, device=q.device)
     if rel is not None:
-        h = horizon_of(rel)
         rf = elu_feature_map(rel.to(dtype))
         rf = rf if rf.dim() == 3 else rf.unsqueeze(0)
         weights = torch.einsum("bhid,hrd->bhir", qf, rf.expand(q.shape[1], -1, -1))
-        r = (q_pos[:, None] - k_pos[None, :]).clamp(-h, h) + h
+        r = relative_index(*_positions(lq, lk, query_offset, q.device), horizon_of(rel))
         scores = scores + weights.gather(-1, r.expand(*weights.shape[:2], lq, lk))
-    keep = torch.ones(lq, lk, dtype=torch.bool, device=q.device)
-    if causal:
-        keep = k_pos[None, :] <= q_pos[:, None]
-    keep = keep[None, None]
-    if key_mask is not None:
-        keep = keep & key_mask.bool()[:, None, None, :]
+    keep = visible_keys(lq, lk, causal=causal, key_mask=key_mask, query_offset=query_offset, device=q.device)
     return scores * keep.to(dtype)
 
 
 def naive_kernelized_rpe_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    rel: Tensor | None = None,
-    *,
-    causal: bool = False,
-    key_mask: Tensor | None = None,
-    query_offset: int = 0,
+    q: Tensor, k: Tensor, v: Tensor, rel: Tensor | None = None,
+    *, causal: bool = False, key_mask: Tensor | None = None, query_offset: int = 0,
 ) -> Tensor:
-    """out_i = sum_j S_ij v_j / sum_j S_ij with S from `naive_kernelized_rpe_scores`.
+    """Reference of `kernelized_rpe_attention`: out_i = sum_j S_ij v_j / sum_j S_ij, S from
+    `naive_kernelized_rpe_scores`.
 
     Shapes: q (B, H, Lq, D), k (B, H, Lk, D), v (B, H, Lk, Dv), rel (H, 2h+1, D) or (2h+1, D),
     key_mask (B, Lk). Returns (B, H, Lq, Dv) in q's dtype; a row with no visible key is 0.
     Cost: O(Lq Lk (D + Dv)) time and O(Lq Lk) memory per head.
     """
     scores = naive_kernelized_rpe_scores(q, k, rel, causal=causal, key_mask=key_mask, query_offset=query_offset)
-    num = scores @ v.to(scores.dtype)
-    den = scores.sum(-1, keepdim=True)
-    visible = den > 0
-    out = torch.where(visible, num / torch.where(visible, den, torch.ones_like(den)), torch.zeros_like(num))
-    return out.to(q.dtype)
+    return _normalised_rows(scores, v).to(q.dtype)
+
+
+def naive_fourier_attention(
+    q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, c: Tensor,
+    *, causal: bool = False, key_mask: Tensor | None = None, query_offset: int = 0,
+    q_positions: Tensor | None = None, k_positions: Tensor | None = None, eps: float = DEFAULT_EPS,
+) -> Tensor:
+    """Reference of `fourier_attention`: the full (Lq, Lk) score matrix, then the normaliser guard.
+
+    S_ij = sum_k c_k phi(q_i)_k phi(k_j)_k cos(ph_ik - pk_jk), M_i = sum_j sum_k |c_k| phi(q_i)_k
+    phi(k_j)_k, both over visible keys; out_i = num_i / den_safe_i as in `ops_fourier`
+    (`ops_common.guarded_normalise`). The cosine of the difference is expanded as cos cos + sin sin so
+    that no (Lq, Lk, D) tensor is formed.
+
+    Shapes: q (B, H, Lq, D), k (B, H, Lk, D), v (B, H, Lk, Dv), a (H, D, n), b (H, D), c (H, D),
+    q_positions (B, Lq, n), k_positions (B, Lk, n). Returns (B, H, Lq, Dv) in q's dtype.
+    Cost: O(Lq Lk (D + Dv)) time and O(Lq Lk) memory per head.
+    """
+    dtype = compute_dtype(q.dtype)
+    lq, lk = q.shape[2], k.shape[2]
+    qf, kf = elu_feature_map(q.to(dtype)), elu_feature_map(k.to(dtype))
+    a, b, c = a.to(dtype), b.to(dtype), c.to(dtype)
+    pq = token_positions(query_offset, lq, dtype, q.device) if q_positions is None else q_positions.to(dtype)
+    pk = token_positions(0, lk, dtype, q.device) if k_positions is None else k_positions.to(dtype)
+    ph = b[None, :, None, :] + torch.einsum("bin,hkn->bhik", pq, a)  # (B, H, Lq, D)
+    pkey = torch.einsum("bjn,hkn->bhjk", pk, a)  # (B, H, Lk, D)
+    cq = c[None, :, None, :] * qf
+    scores = (cq * torch.cos(ph)) @ (kf * torch.cos(pkey)).transpose(-1, -2)
+    scores = scores + (cq * torch.sin(ph)) @ (kf * torch.sin(pkey)).transpose(-1, -2)
+    bound = (c.abs()[None, :, None, :] * qf) @ kf.transpose(-1, -2)
+    keep = visible_keys(lq, lk, causal=causal, key_mask=key_mask, query_offset=query_offset, device=q.device)
+    scores = scores * keep.to(dtype)
+    bound = bound * keep.to(dtype)
+    num, den, big = scores @ v.to(dtype), scores.sum(-1, keepdim=True), bound.sum(-1, keepdim=True)
+    return guarded_normalise(num, den, big, eps).to(q.dtype)
+
+
+def naive_toeplitz_attention(
+    q: Tensor, k: Tensor, v: Tensor, bias: Tensor,
+    *, causal: bool = False, key_mask: Tensor | None = None, query_offset: int = 0,
+) -> Tensor:
+    """Reference of `toeplitz_attention`: out_i = sum_j S_ij v_j / sum_j S_ij,
+    S_ij = exp(bias[2h - r(i, j)]) phi(q_i).phi(k_j).
+
+    `bias` (H, 2h+1) is stored by key offset (row r for j - p_i = r - h), so with r(i, j) = clip(p_i - j,
+    -h, h) + h it is read at row 2h - r(i, j), through `ops_common.rows_by_distance`; p_i = i +
+    query_offset, h = (bias.shape[-1] - 1) // 2, and S_ij = 0 where j > p_i (causal) or key_mask[:, j] == 0.
+
+    Shapes: q (B, H, Lq, D), k (B, H, Lk, D), v (B, H, Lk, Dv), bias (H, 2h+1), key_mask (B, Lk).
+    Returns (B, H, Lq, Dv) in q's dtype; a row with no visible key is 0. Half precision is computed in
+    float32. Cost: O(Lq Lk (D + Dv)) time and O(Lq Lk) memory per head.
+    """
+    dtype = compute_dtype(q.dtype)
+    lq, lk = q.shape[2], k.shape[2]
+    r = relative_index(*_positions(lq, lk, query_offset, q.device), (bias.shape[-1] - 1) // 2)  # (Lq, Lk)
+    weight = rows_by_distance(bias).to(dtype).exp()[:, r]  # (H, Lq, Lk)
+    scores = weight * (elu_feature_map(q.to(dtype)) @ elu_feature_map(k.to(dtype)).transpose(-1, -2))
+    keep = visible_keys(lq, lk, causal=causal, key_mask=key_mask, query_offset=query_offset, device=q.device)
+    return _normalised_rows(scores * keep.to(dtype), v).to(q.dtype)
+
+
+# softmax baselines: plain, Shaw et al. (2018) relative keys, Transformer-XL relative attention
+
+
+def _softmax_rows(scores: Tensor, v: Tensor, causal: bool, key_mask: Tensor | None, query_offset: int) -> Tensor:
+    """softmax_j(scores) @ v with masked keys at -inf; a row with no visible key gives 0."""
+    lq, lk = scores.shape[-2:]
+    keep = visible_keys(lq, lk, causal=causal, key_mask=key_mask, query_offset=query_offset, device=scores.device)
+    scores = scores.masked_fill(~keep, float("-inf"))
+    any_visible = keep.any(-1, keepdim=True)
+    # softmax of an all -inf row is NaN: such rows get finite scores, then zero weights
+    probs = torch.softmax(torch.where(any_visible, scores, torch.zeros_like(scores)), dim=-1) * any_visible
+    return probs @ v.to(probs.dtype)
+
+
+def _relative_rows(table: Tensor, heads: int, lq: int, lk: int, query_offset: int) -> Tensor:
+    """The table row of each (query, key) pair, a[h, i, j] = table[h, r(i, j)], shape (H, Lq, Lk, ...)."""
+    r = relative_index(*_positions(lq, lk, query_offset, table.device), (table.shape[1] - 1) // 2)
+    return table.expand(heads, *table.shape[1:])[:, r]
+
+
+def _per_head(rel: Tensor, dtype: torch.dtype) -> Tensor:
+    """A relative table (H, 2h+1, D) or (2h+1, D) as (H or 1, 2h+1, D) in `dtype`."""
+    table = rel.to(dtype)
+    return table if table.dim() == 3 else table.unsqueeze(0)
+
+
+def naive_softmax_attention(
+    q: Tensor, k: Tensor, v: Tensor,
+    *, causal: bool = False, key_mask: Tensor | None = None, query_offset: int = 0,
+) -> Tensor:
+    """Reference of `softmax_attention`: e_ij = q_i.k_j / sqrt(d), out_i = softmax_j(e_i) @ v.
+
+    Shapes as `softmax_attention`. Cost O(Lq Lk (D + Dv)) time and O(Lq Lk) memory per head.
+    """
+    dtype = compute_dtype(q.dtype)
+    qc, kc = q.to(dtype), k.to(dtype)
+    scores = torch.einsum("bhid,bhjd->bhij", qc, kc) / math.sqrt(q.shape[-1])
+    return _softmax_rows(scores, v, causal, key_mask, query_offset).to(q.dtype)
+
+
+def naive_shaw_softmax_attention(
+    q: Tensor, k: Tensor, v: Tensor, rel: Tensor,
+    *, causal: bool = False, key_mask: Tensor | None = None, query_offset: int = 0,
+) -> Tensor:
+    """Reference of `shaw_softmax_attention`: e_ij = q_i.(k_j + a_ij) / sqrt(d) with a_ij = rel[r(i, j)].
+
+    Builds a_ij for every pair: O(H Lq Lk D) memory. Shapes as `shaw_softmax_attention`.
+    """
+    dtype = compute_dtype(q.dtype)
+    qc, kc = q.to(dtype), k.to(dtype)
+    a = _relative_rows(_per_head(rel, dtype), q.shape[1], q.shape[2], k.shape[2], query_offset)  # (H, Lq, Lk, D)
+    scores = torch.einsum("bhid,bhjd->bhij", qc, kc) + torch.einsum("bhid,hijd->bhij", qc, a)
+    scores = scores / math.sqrt(q.shape[-1])
+    return _softmax_rows(scores, v, causal, key_mask, query_offset).to(q.dtype)
+
+
+def naive_xl_relative_attention(
+    q: Tensor, k: Tensor, v: Tensor, u: Tensor, rel: Tensor, bias: Tensor,
+    *, causal: bool = False, key_mask: Tensor | None = None, query_offset: int = 0,
+) -> Tensor:
+    """Reference of `xl_relative_attention`: e_ij = ((q_i + u).k_j + q_i.R[r(i, j)] + s[r(i, j)]) / sqrt(d).
+
+    R = rel, s = bias. Builds R[r(i, j)] for every pair: O(H Lq Lk D) memory. Shapes as
+    `xl_relative_attention`.
+    """
+    dtype = compute_dtype(q.dtype)
+    qc, kc = q.to(dtype), k.to(dtype)
+    heads, lq, lk = q.shape[1], q.shape[2], k.shape[2]
+    content = torch.einsum("bhid,bhjd->bhij", qc + u.to(dtype)[None, :, None, :], kc)  # (a) + (c)
+    position = torch.einsum("bhid,hijd->bhij", qc, _relative_rows(_per_head(rel, dtype), heads, lq, lk, query_offset))
+    position = position + _relative_rows(bias.to(dtype)[..., None], heads, lq, lk, query_offset)[..., 0]  # (d)
+    scores = (content + position) / math.sqrt(q.shape[-1])
+    return _softmax_rows(scores, v, causal, key_mask, query_offset).to(q.dtype)
+
+
+__all__ = [
+    "naive_fourier_attention",
+    "naive_kernelized_rpe_attention",
+    "naive_kernelized_rpe_scores",
+    "naive_shaw_softmax_attention",
+    "naive_softmax_attention",
+    "naive_toeplitz_attention",
+    "naive_xl_relative_attention",
+]

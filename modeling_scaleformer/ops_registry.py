@@ -1,7 +1,9 @@
 """attention_type -> AttentionVariant: the op bundle `ScaleformerAttention` calls for each variant.
 
-A variant names its learnable parameters (shape and initialisation) and gives five pure functions with
-one calling convention, so that one attention module serves every variant:
+A variant names its learnable parameters (shape and initialisation), states the facts the rest of the
+package reads about it (`description`, `softmax`, `modes`, `constant_state`, `rpe_shareable`,
+`cross_attention_rpe`), and gives five pure functions with one calling convention, so that one
+attention module serves every variant:
 
 - `attention(q, k, v, params, *, causal, key_mask, query_offset, mode)`: full-sequence attention;
 - `prefill_state(k, v, params, *, key_mask)`: the generation state after a prompt;
@@ -9,10 +11,13 @@ one calling convention, so that one attention module serves every variant:
 - `cross_summary(k, v, *, key_mask)`: what cross attention keeps of the encoder output, computed once;
 - `cross_step(q, params, summary, *, query_offset)`: cross attention of new queries on that summary.
 
-q, k, v have shape (B, H, L, D); `params` maps the parameter names to tensors in q's dtype.
-Cross attention uses the variant named by `cross_attention_type`: the self-attention variant without
-its position term (kernelized or softmax), or kernelized attention with relative positions when
-`config.cross_attention_rpe` is set.
+q, k, v have shape (B, H, L, D); `params` maps the parameter names to tensors in q's dtype. Each role is
+a named function of this module, `<family>_forward`, `_prefill`, `_decode`, `_cross_prefill`,
+`_cross_decode` and `_parameters` (a family's function serves every variant it fits, e.g.
+`kernelized_forward` with or without a `rel` table), and each entry names all of them, like
+transformers' `eager_attention_forward` in `ALL_ATTENTION_FUNCTIONS`. Cross attention uses the variant
+named by `cross_attention_type`: the self-attention family without its position term (kernelized or
+softmax), or kernelized attention with relative positions when `config.cross_attention_rpe` is set.
 """
 
 from __future__ import annotations
@@ -44,8 +49,6 @@ from .ops_softmax import (
 from .ops_toeplitz import toeplitz_attention, toeplitz_prefill_state, toeplitz_step
 
 
-ATTENTION_TYPES = ("kernelized_rpe", "kernelized", "fourier", "toeplitz", "xl_relative", "shaw_softmax", "softmax")
-
 Init = Literal["normal", "zeros", "ones", "frequencies"]
 
 
@@ -70,10 +73,17 @@ class AttentionVariant(NamedTuple):
 
     Fields:
         parameters: `(heads, head_dim, horizon, shared_across_heads) -> {name: ParameterSpec}`.
-        attention, prefill_state, step, cross_summary, cross_step: the pure functions.
+        attention, prefill_state, step, cross_summary, cross_step: the pure functions; `cross_summary`
+            and `cross_step` are None for a variant cross attention never uses.
         modes: the `mode` strings the ops accept for each `config.attention_mode`; a missing key means
             the variant has no such algorithm.
         constant_state: whether the generation state keeps its size as tokens are generated.
+        description: one line: what the score of a (query, key) pair is.
+        softmax: whether the variant is of the softmax family (quadratic, a growing key/value cache),
+            rather than linear kernelized attention.
+        rpe_shareable: whether `config.rpe_shared_across_heads` applies (one relative table for all heads).
+        cross_attention_rpe: whether `config.cross_attention_rpe` applies (cross attention with
+            kernelized relative positions).
     """
 
     parameters: Callable[[int, int, int, bool], dict[str, ParameterSpec]]
@@ -84,13 +94,25 @@ class AttentionVariant(NamedTuple):
     cross_step: Callable | None
     modes: dict[str, str]
     constant_state: bool
+    description: str
+    softmax: bool
+    rpe_shareable: bool
+    cross_attention_rpe: bool
 
 
-KERNELIZED_MODES = {"auto": "auto", "linear": "linear", "naive": "naive"}
-SOFTMAX_MODES = {"auto": "auto", "naive": "naive"}
+# `config.attention_mode` -> the ops' `mode`: the linear variants have both algorithms, the softmax
+# variants only the quadratic one ("auto" runs SDPA)
+LINEAR_MODES = {"auto": "auto", "linear": "linear", "naive": "naive"}
+QUADRATIC_MODES = {"auto": "auto", "naive": "naive"}
 
 
-def _rel_table(heads: int, head_dim: int, horizon: int, shared: bool) -> dict[str, ParameterSpec]:
+def no_parameters(heads: int, head_dim: int, horizon: int, shared: bool) -> dict[str, ParameterSpec]:
+    """No parameters besides the projections."""
+    return {}
+
+
+def rel_table_parameters(heads: int, head_dim: int, horizon: int, shared: bool) -> dict[str, ParameterSpec]:
+    """`rel` (H or 1, 2h+1, D): row h + t embeds the distance p_i - j = t, per head or shared by the heads."""
     return {"rel": ParameterSpec((1 if shared else heads, 2 * horizon + 1, head_dim), "normal")}
 
 
@@ -104,49 +126,51 @@ def _rel(params: dict[str, Tensor]) -> Tensor | None:
 # kernelized attention, with ("kernelized_rpe") or without ("kernelized") clipped relative positions
 
 
-def _kernelized_attention(q, k, v, params, *, causal, key_mask, query_offset, mode):
+def kernelized_forward(q, k, v, params, *, causal, key_mask, query_offset, mode):
     return kernelized_rpe_attention(
         q, k, v, _rel(params), causal=causal, key_mask=key_mask, query_offset=query_offset, mode=mode
     )
 
 
-def _kernelized_prefill(k, v, params, *, key_mask):
+def kernelized_prefill(k, v, params, *, key_mask):
     return kernelized_rpe_prefill_state(k, v, horizon=horizon_of(_rel(params)), key_mask=key_mask)
 
 
-def _kernelized_step(q, k, v, params, state, *, key_mask):
+def kernelized_decode(q, k, v, params, state, *, key_mask):
     return kernelized_rpe_step(q, k, v, _rel(params), state, key_mask=key_mask)
 
 
-def _kernelized_summary(k, v, *, key_mask, relative):
-    return kernelized_rpe_cross_summary(k, v, key_mask=key_mask, relative=relative)
+def kernelized_rpe_cross_prefill(k, v, *, key_mask):
+    return kernelized_rpe_cross_summary(k, v, key_mask=key_mask, relative=True)
 
 
-def _kernelized_cross_step(q, params, summary, *, query_offset):
+def kernelized_cross_prefill(k, v, *, key_mask):
+    return kernelized_rpe_cross_summary(k, v, key_mask=key_mask, relative=False)
+
+
+def kernelized_cross_decode(q, params, summary, *, query_offset):
     return kernelized_rpe_cross_step(q, _rel(params), summary, query_offset=query_offset)
 
 
 KERNELIZED_RPE = AttentionVariant(
-    parameters=_rel_table,
-    attention=_kernelized_attention,
-    prefill_state=_kernelized_prefill,
-    step=_kernelized_step,
-    cross_summary=lambda k, v, *, key_mask: _kernelized_summary(k, v, key_mask=key_mask, relative=True),
-    cross_step=_kernelized_cross_step,
-    modes=KERNELIZED_MODES,
-    constant_state=True,
+    description="phi(q_i).phi(k_j) + phi(q_i).phi(rel[r(i, j)]) over its row sum: relative positions, linear",
+    softmax=False, modes=LINEAR_MODES, constant_state=True, rpe_shareable=True, cross_attention_rpe=True,
+    parameters=rel_table_parameters, attention=kernelized_forward, prefill_state=kernelized_prefill,
+    step=kernelized_decode, cross_summary=kernelized_rpe_cross_prefill, cross_step=kernelized_cross_decode,
 )
-
-KERNELIZED = KERNELIZED_RPE._replace(
-    parameters=lambda heads, head_dim, horizon, shared: {},
-    cross_summary=lambda k, v, *, key_mask: _kernelized_summary(k, v, key_mask=key_mask, relative=False),
+KERNELIZED = AttentionVariant(
+    description="phi(q_i).phi(k_j) over its row sum: no position information, linear",
+    softmax=False, modes=LINEAR_MODES, constant_state=True, rpe_shareable=False, cross_attention_rpe=False,
+    parameters=no_parameters, attention=kernelized_forward, prefill_state=kernelized_prefill,
+    step=kernelized_decode, cross_summary=kernelized_cross_prefill, cross_step=kernelized_cross_decode,
 )
 
 
 # kernelized attention with a Fourier (cosine) relative-position kernel
 
 
-def _fourier_parameters(heads, head_dim, horizon, shared):
+def fourier_parameters(heads: int, head_dim: int, horizon: int, shared: bool) -> dict[str, ParameterSpec]:
+    """Frequencies a (H, D, 1), phases b (H, D) and amplitudes c (H, D) of `fourier_attention`."""
     return {
         "frequencies": ParameterSpec((heads, head_dim, 1), "frequencies"),
         "phases": ParameterSpec((heads, head_dim), "zeros"),
@@ -154,83 +178,72 @@ def _fourier_parameters(heads, head_dim, horizon, shared):
     }
 
 
-def _fourier_args(params):
+def _fourier_args(params: dict[str, Tensor]) -> tuple[Tensor, Tensor, Tensor]:
     return params["frequencies"], params["phases"], params["amplitudes"]
 
 
-FOURIER = AttentionVariant(
-    parameters=_fourier_parameters,
-    attention=lambda q, k, v, params, *, causal, key_mask, query_offset, mode: fourier_attention(
+def fourier_forward(q, k, v, params, *, causal, key_mask, query_offset, mode):
+    return fourier_attention(
         q, k, v, *_fourier_args(params), causal=causal, key_mask=key_mask, query_offset=query_offset, mode=mode
-    ),
-    prefill_state=lambda k, v, params, *, key_mask: fourier_prefill_state(
-        k, v, params["frequencies"], key_mask=key_mask
-    ),
-    step=lambda q, k, v, params, state, *, key_mask: fourier_step(
-        q, k, v, *_fourier_args(params), state, key_mask=key_mask
-    ),
-    cross_summary=None,
-    cross_step=None,
-    modes=KERNELIZED_MODES,
-    constant_state=True,
+    )
+
+
+def fourier_prefill(k, v, params, *, key_mask):
+    return fourier_prefill_state(k, v, params["frequencies"], key_mask=key_mask)
+
+
+def fourier_decode(q, k, v, params, state, *, key_mask):
+    return fourier_step(q, k, v, *_fourier_args(params), state, key_mask=key_mask)
+
+
+FOURIER = AttentionVariant(
+    description="sum_k c_k phi(q_i)_k phi(k_j)_k cos(b_k + a_k (i - j)) over its guarded row sum: linear",
+    softmax=False, modes=LINEAR_MODES, constant_state=True, rpe_shareable=False, cross_attention_rpe=False,
+    parameters=fourier_parameters, attention=fourier_forward, prefill_state=fourier_prefill,
+    step=fourier_decode, cross_summary=None, cross_step=None,
 )
 
 
 # kernelized attention with a multiplicative Toeplitz relative bias exp(b_{j-i}), FFT training path
 
 
-TOEPLITZ = AttentionVariant(
-    parameters=lambda heads, head_dim, horizon, shared: {"rel_bias": ParameterSpec((heads, 2 * horizon + 1), "zeros")},
-    attention=lambda q, k, v, params, *, causal, key_mask, query_offset, mode: toeplitz_attention(
+def toeplitz_forward(q, k, v, params, *, causal, key_mask, query_offset, mode):
+    return toeplitz_attention(
         q, k, v, params["rel_bias"], causal=causal, key_mask=key_mask, query_offset=query_offset, mode=mode
-    ),
-    prefill_state=lambda k, v, params, *, key_mask: toeplitz_prefill_state(
-        k, v, (params["rel_bias"].shape[-1] - 1) // 2, key_mask=key_mask
-    ),
-    step=lambda q, k, v, params, state, *, key_mask: toeplitz_step(
-        q, k, v, params["rel_bias"], state, key_mask=key_mask
-    ),
-    cross_summary=None,
-    cross_step=None,
-    modes=KERNELIZED_MODES,
-    constant_state=True,
+    )
+
+
+def toeplitz_prefill(k, v, params, *, key_mask):
+    return toeplitz_prefill_state(k, v, (params["rel_bias"].shape[-1] - 1) // 2, key_mask=key_mask)
+
+
+def toeplitz_decode(q, k, v, params, state, *, key_mask):
+    return toeplitz_step(q, k, v, params["rel_bias"], state, key_mask=key_mask)
+
+
+def toeplitz_parameters(heads: int, head_dim: int, horizon: int, shared: bool) -> dict[str, ParameterSpec]:
+    """`rel_bias` (H, 2h+1), stored by key offset: row r is the bias of j - p_i = r - h (see `ops_toeplitz`)."""
+    return {"rel_bias": ParameterSpec((heads, 2 * horizon + 1), "zeros")}
+
+
+TOEPLITZ = AttentionVariant(
+    description="exp(rel_bias[j - i]) phi(q_i).phi(k_j) over its row sum: O(L log L) by FFT",
+    softmax=False, modes=LINEAR_MODES, constant_state=True, rpe_shareable=False, cross_attention_rpe=False,
+    parameters=toeplitz_parameters, attention=toeplitz_forward, prefill_state=toeplitz_prefill,
+    step=toeplitz_decode, cross_summary=None, cross_step=None,
 )
 
 
-# softmax baselines: plain, Shaw et al. (2018) relative keys, Transformer-XL relative attention
+# softmax baselines: plain, Shaw et al. (2018) relative keys, Transformer-XL relative attention; all keep
+# their keys and values for generation
 
 
-def _softmax_prefill(k, v, params, *, key_mask):
+def softmax_prefill(k, v, params, *, key_mask):
     return softmax_prefill_state(k, v, key_mask=key_mask)
 
 
-SOFTMAX = AttentionVariant(
-    parameters=lambda heads, head_dim, horizon, shared: {},
-    attention=lambda q, k, v, params, *, causal, key_mask, query_offset, mode: softmax_attention(
-        q, k, v, causal=causal, key_mask=key_mask, query_offset=query_offset, mode=mode
-    ),
-    prefill_state=_softmax_prefill,
-    step=lambda q, k, v, params, state, *, key_mask: softmax_step(q, k, v, state, key_mask=key_mask),
-    cross_summary=lambda k, v, *, key_mask: softmax_cross_state(k, v, key_mask=key_mask),
-    cross_step=lambda q, params, summary, *, query_offset: softmax_cross_step(q, summary),
-    modes=SOFTMAX_MODES,
-    constant_state=False,
-)
-
-SHAW_SOFTMAX = SOFTMAX._replace(
-    parameters=_rel_table,
-    attention=lambda q, k, v, params, *, causal, key_mask, query_offset, mode: shaw_softmax_attention(
-        q, k, v, _rel(params), causal=causal, key_mask=key_mask, query_offset=query_offset, mode=mode
-    ),
-    step=lambda q, k, v, params, state, *, key_mask: softmax_step(
-        q, k, v, state, key_mask=key_mask, rel=_rel(params), variant="shaw_softmax"
-    ),
-    cross_summary=None,
-    cross_step=None,
-)
-
-
-def _xl_parameters(heads, head_dim, horizon, shared):
+def xl_relative_parameters(heads: int, head_dim: int, horizon: int, shared: bool) -> dict[str, ParameterSpec]:
+    """Content bias u (H, D), relative embeddings R (H, 2h+1, D) and relative scalar bias s (H, 2h+1)."""
     return {
         "content_bias": ParameterSpec((heads, head_dim), "zeros"),
         "rel": ParameterSpec((heads, 2 * horizon + 1, head_dim), "normal"),
@@ -238,18 +251,65 @@ def _xl_parameters(heads, head_dim, horizon, shared):
     }
 
 
-XL_RELATIVE = SOFTMAX._replace(
-    parameters=_xl_parameters,
-    attention=lambda q, k, v, params, *, causal, key_mask, query_offset, mode: xl_relative_attention(
+def xl_relative_forward(q, k, v, params, *, causal, key_mask, query_offset, mode):
+    return xl_relative_attention(
         q, k, v, params["content_bias"], params["rel"], params["rel_bias"],
         causal=causal, key_mask=key_mask, query_offset=query_offset, mode=mode,
-    ),
-    step=lambda q, k, v, params, state, *, key_mask: softmax_step(
-        q, k, v, state, key_mask=key_mask, u=params["content_bias"], rel=params["rel"], bias=params["rel_bias"],
-        variant="xl_relative",
-    ),
-    cross_summary=None,
-    cross_step=None,
+    )
+
+
+def xl_relative_decode(q, k, v, params, state, *, key_mask):
+    u, rel, bias = params["content_bias"], params["rel"], params["rel_bias"]
+    return softmax_step(q, k, v, state, key_mask=key_mask, u=u, rel=rel, bias=bias, variant="xl_relative")
+
+
+XL_RELATIVE = AttentionVariant(
+    description="softmax_j(((q_i + u).k_j + q_i.rel[r(i, j)] + rel_bias[r(i, j)]) / sqrt(d)): quadratic",
+    softmax=True, modes=QUADRATIC_MODES, constant_state=False, rpe_shareable=False, cross_attention_rpe=False,
+    parameters=xl_relative_parameters, attention=xl_relative_forward, prefill_state=softmax_prefill,
+    step=xl_relative_decode, cross_summary=None, cross_step=None,
+)
+
+
+def shaw_softmax_decode(q, k, v, params, state, *, key_mask):
+    return softmax_step(q, k, v, state, key_mask=key_mask, rel=_rel(params), variant="shaw_softmax")
+
+
+def shaw_softmax_forward(q, k, v, params, *, causal, key_mask, query_offset, mode):
+    return shaw_softmax_attention(
+        q, k, v, _rel(params), causal=causal, key_mask=key_mask, query_offset=query_offset, mode=mode
+    )
+
+
+SHAW_SOFTMAX = AttentionVariant(
+    description="softmax_j(q_i.(k_j + rel[r(i, j)]) / sqrt(d)): Shaw et al. relative keys, quadratic",
+    softmax=True, modes=QUADRATIC_MODES, constant_state=False, rpe_shareable=True, cross_attention_rpe=False,
+    parameters=rel_table_parameters, attention=shaw_softmax_forward, prefill_state=softmax_prefill,
+    step=shaw_softmax_decode, cross_summary=None, cross_step=None,
+)
+
+
+def softmax_cross_prefill(k, v, *, key_mask):
+    return softmax_cross_state(k, v, key_mask=key_mask)
+
+
+def softmax_cross_decode(q, params, summary, *, query_offset):
+    return softmax_cross_step(q, summary)
+
+
+def softmax_forward(q, k, v, params, *, causal, key_mask, query_offset, mode):
+    return softmax_attention(q, k, v, causal=causal, key_mask=key_mask, query_offset=query_offset, mode=mode)
+
+
+def softmax_decode(q, k, v, params, state, *, key_mask):
+    return softmax_step(q, k, v, state, key_mask=key_mask)
+
+
+SOFTMAX = AttentionVariant(
+    description="softmax_j(q_i.k_j / sqrt(d)): no position information, quadratic",
+    softmax=True, modes=QUADRATIC_MODES, constant_state=False, rpe_shareable=False, cross_attention_rpe=False,
+    parameters=no_parameters, attention=softmax_forward, prefill_state=softmax_prefill,
+    step=softmax_decode, cross_summary=softmax_cross_prefill, cross_step=softmax_cross_decode,
 )
 
 
@@ -263,14 +323,8 @@ ATTENTION_VARIANTS: dict[str, AttentionVariant] = {
     "softmax": SOFTMAX,
 }
 
-SOFTMAX_TYPES = ("xl_relative", "shaw_softmax", "softmax")
-
-
-def cross_attention_type(attention_type: str, cross_attention_rpe: bool) -> str:
-    """The variant cross attention uses: the self-attention family without positions, or kernelized RPE."""
-    if cross_attention_rpe:
-        return "kernelized_rpe"
-    return "softmax" if attention_type in SOFTMAX_TYPES else "kernelized"
+ATTENTION_TYPES = tuple(ATTENTION_VARIANTS)
+SOFTMAX_TYPES = tuple(name for name, variant in ATTENTION_VARIANTS.items() if variant.softmax)
 
 
 def get_attention_variant(attention_type: str) -> AttentionVariant:
@@ -280,11 +334,20 @@ def get_attention_variant(attention_type: str) -> AttentionVariant:
     return ATTENTION_VARIANTS[attention_type]
 
 
+def cross_attention_type(attention_type: str, cross_attention_rpe: bool) -> str:
+    """The variant cross attention uses: the self-attention family without positions, or kernelized RPE."""
+    if cross_attention_rpe:
+        return "kernelized_rpe"
+    return "softmax" if get_attention_variant(attention_type).softmax else "kernelized"
+
+
 __all__ = [
     "ATTENTION_TYPES",
     "ATTENTION_VARIANTS",
     "AttentionVariant",
     "ParameterSpec",
+    "SOFTMAX_TYPES",
     "cross_attention_type",
     "get_attention_variant",
+    "rotary_spectrum",
 ]

@@ -1,10 +1,10 @@
 """Softmax attention baselines: plain, Shaw relative positions and Transformer-XL relative positions.
 
 These are the quadratic baselines the kernelized ops are compared with. Per batch element and head,
-with d the head dim, p_i = i + query_offset the position of query i, key j at position j, and the
-clipped relative index of the core op (`ops_common.relative_index`)
+with d the head dim, h the horizon, p_i = i + query_offset the position of query i, key j at position
+j, and the clipped relative index of the core op (`ops_common.relative_index`)
 
-    r(i, j) = clip(p_i - j, -M, M) + M                                  (row M is distance 0)
+    r(i, j) = clip(p_i - j, -h, h) + h                                  (row h is distance 0)
 
 the three variants score a (query, key) pair as
 
@@ -17,11 +17,11 @@ causal) scores -inf and a query row with no visible key returns 0 (not NaN).
 
 Transformer-XL writes its score as terms (a) q_i.k_j, (b) q_i.W_R R_{i-j}, (c) u.k_j, (d) v.W_R R_{i-j}.
 Here the projected sinusoid W_R R_{i-j} is replaced by a learnt table R[r(i, j)] and the position-only
-term (d) by a learnt scalar s[r(i, j)], both clipped at distance M like Shaw's table; u is the global
+term (d) by a learnt scalar s[r(i, j)], both clipped at distance h like Shaw's table; u is the global
 content bias of term (c).
 
-Two paths compute the same thing. `naive_*` builds the scores explicitly from the formula (the
-reference). The fast path calls `torch.nn.functional.scaled_dot_product_attention` with the content
+Two paths compute the same thing. `ops_naive.naive_*` builds the scores explicitly from the formula
+(the reference). The fast path calls `torch.nn.functional.scaled_dot_product_attention` with the content
 term as (q or q + u, k) and SDPA's own `scale`, and the relative terms, gathered from q R^T (+ s) and
 scaled, as an additive float `attn_mask`. Query rows with no visible key are given an all-visible mask
 row before SDPA (SDPA returns NaN for an all -inf row on some backends) and their output is then set
@@ -41,115 +41,20 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .ops_common import _describe, check_attention_inputs, compute_dtype, relative_index
+from .ops_common import (
+    check_attention_inputs,
+    check_key_mask,
+    check_new_tokens,
+    check_state,
+    compute_dtype,
+    describe,
+    relative_index,
+    visible_keys,
+)
+from .ops_naive import naive_shaw_softmax_attention, naive_softmax_attention, naive_xl_relative_attention
 
 
 SOFTMAX_MODES = ("auto", "naive", "sdpa")
-SOFTMAX_VARIANTS = ("softmax", "shaw_softmax", "xl_relative")
-
-
-# Quadratic references, written straight from the formulas.
-
-
-def _naive_softmax_rows(scores: Tensor, v: Tensor, causal: bool, key_mask: Tensor | None, query_offset: int) -> Tensor:
-    """softmax_j(scores) @ v with masked keys at -inf; a row with no visible key gives 0."""
-    lq, lk = scores.shape[-2:]
-    positions = torch.arange(lq, device=scores.device) + query_offset
-    keys = torch.arange(lk, device=scores.device)
-    keep = torch.ones(1, 1, lq, lk, dtype=torch.bool, device=scores.device)
-    if causal:
-        keep = keep & (keys[None, :] <= positions[:, None])
-    if key_mask is not None:
-        keep = keep & key_mask.bool()[:, None, None, :]
-    scores = scores.masked_fill(~keep, float("-inf"))
-    any_visible = keep.any(-1, keepdim=True)
-    # softmax of an all -inf row is NaN: such rows get finite scores, then zero weights
-    probs = torch.softmax(torch.where(any_visible, scores, torch.zeros_like(scores)), dim=-1) * any_visible
-    return probs @ v.to(probs.dtype)
-
-
-def _naive_relative_rows(rel: Tensor, heads: int, lq: int, lk: int, query_offset: int) -> Tensor:
-    """The table row of each (query, key) pair, a[h, i, j] = rel[h, r(i, j)], shape (H, Lq, Lk, ...)."""
-    horizon = (rel.shape[1] - 1) // 2
-    positions = torch.arange(lq, device=rel.device) + query_offset
-    keys = torch.arange(lk, device=rel.device)
-    r = (positions[:, None] - keys[None, :]).clamp(-horizon, horizon) + horizon
-    return rel.expand(heads, *rel.shape[1:])[:, r]
-
-
-def naive_softmax_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    *,
-    causal: bool = False,
-    key_mask: Tensor | None = None,
-    query_offset: int = 0,
-) -> Tensor:
-    """Reference softmax attention: e_ij = q_i.k_j / sqrt(d), out_i = softmax_j(e_i) @ v.
-
-    Shapes as `softmax_attention`. Cost O(Lq Lk (D + Dv)) time and O(Lq Lk) memory per head.
-    """
-    dtype = compute_dtype(q.dtype)
-    qc, kc = q.to(dtype), k.to(dtype)
-    scores = torch.einsum("bhid,bhjd->bhij", qc, kc) / math.sqrt(q.shape[-1])
-    return _naive_softmax_rows(scores, v, causal, key_mask, query_offset).to(q.dtype)
-
-
-def naive_shaw_softmax_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    rel: Tensor,
-    *,
-    causal: bool = False,
-    key_mask: Tensor | None = None,
-    query_offset: int = 0,
-) -> Tensor:
-    """Reference Shaw attention: e_ij = q_i.(k_j + a_ij) / sqrt(d) with a_ij = rel[r(i, j)].
-
-    Builds a_ij for every pair: O(H Lq Lk D) memory. Shapes as `shaw_softmax_attention`.
-    """
-    dtype = compute_dtype(q.dtype)
-    qc, kc = q.to(dtype), k.to(dtype)
-    table = rel.to(dtype)
-    table = table if table.dim() == 3 else table.unsqueeze(0)
-    a = _naive_relative_rows(table, q.shape[1], q.shape[2], k.shape[2], query_offset)  # (H, Lq, Lk, D)
-    scores = torch.einsum("bhid,bhjd->bhij", qc, kc) + torch.einsum("bhid,hijd->bhij", qc, a)
-    scores = scores / math.sqrt(q.shape[-1])
-    return _naive_softmax_rows(scores, v, causal, key_mask, query_offset).to(q.dtype)
-
-
-def naive_xl_relative_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    u: Tensor,
-    rel: Tensor,
-    bias: Tensor,
-    *,
-    causal: bool = False,
-    key_mask: Tensor | None = None,
-    query_offset: int = 0,
-) -> Tensor:
-    """Reference Transformer-XL attention: e_ij = ((q_i + u).k_j + q_i.R[r(i, j)] + s[r(i, j)]) / sqrt(d).
-
-    R = rel, s = bias. Builds R[r(i, j)] for every pair: O(H Lq Lk D) memory. Shapes as
-    `xl_relative_attention`.
-    """
-    dtype = compute_dtype(q.dtype)
-    qc, kc = q.to(dtype), k.to(dtype)
-    table = rel.to(dtype)
-    table = table if table.dim() == 3 else table.unsqueeze(0)
-    heads, lq, lk = q.shape[1], q.shape[2], k.shape[2]
-    content = torch.einsum("bhid,bhjd->bhij", qc + u.to(dtype)[None, :, None, :], kc)  # (a) + (c)
-    position = torch.einsum("bhid,hijd->bhij", qc, _naive_relative_rows(table, heads, lq, lk, query_offset))  # (b)
-    position = position + _naive_relative_rows(bias.to(dtype)[..., None], heads, lq, lk, query_offset)[..., 0]  # (d)
-    scores = (content + position) / math.sqrt(q.shape[-1])
-    return _naive_softmax_rows(scores, v, causal, key_mask, query_offset).to(q.dtype)
-
-
-# SDPA path.
 
 
 def _check_mode(mode: str) -> None:
@@ -160,36 +65,29 @@ def _check_mode(mode: str) -> None:
 def _check_xl_parameters(q: Tensor, u: Tensor, rel: Tensor, bias: Tensor) -> None:
     heads, dim = q.shape[1], q.shape[-1]
     if not isinstance(rel, Tensor):
-        expected = f"({heads}, 2M+1, {dim}) or (2M+1, {dim})"
-        raise ValueError(f"`rel` must be a tensor of shape {expected}, got {_describe(rel)}")
+        expected = f"({heads}, 2h+1, {dim}) or (2h+1, {dim})"
+        raise ValueError(f"`rel` must be a tensor of shape {expected}, got {describe(rel)}")
     rows = rel.shape[-2]
     for name, t, shape in (("u", u, (heads, dim)), ("bias", bias, (heads, rows))):
         if not isinstance(t, Tensor) or tuple(t.shape) != shape:
-            raise ValueError(f"`{name}` must be a tensor of shape {shape}, got {_describe(t)}")
+            raise ValueError(f"`{name}` must be a tensor of shape {shape}, got {describe(t)}")
         if t.dtype != q.dtype:
             raise ValueError(f"`{name}` must have the dtype of `q` ({q.dtype}), got {t.dtype}")
 
 
 def _sdpa_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    positional: Tensor | None,
-    *,
-    causal: bool,
-    key_mask: Tensor | None,
-    query_offset: int,
+    q: Tensor, k: Tensor, v: Tensor, positional: Tensor | None,
+    *, causal: bool, key_mask: Tensor | None, query_offset: int,
 ) -> Tensor:
     """SDPA on (q, k, v) in compute dtype with `positional` (B, H, Lq, Lk, already scaled) added to the scores."""
     dtype = compute_dtype(q.dtype)
-    lq, lk = q.shape[2], k.shape[2]
-    keep = None  # (B or 1, 1, Lq, Lk), True where the key is visible
-    if causal:
-        positions = torch.arange(lq, device=q.device) + query_offset
-        keep = (torch.arange(lk, device=q.device)[None, :] <= positions[:, None])[None, None]
+    keep = None  # broadcastable to (B, H, Lq, Lk), True where the key is visible; None: every key
+    if causal or key_mask is not None:
+        keep = visible_keys(
+            q.shape[2], k.shape[2], causal=causal, key_mask=key_mask, query_offset=query_offset, device=q.device
+        )
     any_visible = None
     if key_mask is not None:
-        keep = key_mask.bool()[:, None, None, :] if keep is None else keep & key_mask.bool()[:, None, None, :]
         # causal alone always leaves key 0 visible; with a key mask a row can be empty: it attends
         # to every key inside SDPA (finite values and gradients) and its output is replaced by 0
         any_visible = keep.any(-1, keepdim=True)
@@ -211,7 +109,7 @@ def _sdpa_attention(
 
 
 def _gather_relative(weights: Tensor, lk: int, query_offset: int) -> Tensor:
-    """(B, H, Lq, 2M+1) per-row relative terms -> (B, H, Lq, Lk) at column r(i, j)."""
+    """(B, H, Lq, 2h+1) per-row relative terms -> (B, H, Lq, Lk) at column r(i, j)."""
     lq, rows = weights.shape[-2:]
     index = relative_index(
         torch.arange(lq, device=weights.device) + query_offset, torch.arange(lk, device=weights.device), (rows - 1) // 2
@@ -220,14 +118,8 @@ def _gather_relative(weights: Tensor, lk: int, query_offset: int) -> Tensor:
 
 
 def softmax_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    *,
-    causal: bool = False,
-    key_mask: Tensor | None = None,
-    query_offset: int = 0,
-    mode: str = "auto",
+    q: Tensor, k: Tensor, v: Tensor,
+    *, causal: bool = False, key_mask: Tensor | None = None, query_offset: int = 0, mode: str = "auto",
 ) -> Tensor:
     """Scaled dot-product softmax attention (Vaswani et al., 2017, eq. 1), the quadratic baseline.
 
@@ -258,81 +150,65 @@ def softmax_attention(
 
 
 def shaw_softmax_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    rel: Tensor,
-    *,
-    causal: bool = False,
-    key_mask: Tensor | None = None,
-    query_offset: int = 0,
-    mode: str = "auto",
+    q: Tensor, k: Tensor, v: Tensor, rel: Tensor,
+    *, causal: bool = False, key_mask: Tensor | None = None, query_offset: int = 0, mode: str = "auto",
 ) -> Tensor:
     """Softmax attention with Shaw et al. (2018) clipped relative key embeddings (their eq. 4).
 
-        e_ij = q_i.(k_j + rel[r(i, j)]) / sqrt(d),   r(i, j) = clip(p_i - j, -M, M) + M
+        e_ij = q_i.(k_j + rel[r(i, j)]) / sqrt(d),   r(i, j) = clip(p_i - j, -h, h) + h
         out_i = sum_j softmax_j(e_i)_j v_j
     with p_i = i + query_offset, e_ij = -inf where j > p_i (causal) or key_mask[:, j] == 0, and 0 for a
-    row with no visible key. Row M + t of `rel` holds relative distance p_i - j = t (t > 0: the key is
-    t positions in the past); distances beyond M use rows 0 and 2M. Only the key-side embeddings a^K
+    row with no visible key. Row h + t of `rel` holds relative distance p_i - j = t (t > 0: the key is
+    t positions in the past); distances beyond h use rows 0 and 2h. Only the key-side embeddings a^K
     of the paper are used (no value-side a^V), as in the Scaleformer kernelized op.
 
     Args:
         q, k, v, causal, key_mask, query_offset, mode: as in `softmax_attention`.
-        rel (`Tensor` of shape `(H, 2M+1, D)` or `(2M+1, D)`): relative key embeddings, per head or
+        rel (`Tensor` of shape `(H, 2h+1, D)` or `(2h+1, D)`): relative key embeddings, per head or
             shared by heads, in q's dtype.
 
     Returns:
         `Tensor` of shape `(B, H, Lq, Dv)` in q's dtype; half precision runs in float32.
-        Cost O(Lq (Lk + M) D + Lq Lk Dv) time and O(Lq (Lk + M)) memory per head: the SDPA path adds
+        Cost O(Lq (Lk + h) D + Lq Lk Dv) time and O(Lq (Lk + h)) memory per head: the SDPA path adds
         the gathered, scaled q_i.rel[r(i, j)] as a float (B, H, Lq, Lk) `attn_mask`.
     """
     check_attention_inputs(q, k, v, rel, key_mask, query_offset, "naive")
     if rel is None:
-        raise ValueError("`rel` must be a tensor of shape (heads, 2M+1, dim) or (2M+1, dim), got None")
+        raise ValueError("`rel` must be a tensor of shape (heads, 2h+1, dim) or (2h+1, dim), got None")
     _check_mode(mode)
     if mode == "naive":
         return naive_shaw_softmax_attention(q, k, v, rel, causal=causal, key_mask=key_mask, query_offset=query_offset)
     dtype = compute_dtype(q.dtype)
     table = rel.to(dtype)
-    weights = q.to(dtype) @ table.transpose(-1, -2)  # (B, H, Lq, 2M+1): q_i.rel[r] for every r
+    weights = q.to(dtype) @ table.transpose(-1, -2)  # (B, H, Lq, 2h+1): q_i.rel[r] for every r
     positional = _gather_relative(weights, k.shape[2], query_offset) * (1.0 / math.sqrt(q.shape[-1]))
     return _sdpa_attention(q, k, v, positional, causal=causal, key_mask=key_mask, query_offset=query_offset)
 
 
 def xl_relative_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    u: Tensor,
-    rel: Tensor,
-    bias: Tensor,
-    *,
-    causal: bool = False,
-    key_mask: Tensor | None = None,
-    query_offset: int = 0,
-    mode: str = "auto",
+    q: Tensor, k: Tensor, v: Tensor, u: Tensor, rel: Tensor, bias: Tensor,
+    *, causal: bool = False, key_mask: Tensor | None = None, query_offset: int = 0, mode: str = "auto",
 ) -> Tensor:
     """Softmax attention with Transformer-XL relative positions (Dai et al., 2019, section 3.3).
 
-        e_ij = ((q_i + u).k_j + q_i.R[r(i, j)] + s[r(i, j)]) / sqrt(d),   r(i, j) = clip(p_i - j, -M, M) + M
+        e_ij = ((q_i + u).k_j + q_i.R[r(i, j)] + s[r(i, j)]) / sqrt(d),   r(i, j) = clip(p_i - j, -h, h) + h
         out_i = sum_j softmax_j(e_i)_j v_j
     i.e. the paper's terms (a) q_i.k_j, (c) u.k_j (global content bias), (b) q_i.R_{i-j} and
     (d) a global position bias, with the projected sinusoids W_R R_{i-j} replaced by a learnt table
-    R (rel) and term (d) by a learnt scalar s (bias), both constant beyond distance M. Masking and
+    R (rel) and term (d) by a learnt scalar s (bias), both constant beyond distance h. Masking and
     empty rows as in `shaw_softmax_attention`.
 
     Args:
         q, k, v, causal, key_mask, query_offset, mode: as in `softmax_attention`.
         u (`Tensor` of shape `(H, D)`): content bias added to every query for the (q_i + u).k_j term.
-        rel (`Tensor` of shape `(H, 2M+1, D)` or `(2M+1, D)`): relative embeddings R, row M + t for
+        rel (`Tensor` of shape `(H, 2h+1, D)` or `(2h+1, D)`): relative embeddings R, row h + t for
             distance p_i - j = t.
-        bias (`Tensor` of shape `(H, 2M+1)`): relative scalar bias s, same rows as `rel`.
+        bias (`Tensor` of shape `(H, 2h+1)`): relative scalar bias s, same rows as `rel`.
         All three in q's dtype.
 
     Returns:
         `Tensor` of shape `(B, H, Lq, Dv)` in q's dtype; half precision runs in float32.
-        Cost O(Lq (Lk + M) D + Lq Lk Dv) time and O(Lq (Lk + M)) memory per head: the SDPA path runs
+        Cost O(Lq (Lk + h) D + Lq Lk Dv) time and O(Lq (Lk + h)) memory per head: the SDPA path runs
         on (q + u, k, v) and adds the gathered, scaled q_i.R[r] + s[r] as a float `attn_mask`.
     """
     check_attention_inputs(q, k, v, rel, key_mask, query_offset, "naive")
@@ -344,7 +220,7 @@ def xl_relative_attention(
         )
     dtype = compute_dtype(q.dtype)
     qc = q.to(dtype)
-    weights = qc @ rel.to(dtype).transpose(-1, -2) + bias.to(dtype)[:, None, :]  # (B, H, Lq, 2M+1)
+    weights = qc @ rel.to(dtype).transpose(-1, -2) + bias.to(dtype)[:, None, :]  # (B, H, Lq, 2h+1)
     positional = _gather_relative(weights, k.shape[2], query_offset) * (1.0 / math.sqrt(q.shape[-1]))
     # content terms (a) + (c) as SDPA's own product (q + u).k, in compute dtype
     content_q = qc + u.to(dtype)[None, :, None, :]
@@ -390,16 +266,11 @@ def _check_keys_values(k: Tensor, v: Tensor, key_mask: Tensor | None) -> None:
     for name, t in (("k", k), ("v", v)):
         if not isinstance(t, Tensor) or t.dim() != 4 or not t.is_floating_point():
             expected = "a 4-D floating-point tensor (batch, heads, length, dim)"
-            raise ValueError(f"`{name}` must be {expected}, got {_describe(t)}")
+            raise ValueError(f"`{name}` must be {expected}, got {describe(t)}")
     if v.shape[:3] != k.shape[:3] or v.dtype != k.dtype:
         expected = f"shape ({', '.join(map(str, k.shape[:3]))}, Dv) and dtype {k.dtype}"
-        raise ValueError(f"`v` must have {expected} to match `k`, got {_describe(v)}")
-    if key_mask is not None:
-        if not isinstance(key_mask, Tensor) or tuple(key_mask.shape) != (k.shape[0], k.shape[2]):
-            expected = f"(batch, L) = ({k.shape[0]}, {k.shape[2]})"
-            raise ValueError(f"`key_mask` must have shape {expected}, got {_describe(key_mask)}")
-        if key_mask.dtype != torch.bool and bool(((key_mask != 0) & (key_mask != 1)).any()):
-            raise ValueError("`key_mask` must hold only 0 and 1 (or be boolean)")
+        raise ValueError(f"`v` must have {expected} to match `k`, got {describe(v)}")
+    check_key_mask(key_mask, k.shape[0], k.shape[2])
 
 
 def _bool_mask(key_mask: Tensor | None, k: Tensor) -> Tensor:
@@ -414,20 +285,28 @@ def softmax_prefill_state(k: Tensor, v: Tensor, *, key_mask: Tensor | None = Non
     return SoftmaxKVState(k=k, v=v, key_mask=_bool_mask(key_mask, k), seen=k.shape[2])
 
 
+# What `softmax_step` runs for each value of its `variant` argument: an attention function of this
+# module and the names of the parameters it takes after q, k, v, in order.
+STEP_VARIANTS = {
+    "softmax": (softmax_attention, ()),
+    "shaw_softmax": (shaw_softmax_attention, ("rel",)),
+    "xl_relative": (xl_relative_attention, ("u", "rel", "bias")),
+}
+
+
 def _check_variant_parameters(variant: str, rel, u, bias) -> None:
-    if variant not in SOFTMAX_VARIANTS:
-        raise ValueError(f"`variant` must be one of {SOFTMAX_VARIANTS}, got {variant!r}")
-    needed = {"softmax": (), "shaw_softmax": ("rel",), "xl_relative": ("u", "rel", "bias")}[variant]
+    if variant not in STEP_VARIANTS:
+        raise ValueError(f"`variant` must be one of {tuple(STEP_VARIANTS)}, got {variant!r}")
+    needed = STEP_VARIANTS[variant][1]
     for name, value in (("rel", rel), ("u", u), ("bias", bias)):
         if name in needed and value is None:
             raise ValueError(f"`{name}` is required by variant {variant!r}, got None")
         if name not in needed and value is not None:
-            raise ValueError(f"`{name}` is not a parameter of variant {variant!r}, got {_describe(value)}")
+            raise ValueError(f"`{name}` is not a parameter of variant {variant!r}, got {describe(value)}")
 
 
-def _check_state(state: SoftmaxKVState, k: Tensor, v: Tensor) -> None:
-    if not isinstance(state, SoftmaxKVState):
-        raise ValueError(f"`state` must be a SoftmaxKVState, got {type(state).__name__}")
+def _check_cache(state: SoftmaxKVState, k: Tensor, v: Tensor) -> None:
+    check_state(state, SoftmaxKVState)
     b, h, _, d = k.shape
     expected_k, expected_v = (b, h, state.seen, d), (b, h, state.seen, v.shape[-1])
     if (
@@ -439,22 +318,15 @@ def _check_state(state: SoftmaxKVState, k: Tensor, v: Tensor) -> None:
     ):
         raise ValueError(
             f"`state` does not fit these inputs: expected k {expected_k} and v {expected_v} in {k.dtype} "
-            f"and key_mask {(b, state.seen)}, got k {_describe(state.k)}, v {_describe(state.v)} and key_mask "
+            f"and key_mask {(b, state.seen)}, got k {describe(state.k)}, v {describe(state.v)} and key_mask "
             f"{tuple(state.key_mask.shape)}"
         )
 
 
 def softmax_step(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    state: SoftmaxKVState,
-    *,
-    key_mask: Tensor | None = None,
-    rel: Tensor | None = None,
-    u: Tensor | None = None,
-    bias: Tensor | None = None,
-    variant: str = "softmax",
+    q: Tensor, k: Tensor, v: Tensor, state: SoftmaxKVState,
+    *, key_mask: Tensor | None = None, rel: Tensor | None = None, u: Tensor | None = None,
+    bias: Tensor | None = None, variant: str = "softmax",
 ) -> tuple[Tensor, SoftmaxKVState]:
     """Causal attention of n new tokens over the cache plus themselves, and the grown cache.
 
@@ -473,19 +345,14 @@ def softmax_step(
     """
     _check_variant_parameters(variant, rel, u, bias)
     check_attention_inputs(q, k, v, None, key_mask, 0, "naive")
-    if k.shape[2] != q.shape[2]:
-        raise ValueError(f"`q` and `k` must hold the same new tokens, got lengths {q.shape[2]} and {k.shape[2]}")
-    _check_state(state, k, v)
+    check_new_tokens(q, k)
+    _check_cache(state, k, v)
     keys = torch.cat([state.k, k], dim=2)
     values = torch.cat([state.v, v], dim=2)
     mask = torch.cat([state.key_mask, _bool_mask(key_mask, k)], dim=1)
-    kwargs = dict(causal=True, key_mask=mask, query_offset=state.seen)
-    if variant == "softmax":
-        out = softmax_attention(q, keys, values, **kwargs)
-    elif variant == "shaw_softmax":
-        out = shaw_softmax_attention(q, keys, values, rel, **kwargs)
-    else:
-        out = xl_relative_attention(q, keys, values, u, rel, bias, **kwargs)
+    attention, names = STEP_VARIANTS[variant]
+    params = dict(rel=rel, u=u, bias=bias)
+    out = attention(q, keys, values, *(params[n] for n in names), causal=True, key_mask=mask, query_offset=state.seen)
     return out, SoftmaxKVState(k=keys, v=values, key_mask=mask, seen=state.seen + q.shape[2])
 
 
@@ -501,6 +368,5 @@ def softmax_cross_step(q: Tensor, state: SoftmaxKVState) -> Tensor:
     Equals `softmax_attention(q, k, v, key_mask=key_mask)` for the keys the state was built from.
     Cost O(n Lk (D + Dv)) per head.
     """
-    if not isinstance(state, SoftmaxKVState):
-        raise ValueError(f"`state` must be a SoftmaxKVState, got {type(state).__name__}")
+    check_state(state, SoftmaxKVState)
     return softmax_attention(q, state.k, state.v, key_mask=state.key_mask)

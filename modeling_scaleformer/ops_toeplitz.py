@@ -1,27 +1,30 @@
 """Kernelized attention with an exponentiated relative bias, computed by FFT Toeplitz products.
 
-The contract, per batch element and head (phi(x) = elu(x) + 1, M the maximum distance, p_i = i +
+The contract, per batch element and head (phi(x) = elu(x) + 1, h the horizon, p_i = i +
 query_offset), after Luo et al. (2021), "Stable, Fast and Accurate: Kernelized Attention with Relative
 Positional Encoding" (kernelized attention with relative positional encoding, computed with FFT):
 
-    r(i, j) = clip(j - p_i, -M, M) + M           (offset of the key relative to the query, clipped)
-    S_ij    = exp(bias[r(i, j)]) phi(q_i).phi(k_j)   (0 if j > p_i when causal, or if key_mask[j] == 0)
-    out_i   = sum_j S_ij v_j / sum_j S_ij            (0 for a row with no visible key)
+    r(i, j) = clip(p_i - j, -h, h) + h               (`ops_common.relative_index`)
+    S_ij    = exp(bias[2h - r(i, j)]) phi(q_i).phi(k_j)   (0 if j > p_i when causal, or if key_mask[j] == 0)
+    out_i   = sum_j S_ij v_j / sum_j S_ij                (0 for a row with no visible key)
 
-`bias` has shape (H, 2M+1), one row per head; entry r is the bias of offset r - M, and every offset
-beyond M in either direction shares the bias of the last entry on its side. Scores are products of
-positive factors, so the normaliser is positive whenever a key is visible. Causal attention only reads
-offsets -M..0 (entries 0..M). With bias = 0 the op is plain kernelized attention (Katharopoulos et al.,
-2020), the natural initialisation.
+`bias` has shape (H, 2h+1), one row per head, and is stored by key offset: entry r is the bias of
+j - p_i = r - h (entry 0: keys h or more positions in the past; entry 2h: keys h or more positions
+ahead), and every offset beyond h in either direction shares the bias of the last entry on its side.
+This is the reverse of the rows of the other relative tables, so every op reads it through
+`ops_common.rows_by_distance`, which reorders it by distance p_i - j. Scores are products of positive
+factors, so the normaliser is positive whenever a key is visible. Causal attention only reads offsets
+-h..0 (entries 0..h). With bias = 0 the op is plain kernelized attention (Katharopoulos et al., 2020),
+the natural initialisation.
 
 Linear algorithm (`fft_toeplitz_attention`, the paper's D1 = C B1, D2 = C B2). With the augmented
 values [m_j v_j, m_j] (key mask m as a last channel) let B_j = phi(k_j) [m_j v_j, m_j]^T, a (D, Dv+1)
-matrix, and C_ij = exp(bias[r(i, j)]) (0 for j > p_i when causal). C depends only on j - i, so it is
+matrix, and C_ij = exp(bias[2h - r(i, j)]) (0 for j > p_i when causal). C depends only on j - i, so it is
 Toeplitz, and D_i = sum_j C_ij B_j is one linear convolution along the sequence per feature pair
 (d, e); the last channel carries the paper's D2, the normaliser. It is computed for all pairs at once
 with `torch.fft.rfft`/`irfft` of length N >= Lq + Lk - 1; then out_i = phi(q_i) . D_i. Per head this
 costs O(N log N D Dv + (Lq + Lk) D Dv) time. Work is split into blocks of batch*heads, key features
-and value channels so that no temporary exceeds about `BLOCK_ELEMENTS` elements. The backward pass is
+and value channels so that no temporary exceeds about `FFT_BLOCK_ELEMENTS` elements. The backward pass is
 written by hand (`_ToeplitzProduct`): it saves only phi(q), phi(k), the augmented values and the
 kernel taps, O(L (D + Dv)) per head, and recomputes the spectra block by block; its adjoint is again a
 Toeplitz product (with C^T) done by FFT.
@@ -35,8 +38,8 @@ first rows; rows in the second half stay near 1e-7. The tests allow 1e-6 bidirec
 at L = 512 (`tests/ops/test_toeplitz.py::test_float32_tolerance`). Whether a row sees any key is
 decided exactly from the mask, never from the rounded normaliser.
 
-Recurrent form (`toeplitz_step`): keys at distance > M from every future query all weigh
-exp(bias[0]), so their sum phi(k_j) [m_j v_j, m_j]^T is kept as one (D, Dv+1) matrix; the last M keys
+Recurrent form (`toeplitz_step`): keys at distance > h from every future query all weigh
+exp(bias[0]), so their sum phi(k_j) [m_j v_j, m_j]^T is kept as one (D, Dv+1) matrix; the last h keys
 and values are kept as they are. The size of the state does not depend on the number of tokens seen.
 """
 
@@ -49,72 +52,35 @@ import torch
 from torch import Tensor
 
 from .ops_common import (
+    DEFAULT_CHUNK_SIZE,
+    FFT_BLOCK_ELEMENTS,
     augment_values,
     check_attention_inputs,
+    check_horizon,
+    check_new_tokens,
+    check_state,
     compute_dtype,
+    distance_index,
     elu_feature_map,
     normalise,
+    rows_by_distance,
 )
+from .ops_naive import naive_toeplitz_attention
 
 
-def naive_toeplitz_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    bias: Tensor,
-    *,
-    causal: bool = False,
-    key_mask: Tensor | None = None,
-    query_offset: int = 0,
-) -> Tensor:
-    """Quadratic reference: out_i = sum_j S_ij v_j / sum_j S_ij, S_ij = exp(bias[r(i, j)]) phi(q_i).phi(k_j).
-
-    r(i, j) = clip(j - p_i, -M, M) + M with p_i = i + query_offset and M = (bias.shape[-1] - 1) // 2;
-    S_ij = 0 where j > p_i (causal) or key_mask[:, j] == 0.
-
-    Shapes: q (B, H, Lq, D), k (B, H, Lk, D), v (B, H, Lk, Dv), bias (H, 2M+1), key_mask (B, Lk).
-    Returns (B, H, Lq, Dv) in q's dtype; a row with no visible key is 0. Half precision is computed in
-    float32. Cost: O(Lq Lk (D + Dv)) time and O(Lq Lk) memory per head.
-    """
-    dtype = compute_dtype(q.dtype)
-    max_distance = (bias.shape[-1] - 1) // 2
-    lq, lk = q.shape[2], k.shape[2]
-    q_pos = torch.arange(lq, device=q.device) + query_offset
-    k_pos = torch.arange(lk, device=q.device)
-    r = (k_pos[None, :] - q_pos[:, None]).clamp(-max_distance, max_distance) + max_distance  # (Lq, Lk)
-    weight = bias.to(dtype).exp()[:, r]  # (H, Lq, Lk)
-    scores = weight * (elu_feature_map(q.to(dtype)) @ elu_feature_map(k.to(dtype)).transpose(-1, -2))
-    keep = torch.ones(lq, lk, dtype=torch.bool, device=q.device)
-    if causal:
-        keep = k_pos[None, :] <= q_pos[:, None]
-    keep = keep[None, None]
-    if key_mask is not None:
-        keep = keep & key_mask.bool()[:, None, None, :]
-    scores = scores * keep.to(dtype)
-    num = scores @ v.to(dtype)
-    den = scores.sum(-1, keepdim=True)
-    visible = den > 0
-    out = torch.where(visible, num / torch.where(visible, den, torch.ones_like(den)), torch.zeros_like(num))
-    return out.to(q.dtype)
-
-
-# Size (in elements) of one block of the FFT path: each of its few temporaries (N reals or N/2+1
-# complex numbers per row and feature pair) stays about this size, 16 MiB in float32.
-BLOCK_ELEMENTS = 1 << 22
-
-# New tokens handled together by `toeplitz_step`: its local block costs O(n (M + n)) per head.
-STEP_CHUNK = 64
+# New tokens handled together by `toeplitz_step`: its local block costs O(n (h + n)) per head.
+STEP_CHUNK = DEFAULT_CHUNK_SIZE
 
 
 def _check_bias(bias: Tensor, q: Tensor) -> int:
-    """Raise ValueError naming `bias` unless it is a (H, 2M+1) tensor of q's dtype; return M."""
+    """Raise ValueError naming `bias` unless it is a (H, 2h+1) tensor of q's dtype; return the horizon h."""
     heads = q.shape[1]
     if not isinstance(bias, Tensor) or bias.dim() != 2:
         got = f"tensor of shape {tuple(bias.shape)}" if isinstance(bias, Tensor) else type(bias).__name__
-        raise ValueError(f"`bias` must be a 2-D tensor of shape (heads, 2M+1) = ({heads}, 2M+1), got {got}")
+        raise ValueError(f"`bias` must be a 2-D tensor of shape (heads, 2h+1) = ({heads}, 2h+1), got {got}")
     if bias.shape[0] != heads or bias.shape[1] % 2 != 1:
         raise ValueError(
-            f"`bias` must have shape (heads, 2M+1) = ({heads}, 2M+1) with an odd number of offsets, "
+            f"`bias` must have shape (heads, 2h+1) = ({heads}, 2h+1) with an odd number of offsets, "
             f"got {tuple(bias.shape)}"
         )
     if bias.dtype != q.dtype:
@@ -145,22 +111,21 @@ def _kernel_taps(bias: Tensor, lq: int, lk: int, query_offset: int, causal: bool
     sum_j g[i + Lk - 1 - j] B_j = sum_j C_ij B_j, and N >= Lq + Lk - 1 keeps the circular
     convolution of the FFT free of wrap-around on those outputs.
     """
-    max_distance = (bias.shape[-1] - 1) // 2
     m = torch.arange(n_fft, device=bias.device)
-    offset = (lk - 1 - query_offset) - m  # j - p_i at this tap
-    index = offset.clamp(-max_distance, max_distance) + max_distance
+    distance = m - (lk - 1 - query_offset)  # p_i - j at this tap
+    index = distance_index(distance, (bias.shape[-1] - 1) // 2)
     keep = m < lq + lk - 1
     if causal:
-        keep = keep & (offset <= 0)
+        keep = keep & (distance >= 0)
     # out_i is a ratio: a per-head constant factor in C cancels, and subtracting the largest bias keeps
     # exp() from overflowing
-    b = bias.to(dtype)
+    b = rows_by_distance(bias).to(dtype)
     return (b - b.max(dim=-1, keepdim=True).values.detach()).exp()[:, index] * keep.to(dtype)
 
 
 def _block_sizes(rows: int, dim: int, channels: int, per_channel: int) -> tuple[int, int, int]:
-    """Rows, key features and value channels per block so that a block holds <= BLOCK_ELEMENTS."""
-    budget = max(1, BLOCK_ELEMENTS // per_channel)
+    """Rows, key features and value channels per block so that a block holds <= FFT_BLOCK_ELEMENTS."""
+    budget = max(1, FFT_BLOCK_ELEMENTS // per_channel)
     e_blk = min(channels, budget)
     d_blk = min(dim, max(1, budget // e_blk))
     r_blk = min(rows, max(1, budget // (e_blk * d_blk)))
@@ -255,25 +220,19 @@ def _visible_rows(b: int, lq: int, lk: int, key_mask: Tensor | None, causal: boo
 
 
 def fft_toeplitz_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    bias: Tensor,
-    *,
-    causal: bool = False,
-    key_mask: Tensor | None = None,
-    query_offset: int = 0,
+    q: Tensor, k: Tensor, v: Tensor, bias: Tensor,
+    *, causal: bool = False, key_mask: Tensor | None = None, query_offset: int = 0,
 ) -> Tensor:
     """The FFT algorithm; same contract and shapes as `toeplitz_attention`.
 
-    D_i = sum_j C_ij phi(k_j) [m_j v_j, m_j]^T with the Toeplitz matrix C_ij = exp(bias[r(i, j)]) is
+    D_i = sum_j C_ij phi(k_j) [m_j v_j, m_j]^T with the Toeplitz matrix C_ij = exp(bias[2h - r(i, j)]) is
     one linear convolution along the sequence per feature pair, done with rfft/irfft of length
     N >= Lq + Lk - 1 (the smallest 2^a 3^b 5^c); out_i = phi(q_i) . D_i, normalised by its last
     channel.
 
     Time O(N log N D Dv + (Lq + Lk) D Dv) per head, forward 2 and backward 4 real FFTs per feature
     pair. Memory: the backward pass keeps only phi(q), phi(k), the augmented values and the taps, and
-    recomputes spectra block by block; temporaries are at most a few times `BLOCK_ELEMENTS` elements
+    recomputes spectra block by block; temporaries are at most a few times `FFT_BLOCK_ELEMENTS` elements
     (unless one feature pair of one head, about N elements, is larger).
     """
     check_attention_inputs(q, k, v, None, key_mask, query_offset, "linear")
@@ -288,10 +247,9 @@ def fft_toeplitz_attention(
     kf = elu_feature_map(k.to(dtype)).reshape(b * h, lk, d).transpose(1, 2).contiguous()
     va = augment_values(v.to(dtype), key_mask).reshape(b * h, lk, dv + 1).transpose(1, 2).contiguous()
     a = _ToeplitzProduct.apply(qf, kf, va, taps, h).transpose(1, 2).reshape(b, h, lq, dv + 1)
-    num, den = a[..., :-1], a[..., -1:]
+    # rounding can leave a small den on a row that sees no key: visibility comes from the mask
     visible = _visible_rows(b, lq, lk, key_mask, causal, query_offset, q.device)
-    out = torch.where(visible, num / torch.where(visible, den, torch.ones_like(den)), torch.zeros_like(num))
-    return out.to(q.dtype)
+    return normalise(a[..., :-1], a[..., -1:], visible).to(q.dtype)
 
 
 # Cost model of `toeplitz_choose_mode`, in units of one multiply-add of the quadratic path.
@@ -319,20 +277,13 @@ def toeplitz_choose_mode(lq: int, lk: int, dim: int, value_dim: int, *, causal: 
 
 
 def toeplitz_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    bias: Tensor,
-    *,
-    causal: bool = False,
-    key_mask: Tensor | None = None,
-    query_offset: int = 0,
-    mode: str = "auto",
+    q: Tensor, k: Tensor, v: Tensor, bias: Tensor,
+    *, causal: bool = False, key_mask: Tensor | None = None, query_offset: int = 0, mode: str = "auto",
 ) -> Tensor:
     """Kernelized attention with an exponentiated, clipped relative bias (Luo et al., 2021).
 
-    With phi(x) = elu(x) + 1, M = (bias.shape[-1] - 1) // 2 and p_i = i + query_offset:
-        S_ij  = exp(bias[r(i, j)]) phi(q_i).phi(k_j),   r(i, j) = clip(j - p_i, -M, M) + M
+    With phi(x) = elu(x) + 1, h = (bias.shape[-1] - 1) // 2 and p_i = i + query_offset:
+        S_ij  = exp(bias[2h - r(i, j)]) phi(q_i).phi(k_j),   r(i, j) = clip(p_i - j, -h, h) + h
         out_i = sum_j S_ij v_j / sum_j S_ij
     with S_ij = 0 where j > p_i (causal) or key_mask[:, j] == 0; a row with no visible key gives 0.
     bias = 0 is plain kernelized attention (Katharopoulos et al., 2020).
@@ -341,9 +292,9 @@ def toeplitz_attention(
         q (`Tensor` of shape `(B, H, Lq, D)`): queries.
         k (`Tensor` of shape `(B, H, Lk, D)`): keys; Lk may differ from Lq.
         v (`Tensor` of shape `(B, H, Lk, Dv)`): values.
-        bias (`Tensor` of shape `(H, 2M+1)`): per-head bias of the key's offset relative to the query,
-            entry r for offset r - M; offsets beyond +-M use the last entry on their side. Same dtype
-            as q.
+        bias (`Tensor` of shape `(H, 2h+1)`): per-head bias of the key's offset relative to the query,
+            entry r for offset j - p_i = r - h (entry 2h - r(i, j)); offsets beyond +-h use the last
+            entry on their side. Same dtype as q.
         causal (`bool`, defaults to `False`): key j is visible to query i only if j <= p_i.
         key_mask (`Tensor` of shape `(B, Lk)`, *optional*): 1 (or True) for keys to attend to.
         query_offset (`int`, defaults to 0): absolute position of the first query.
@@ -368,13 +319,13 @@ class ToeplitzState(NamedTuple):
     """Recurrent state of causal Toeplitz attention after `seen` tokens (positions 0..seen-1).
 
     Values are kept augmented as [m_j v_j, m_j] (key mask as a last channel), so each sum carries the
-    numerator and the normaliser together. The size depends on M, not on `seen`.
+    numerator and the normaliser together. The size depends on the horizon h, not on `seen`.
 
     Fields:
         kv_far (`Tensor` of shape `(B, H, D, Dv+1)`): sum of phi(k_j) [m_j v_j, m_j]^T over the tokens
-            j <= seen - 1 - M, which are at distance > M from every later query (weight exp(bias[0])).
-        k_window (`Tensor` of shape `(B, H, M, D)`): phi(k_j) of the last M tokens, oldest first.
-        v_window (`Tensor` of shape `(B, H, M, Dv+1)`): [m_j v_j, m_j] of the last M tokens; zero rows
+            j <= seen - 1 - h, which are at distance > h from every later query (weight exp(bias[0])).
+        k_window (`Tensor` of shape `(B, H, h, D)`): phi(k_j) of the last h tokens, oldest first.
+        v_window (`Tensor` of shape `(B, H, h, Dv+1)`): [m_j v_j, m_j] of the last h tokens; zero rows
             stand for positions before the start.
         seen (`int`): number of tokens seen, the position of the next token.
     """
@@ -386,40 +337,38 @@ class ToeplitzState(NamedTuple):
 
 
 def toeplitz_initial_state(
-    batch: int, heads: int, dim: int, value_dim: int, max_distance: int, *, dtype: torch.dtype, device=None
+    batch: int, heads: int, dim: int, value_dim: int, horizon: int, *, dtype: torch.dtype, device=None
 ) -> ToeplitzState:
-    """The empty state (no token seen) for bias tables of 2 * max_distance + 1 offsets.
+    """The empty state (no token seen) for bias tables of 2 * horizon + 1 offsets.
 
     Tensors are in `compute_dtype(dtype)` (float32 for half precision).
     """
-    if isinstance(max_distance, bool) or not isinstance(max_distance, int) or max_distance < 0:
-        raise ValueError(f"`max_distance` must be a non-negative int, got {max_distance!r}")
+    check_horizon(horizon)
     dtype = compute_dtype(dtype)
     return ToeplitzState(
         kv_far=torch.zeros(batch, heads, dim, value_dim + 1, dtype=dtype, device=device),
-        k_window=torch.zeros(batch, heads, max_distance, dim, dtype=dtype, device=device),
-        v_window=torch.zeros(batch, heads, max_distance, value_dim + 1, dtype=dtype, device=device),
+        k_window=torch.zeros(batch, heads, horizon, dim, dtype=dtype, device=device),
+        v_window=torch.zeros(batch, heads, horizon, value_dim + 1, dtype=dtype, device=device),
         seen=0,
     )
 
 
-def toeplitz_prefill_state(k: Tensor, v: Tensor, max_distance: int, *, key_mask: Tensor | None = None) -> ToeplitzState:
+def toeplitz_prefill_state(k: Tensor, v: Tensor, horizon: int, *, key_mask: Tensor | None = None) -> ToeplitzState:
     """The state after the tokens k (B, H, L, D), v (B, H, L, Dv) at positions 0..L-1, in O(L D Dv).
 
     Use it after a full causal call on a prompt, then continue with `toeplitz_step`.
     """
-    if isinstance(max_distance, bool) or not isinstance(max_distance, int) or max_distance < 0:
-        raise ValueError(f"`max_distance` must be a non-negative int, got {max_distance!r}")
+    check_horizon(horizon)
     check_attention_inputs(k, k, v, None, key_mask, 0, "linear")
     dtype = compute_dtype(k.dtype)
     kf = elu_feature_map(k.to(dtype))
     va = augment_values(v.to(dtype), key_mask)
     length = k.shape[2]
-    if length < max_distance:
+    if length < horizon:
         # zero rows for positions before the start: their augmented value (and mask) is 0
-        kf = torch.cat([kf.new_zeros(*kf.shape[:2], max_distance - length, kf.shape[-1]), kf], dim=2)
-        va = torch.cat([va.new_zeros(*va.shape[:2], max_distance - length, va.shape[-1]), va], dim=2)
-    split = kf.shape[2] - max_distance
+        kf = torch.cat([kf.new_zeros(*kf.shape[:2], horizon - length, kf.shape[-1]), kf], dim=2)
+        va = torch.cat([va.new_zeros(*va.shape[:2], horizon - length, va.shape[-1]), va], dim=2)
+    split = kf.shape[2] - horizon
     return ToeplitzState(
         kv_far=kf[:, :, :split].transpose(-1, -2) @ va[:, :, :split],
         k_window=kf[:, :, split:],
@@ -429,45 +378,37 @@ def toeplitz_prefill_state(k: Tensor, v: Tensor, max_distance: int, *, key_mask:
 
 
 def toeplitz_step(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    bias: Tensor,
-    state: ToeplitzState,
-    *,
-    key_mask: Tensor | None = None,
+    q: Tensor, k: Tensor, v: Tensor, bias: Tensor, state: ToeplitzState, *, key_mask: Tensor | None = None
 ) -> tuple[Tensor, ToeplitzState]:
     """Causal attention of n new tokens on the past summarised by `state`, and the updated state.
 
     q, k, v have shape (B, H, n, .) and sit at positions state.seen .. state.seen + n - 1; `key_mask`
     (B, n) masks the new tokens only. The result equals the matching rows of
     `toeplitz_attention(..., causal=True)` over the whole sequence. New tokens are taken STEP_CHUNK at a
-    time: per chunk of c tokens the work is O(c D Dv + c (M + c)(D + Dv)) per head; the state keeps its
-    size, O(D Dv + M (D + Dv)) per head.
+    time: per chunk of c tokens the work is O(c D Dv + c (h + c)(D + Dv)) per head; the state keeps its
+    size, O(D Dv + h (D + Dv)) per head.
 
     Returns:
         `(out, state)`: out of shape (B, H, n, Dv) in q's dtype, and the new `ToeplitzState`.
     """
-    if not isinstance(state, ToeplitzState):
-        raise ValueError(f"`state` must be a ToeplitzState, got {type(state).__name__}")
+    check_state(state, ToeplitzState)
     check_attention_inputs(q, k, v, None, key_mask, state.seen, "linear")
-    max_distance = _check_bias(bias, q)
-    if k.shape[2] != q.shape[2]:
-        raise ValueError(f"`q` and `k` must hold the same new tokens, got lengths {q.shape[2]} and {k.shape[2]}")
+    horizon = _check_bias(bias, q)
+    check_new_tokens(q, k)
     b, h, _, d = q.shape
     expected = (b, h, d, v.shape[-1] + 1)
     if (
         tuple(state.kv_far.shape) != expected
-        or tuple(state.k_window.shape) != (b, h, max_distance, d)
-        or tuple(state.v_window.shape) != (b, h, max_distance, v.shape[-1] + 1)
+        or tuple(state.k_window.shape) != (b, h, horizon, d)
+        or tuple(state.v_window.shape) != (b, h, horizon, v.shape[-1] + 1)
     ):
         raise ValueError(
             f"`state` does not fit these inputs: expected kv_far of shape {expected} and windows of "
-            f"{max_distance} rows (bias of {2 * max_distance + 1} offsets), got kv_far "
+            f"{horizon} rows (bias of {2 * horizon + 1} offsets), got kv_far "
             f"{tuple(state.kv_far.shape)}, k_window {tuple(state.k_window.shape)} and v_window "
             f"{tuple(state.v_window.shape)}"
         )
-    weight = bias.to(state.kv_far.dtype).exp()  # (H, 2M+1)
+    weight = rows_by_distance(bias).to(state.kv_far.dtype).exp()  # (H, 2h+1), row h + t for distance t
     outs = []
     for s0 in range(0, q.shape[2], STEP_CHUNK):
         s1 = min(q.shape[2], s0 + STEP_CHUNK)
@@ -481,18 +422,19 @@ def _step_chunk(q, k, v, weight, state: ToeplitzState, key_mask):
     dtype = state.kv_far.dtype
     n, w = q.shape[2], state.k_window.shape[2]
     qf = elu_feature_map(q.to(dtype))
-    k_local = torch.cat([state.k_window, elu_feature_map(k.to(dtype))], dim=2)  # (B, H, M + n, D)
+    k_local = torch.cat([state.k_window, elu_feature_map(k.to(dtype))], dim=2)  # (B, H, h + n, D)
     v_local = torch.cat([state.v_window, augment_values(v.to(dtype), key_mask)], dim=2)
-    # local key jj sits at position seen - M + jj, query i at seen + i: offset jj - M - i
-    offset = torch.arange(w + n, device=q.device)[None, :] - w - torch.arange(n, device=q.device)[:, None]
-    local_weight = weight[:, offset.clamp(-w, 0) + w] * (offset <= 0).to(dtype)  # (H, n, M + n)
+    # local key jj sits at position seen - h + jj, query i at seen + i: distance w + i - jj; the later
+    # (masked) keys read the weight of distance 0
+    distance = torch.arange(n, device=q.device)[:, None] + w - torch.arange(w + n, device=q.device)[None, :]
+    local_weight = weight[:, distance_index(distance.clamp(min=0), w)] * (distance >= 0).to(dtype)  # (H, n, h + n)
     a = ((qf @ k_local.transpose(-1, -2)) * local_weight) @ v_local
-    a = a + weight[:, :1, None] * (qf @ state.kv_far)
-    split = n  # the oldest n local tokens move to the far sum, the last M stay in the window
+    a = a + weight[:, -1:, None] * (qf @ state.kv_far)  # distance > h: the last row
+    split = n  # the oldest n local tokens move to the far sum, the last h stay in the window
     new_state = ToeplitzState(
         kv_far=state.kv_far + k_local[:, :, :split].transpose(-1, -2) @ v_local[:, :, :split],
         k_window=k_local[:, :, split:],
         v_window=v_local[:, :, split:],
         seen=state.seen + n,
     )
-    return normalise(a), new_state
+    return normalise(a[..., :-1], a[..., -1:]), new_state

@@ -24,12 +24,16 @@ def tiny_config(tiny_config):
     return variant_config
 
 
+# the names of every variant's own parameters (relative tables, Fourier frequencies, biases, ...)
+VARIANT_PARAMETERS = {name for variant in ATTENTION_VARIANTS.values() for name in variant.parameters(2, 8, 3, False)}
+
+
 def randomise_variant_parameters(model, seed=0):
     """Move the variants' parameters away from their initialisation (zeros, ones, spectra)."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, param in model.named_parameters():
-            if name.rsplit(".", 1)[-1] in ("rel", "rel_bias", "content_bias", "phases", "amplitudes", "frequencies"):
+            if name.rsplit(".", 1)[-1] in VARIANT_PARAMETERS:
                 param.add_(0.3 * torch.randn(param.shape, generator=g, dtype=param.dtype))
     return model
 
@@ -87,10 +91,8 @@ def test_causal_lm_cached_decoding_equals_full_forward(attention_type, tiny_conf
 
 @pytest.mark.parametrize("attention_type", TYPES)
 def test_linear_and_naive_modes_agree_in_the_model(attention_type, tiny_config, batch):
-    if attention_type in ("xl_relative", "shaw_softmax", "softmax"):
-        modes = ("auto", "naive")
-    else:
-        modes = ("linear", "naive")
+    # the softmax variants have one algorithm: "auto" (SDPA) against "naive"
+    modes = ("auto", "naive") if ATTENTION_VARIANTS[attention_type].softmax else ("linear", "naive")
     torch.manual_seed(0)
     models = [ScaleformerForConditionalGeneration(tiny_config(attention_type, attention_mode=m)).double() for m in modes]
     randomise_variant_parameters(models[0])

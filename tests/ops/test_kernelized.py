@@ -1,5 +1,6 @@
 """Kernelized RPE attention: every fast path against the quadratic reference in float64."""
 
+import functools
 import math
 
 import pytest
@@ -11,6 +12,7 @@ from modeling_scaleformer.ops_kernelized import (
     choose_mode,
     chunk_kernelized_rpe_attention,
     kernelized_rpe_attention,
+    kernelized_rpe_choose_mode,
     kernelized_rpe_cross_step,
     kernelized_rpe_cross_summary,
     kernelized_rpe_initial_state,
@@ -23,137 +25,39 @@ from modeling_scaleformer.ops_naive import naive_kernelized_rpe_attention
 F64 = torch.float64
 
 
-def make_inputs(b=2, h=3, lq=9, lk=9, d=5, dv=4, horizon=3, shared=False, mask=None, dtype=F64, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    q = torch.randn(b, h, lq, d, generator=g, dtype=dtype)
-    k = torch.randn(b, h, lk, d, generator=g, dtype=dtype)
-    v = torch.randn(b, h, lk, dv, generator=g, dtype=dtype)
-    rel = None
-    if horizon is not None:
-        shape = (2 * horizon + 1, d) if shared else (h, 2 * horizon + 1, d)
-        rel = torch.randn(*shape, generator=g, dtype=dtype)
-    key_mask = None
-    if mask == "padding":
-        key_mask = torch.ones(b, lk, dtype=torch.long)
-        key_mask[0, : lk // 3] = 0  # left padding
-        key_mask[-1, lk - lk // 2 :] = 0  # right padding
-    elif mask == "random":
-        key_mask = torch.rand(b, lk, generator=g) > 0.4
-        key_mask[0, :] = False  # a fully masked batch row
-        key_mask[-1, :] = False
-        key_mask[-1, -1] = True  # an almost fully masked row
-    return q, k, v, rel, key_mask
-
-
-def loop_reference(q, k, v, rel, causal, key_mask, offset):
-    """The formula with Python loops, sharing no code with the ops."""
-    b, h, lq, _ = q.shape
-    lk = k.shape[2]
-    phi = lambda x: torch.where(x > 0, x + 1, torch.exp(x))  # noqa: E731
-    out = torch.zeros(b, h, lq, v.shape[-1], dtype=q.dtype)
-    for bi in range(b):
-        for hi in range(h):
-            for i in range(lq):
-                num, den = torch.zeros(v.shape[-1], dtype=q.dtype), 0.0
-                for j in range(lk):
-                    if causal and j > i + offset:
-                        continue
-                    if key_mask is not None and not key_mask[bi, j]:
-                        continue
-                    s = phi(q[bi, hi, i]) @ phi(k[bi, hi, j])
-                    if rel is not None:
-                        hz = (rel.shape[-2] - 1) // 2
-                        r = min(max(i + offset - j, -hz), hz) + hz
-                        table = rel if rel.dim() == 2 else rel[hi]
-                        s = s + phi(q[bi, hi, i]) @ phi(table[r])
-                    num, den = num + s * v[bi, hi, j], den + s
-                out[bi, hi, i] = num / den if den > 0 else 0.0
-    return out
-
-
-CASES = [
-    pytest.param(dict(lq=1, lk=1), id="L1"),
-    pytest.param(dict(lq=2, lk=2, horizon=4), id="L<h"),
-    pytest.param(dict(lq=4, lk=4, horizon=4), id="L=h"),
-    pytest.param(dict(lq=23, lk=23), id="L-not-multiple-of-chunk"),
-    pytest.param(dict(lq=30, lk=11), id="Lq>Lk"),
-    pytest.param(dict(lq=7, lk=26), id="Lq<Lk"),
-    pytest.param(dict(lq=6, lk=25, offset=13), id="query-offset"),
-    pytest.param(dict(lq=5, lk=9, offset=40), id="offset-past-keys"),
-    pytest.param(dict(lq=17, lk=17, shared=True), id="shared-rel"),
-    pytest.param(dict(lq=21, lk=21, mask="padding"), id="padding"),
-    pytest.param(dict(lq=19, lk=14, mask="random"), id="masked-rows"),
-    pytest.param(dict(lq=13, lk=13, horizon=None), id="no-rel"),
-    pytest.param(dict(lq=13, lk=10, horizon=0), id="horizon-0"),
-    pytest.param(dict(lq=13, lk=13, horizon=1), id="horizon-1"),
-]
-
-
-def split_case(case):
-    case = dict(case)
-    offset = case.pop("offset", 0)
-    return make_inputs(**case), offset
-
-
-@pytest.mark.parametrize("case", CASES)
-def test_naive_matches_loop_formula(case):
-    (q, k, v, rel, key_mask), offset = split_case(case)
-    for causal in (False, True):
-        expected = loop_reference(q, k, v, rel, causal, key_mask, offset)
-        got = naive_kernelized_rpe_attention(q, k, v, rel, causal=causal, key_mask=key_mask, query_offset=offset)
-        torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-12)
-
-
-def check_against_naive(fn, q, k, v, rel, key_mask, causal, offset):
-    inputs = [t.clone().requires_grad_(True) for t in (q, k, v)]
-    if rel is not None:
-        inputs.append(rel.clone().requires_grad_(True))
-    rel_ = inputs[3] if rel is not None else None
-    out = fn(*inputs[:3], rel_, causal=causal, key_mask=key_mask, query_offset=offset)
-    ref = naive_kernelized_rpe_attention(*inputs[:3], rel_, causal=causal, key_mask=key_mask, query_offset=offset)
-    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-12)
-    upstream = torch.randn_like(ref)
-    grads = torch.autograd.grad(out, inputs, upstream)
-    ref_grads = torch.autograd.grad(ref, inputs, upstream)
-    for name, g, rg in zip("q k v rel".split(), grads, ref_grads):
-        torch.testing.assert_close(g, rg, rtol=1e-9, atol=1e-11, msg=lambda m: f"grad {name}: {m}")
+def check_against_naive(assert_matches, fn, q, k, v, rel, key_mask, causal, offset):
+    """fn against the float64 reference: outputs and the gradients of q, k, v and rel."""
+    tensors = (q, k, v) if rel is None else (q, k, v, rel)
+    kwargs = dict(causal=causal, key_mask=key_mask, query_offset=offset)
+    tolerances = dict(rtol=1e-10, atol=1e-12, grad_rtol=1e-9, grad_atol=1e-11)
+    assert_matches(fn, naive_kernelized_rpe_attention, tensors, "q k v rel".split(), **kwargs, **tolerances)
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
-@pytest.mark.parametrize("case", CASES)
-def test_chunk(case, causal):
-    (q, k, v, rel, key_mask), offset = split_case(case)
-
-    def fn(*args, **kwargs):
-        return chunk_kernelized_rpe_attention(*args, chunk_size=4, **kwargs)
-
-    check_against_naive(fn, q, k, v, rel, key_mask, causal, offset)
+def test_chunk(kernelized_case, causal, kernelized_inputs, split_case, assert_matches):
+    (q, k, v, rel, key_mask), offset = split_case(kernelized_inputs, kernelized_case)
+    chunk_4 = functools.partial(chunk_kernelized_rpe_attention, chunk_size=4)
+    check_against_naive(assert_matches, chunk_4, q, k, v, rel, key_mask, causal, offset)
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
-def test_chunk_in_small_blocks(monkeypatch, causal):
+def test_chunk_in_small_blocks(monkeypatch, causal, kernelized_inputs, assert_matches):
     """Many row groups and chunk blocks: the blocking must not change the result."""
     monkeypatch.setattr(ops_kernelized, "BLOCK_ELEMENTS", 200)
-    q, k, v, rel, key_mask = make_inputs(b=2, h=3, lq=37, lk=29, mask="padding")
-
-    def fn(*args, **kwargs):
-        return chunk_kernelized_rpe_attention(*args, chunk_size=4, **kwargs)
-
-    check_against_naive(fn, q, k, v, rel, key_mask, causal, 5)
+    q, k, v, rel, key_mask = kernelized_inputs(b=2, h=3, lq=37, lk=29, mask="padding")
+    chunk_4 = functools.partial(chunk_kernelized_rpe_attention, chunk_size=4)
+    check_against_naive(assert_matches, chunk_4, q, k, v, rel, key_mask, causal, 5)
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
-def test_linear_mode_default_chunk(causal):
-    q, k, v, rel, key_mask = make_inputs(b=1, h=2, lq=150, lk=140, d=8, dv=6, horizon=5, mask="padding")
-
-    def fn(*args, **kwargs):
-        return kernelized_rpe_attention(*args, mode="linear", **kwargs)
-
-    check_against_naive(fn, q, k, v, rel, key_mask, causal, 3)
+def test_linear_mode_default_chunk(causal, kernelized_inputs, assert_matches):
+    q, k, v, rel, key_mask = kernelized_inputs(b=1, h=2, lq=150, lk=140, d=8, dv=6, horizon=5, mask="padding")
+    linear = functools.partial(kernelized_rpe_attention, mode="linear")
+    check_against_naive(assert_matches, linear, q, k, v, rel, key_mask, causal, 3)
 
 
-def test_chunk_gradcheck():
-    q, k, v, rel, key_mask = make_inputs(b=1, h=2, lq=7, lk=6, d=3, dv=2, horizon=2, mask="padding")
+def test_chunk_gradcheck(kernelized_inputs):
+    q, k, v, rel, key_mask = kernelized_inputs(b=1, h=2, lq=7, lk=6, d=3, dv=2, horizon=2, mask="padding")
     inputs = tuple(t.requires_grad_(True) for t in (q, k, v, rel))
     for causal in (False, True):
         torch.autograd.gradcheck(
@@ -162,10 +66,12 @@ def test_chunk_gradcheck():
         )
 
 
-def test_auto_mode_follows_choose_mode(monkeypatch):
-    q, k, v, rel, _ = make_inputs(lq=12, lk=12)
+def test_auto_mode_follows_choose_mode(monkeypatch, kernelized_inputs):
+    q, k, v, rel, _ = kernelized_inputs(lq=12, lk=12)
     calls = []
-    monkeypatch.setattr(ops_kernelized, "choose_mode", lambda *a, **kw: calls.append((a, kw)) or "linear")
+    monkeypatch.setattr(
+        ops_kernelized, "kernelized_rpe_choose_mode", lambda *a, **kw: calls.append((a, kw)) or "linear"
+    )
     monkeypatch.setattr(
         ops_kernelized, "chunk_kernelized_rpe_attention", lambda *a, **kw: torch.full((2, 3, 12, 4), 7.0)
     )
@@ -174,6 +80,7 @@ def test_auto_mode_follows_choose_mode(monkeypatch):
 
 
 def test_choose_mode():
+    assert choose_mode is kernelized_rpe_choose_mode  # the first name of the cost model stays importable
     # crossovers measured on a 2-core CPU, D = 64: about L = 300 with 8 heads, 250 with 64 batch*heads
     assert choose_mode(256, 256, 64, 64, 16, causal=True, batch_heads=8) == "naive"
     assert choose_mode(384, 384, 64, 64, 16, causal=True, batch_heads=8) == "linear"
@@ -191,8 +98,8 @@ def test_choose_mode():
 
 @pytest.mark.parametrize("horizon", [None, 0, 1, 3], ids=lambda h: f"h{h}")
 @pytest.mark.parametrize("mask", [None, "padding"])
-def test_step_token_by_token_and_in_chunks(horizon, mask):
-    q, k, v, rel, key_mask = make_inputs(b=2, h=2, lq=11, lk=11, horizon=horizon, mask=mask)
+def test_step_token_by_token_and_in_chunks(horizon, mask, kernelized_inputs):
+    q, k, v, rel, key_mask = kernelized_inputs(b=2, h=2, lq=11, lk=11, horizon=horizon, mask=mask)
     full = naive_kernelized_rpe_attention(q, k, v, rel, causal=True, key_mask=key_mask)
     for pieces in ([1] * 11, [3, 1, 4, 3], [11]):
         state = kernelized_rpe_initial_state(2, 2, 5, 4, horizon or 0, dtype=F64)
@@ -209,8 +116,8 @@ def test_step_token_by_token_and_in_chunks(horizon, mask):
 
 
 @pytest.mark.parametrize("prompt", [1, 2, 9])
-def test_prefill_state_then_steps(prompt):
-    q, k, v, rel, key_mask = make_inputs(b=2, h=2, lq=12, lk=12, horizon=4, mask="padding")
+def test_prefill_state_then_steps(prompt, kernelized_inputs):
+    q, k, v, rel, key_mask = kernelized_inputs(b=2, h=2, lq=12, lk=12, horizon=4, mask="padding")
     full = naive_kernelized_rpe_attention(q, k, v, rel, causal=True, key_mask=key_mask)
     state = kernelized_rpe_prefill_state(k[:, :, :prompt], v[:, :, :prompt], horizon=4, key_mask=key_mask[:, :prompt])
     outs = []
@@ -221,8 +128,8 @@ def test_prefill_state_then_steps(prompt):
     torch.testing.assert_close(torch.cat(outs, dim=2), full[:, :, prompt:], rtol=1e-10, atol=1e-12)
 
 
-def test_state_size_is_constant():
-    q, k, v, rel, _ = make_inputs(b=1, h=2, lq=40, lk=40, horizon=3)
+def test_state_size_is_constant(kernelized_inputs):
+    q, k, v, rel, _ = kernelized_inputs(b=1, h=2, lq=40, lk=40, horizon=3)
     state = kernelized_rpe_initial_state(1, 2, 5, 4, 3, dtype=F64)
     sizes = set()
     for t in range(40):
@@ -233,8 +140,8 @@ def test_state_size_is_constant():
 
 
 @pytest.mark.parametrize("horizon", [None, 0, 1, 3], ids=lambda h: f"h{h}")
-def test_cross_step(horizon):
-    q, k, v, rel, key_mask = make_inputs(b=2, h=2, lq=9, lk=13, horizon=horizon, mask="padding")
+def test_cross_step(horizon, kernelized_inputs):
+    q, k, v, rel, key_mask = kernelized_inputs(b=2, h=2, lq=9, lk=13, horizon=horizon, mask="padding")
     summary = kernelized_rpe_cross_summary(k, v, key_mask=key_mask, relative=rel is not None)
     for offset in (0, 4, 20):
         full = naive_kernelized_rpe_attention(q, k, v, rel, key_mask=key_mask, query_offset=offset)
@@ -247,27 +154,19 @@ def test_cross_step(horizon):
     "dtype, tolerance", [(torch.bfloat16, 2e-2), (torch.float16, 3e-3)], ids=["bf16", "fp16"]
 )
 @pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
-def test_half_precision(dtype, tolerance, causal):
+def test_half_precision(dtype, tolerance, causal, kernelized_inputs, assert_low_precision):
     """Half precision accumulates in float32: the error is that of rounding the inputs and output."""
-    q, k, v, rel, key_mask = make_inputs(b=1, h=2, lq=300, lk=300, d=16, dv=16, horizon=8, mask="padding")
+    q, k, v, rel, key_mask = kernelized_inputs(b=1, h=2, lq=300, lk=300, d=16, dv=16, horizon=8, mask="padding")
     half = [t.to(dtype).requires_grad_(True) for t in (q, k, v, rel)]
-    ref_inputs = [t.detach().to(F64).requires_grad_(True) for t in half]  # same rounded inputs
-    out = kernelized_rpe_attention(*half, causal=causal, key_mask=key_mask, mode="linear")
-    ref = naive_kernelized_rpe_attention(*ref_inputs, causal=causal, key_mask=key_mask)
-    assert out.dtype == dtype
-    torch.testing.assert_close(out.to(F64), ref, rtol=tolerance, atol=tolerance)
-    upstream = torch.randn_like(ref)
-    grads = torch.autograd.grad(out, half, upstream.to(dtype))
-    ref_grads = torch.autograd.grad(ref, ref_inputs, upstream)
-    for g, rg in zip(grads, ref_grads):
-        assert g.dtype == dtype
-        scale = rg.abs().max().item()
-        torch.testing.assert_close(g.to(F64), rg, rtol=tolerance, atol=tolerance * scale)
+    assert_low_precision(
+        functools.partial(kernelized_rpe_attention, mode="linear"), naive_kernelized_rpe_attention, half,
+        dict(causal=causal, key_mask=key_mask), tolerance=tolerance, names="q k v rel".split(),
+    )
 
 
-def test_linear_memory_has_no_quadratic_buffer():
+def test_linear_memory_has_no_quadratic_buffer(kernelized_inputs):
     """At L = 4096 a quadratic path would need B*H*L*L floats; the saved tensors are the inputs only."""
-    q, k, v, rel, _ = make_inputs(b=1, h=1, lq=4096, lk=4096, d=8, dv=8, horizon=4, dtype=torch.float32)
+    q, k, v, rel, _ = kernelized_inputs(b=1, h=1, lq=4096, lk=4096, d=8, dv=8, horizon=4, dtype=torch.float32)
     saved = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel()) or t, lambda t: t):
         out = kernelized_rpe_attention(*(t.requires_grad_(True) for t in (q, k, v, rel)), causal=True, mode="linear")
@@ -301,8 +200,8 @@ def test_bad_inputs_raise(override, name):
         kernelized_rpe_attention(args["q"], args["k"], args["v"], args["rel"], **kwargs)
 
 
-def test_step_rejects_wrong_state():
-    q, k, v, rel, _ = make_inputs(b=1, h=2, lq=1, lk=1, horizon=3)
+def test_step_rejects_wrong_state(kernelized_inputs):
+    q, k, v, rel, _ = kernelized_inputs(b=1, h=2, lq=1, lk=1, horizon=3)
     with pytest.raises(ValueError, match="`state`"):
         kernelized_rpe_step(q, k, v, rel, kernelized_rpe_initial_state(1, 2, 5, 4, 5, dtype=F64))
     with pytest.raises(ValueError, match="`state`"):

@@ -1,17 +1,18 @@
-"""Softmax baselines (plain, Shaw, Transformer-XL): naive against loops, SDPA against naive, in float64."""
-
-import math
+"""Softmax baselines (plain, Shaw, Transformer-XL): SDPA against the quadratic reference in float64, the
+key/value cache, and the input checks."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from modeling_scaleformer import ops_softmax
-from modeling_scaleformer.ops_softmax import (
-    SoftmaxKVState,
+from modeling_scaleformer.ops_naive import (
     naive_shaw_softmax_attention,
     naive_softmax_attention,
     naive_xl_relative_attention,
+)
+from modeling_scaleformer.ops_softmax import (
+    SoftmaxKVState,
     shaw_softmax_attention,
     softmax_attention,
     softmax_cross_state,
@@ -35,112 +36,21 @@ NAIVE = {
 PUBLIC = {"softmax": softmax_attention, "shaw_softmax": shaw_softmax_attention, "xl_relative": xl_relative_attention}
 
 
-def make_inputs(b=2, h=3, lq=9, lk=9, d=5, dv=4, horizon=3, shared=False, mask=None, dtype=F64, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    q = torch.randn(b, h, lq, d, generator=g, dtype=dtype)
-    k = torch.randn(b, h, lk, d, generator=g, dtype=dtype)
-    v = torch.randn(b, h, lk, dv, generator=g, dtype=dtype)
-    rows = 2 * horizon + 1
-    params = {
-        "rel": torch.randn(*((rows, d) if shared else (h, rows, d)), generator=g, dtype=dtype),
-        "u": torch.randn(h, d, generator=g, dtype=dtype),
-        "bias": torch.randn(h, rows, generator=g, dtype=dtype),
-    }
-    key_mask = None
-    if mask == "padding":
-        key_mask = torch.ones(b, lk, dtype=torch.long)
-        key_mask[0, : lk // 3] = 0  # left padding
-        key_mask[-1, lk - lk // 2 :] = 0  # right padding
-    elif mask == "random":
-        key_mask = torch.rand(b, lk, generator=g) > 0.4
-        key_mask[0, :] = False  # a fully masked batch row
-        key_mask[-1, :] = False
-        key_mask[-1, -1] = True  # an almost fully masked row
-    return q, k, v, params, key_mask
-
-
-def loop_reference(variant, q, k, v, params, causal, key_mask, offset):
-    """Each formula with Python loops over (b, h, i, j), sharing no code with the ops; differentiable."""
-    b, h, lq, d = q.shape
-    lk = k.shape[2]
-    rows = []
-    for bi in range(b):
-        for hi in range(h):
-            for i in range(lq):
-                scores, values = [], []
-                for j in range(lk):
-                    if (causal and j > i + offset) or (key_mask is not None and not key_mask[bi, j]):
-                        continue
-                    qi, kj = q[bi, hi, i], k[bi, hi, j]
-                    if variant == "softmax":
-                        s = qi @ kj
-                    else:
-                        rel = params["rel"] if params["rel"].dim() == 2 else params["rel"][hi]
-                        horizon = (rel.shape[0] - 1) // 2
-                        r = min(max(i + offset - j, -horizon), horizon) + horizon
-                        if variant == "shaw_softmax":
-                            s = qi @ (kj + rel[r])
-                        else:
-                            s = (qi + params["u"][hi]) @ kj + qi @ rel[r] + params["bias"][hi, r]
-                    scores.append(s / math.sqrt(d))
-                    values.append(v[bi, hi, j])
-                if not scores:
-                    rows.append(v[bi, hi, 0] * 0.0)  # 0, kept in the graph: its gradient is 0
-                    continue
-                s = torch.stack(scores)
-                e = torch.exp(s - s.max())
-                rows.append((e / e.sum()) @ torch.stack(values))
-    return torch.stack(rows).view(b, h, lq, v.shape[-1])
-
-
-def compare(fn, ref_fn, variant, q, k, v, params, key_mask, causal, offset, rtol=1e-10, atol=1e-12):
+def compare(assert_matches, fn, ref_fn, variant, q, k, v, params, key_mask, causal, offset, rtol=1e-10, atol=1e-12):
     """Outputs and gradients of q, k, v and every parameter, with random upstream gradients."""
     names = ("q", "k", "v") + PARAMETERS[variant]
-    leaves = [t.clone().requires_grad_(True) for t in (q, k, v, *(params[n] for n in PARAMETERS[variant]))]
-    kwargs = dict(causal=causal, key_mask=key_mask, query_offset=offset)
-    out = fn(*leaves, **kwargs)
-    ref = ref_fn(*leaves, **kwargs)
-    torch.testing.assert_close(out, ref, rtol=rtol, atol=atol)
-    upstream = torch.randn(ref.shape, generator=torch.Generator().manual_seed(1), dtype=ref.dtype)
+    tensors = (q, k, v, *(params[n] for n in PARAMETERS[variant]))
     # a fully masked output does not depend on q: its gradient is 0, not missing
-    grads = torch.autograd.grad(out, leaves, upstream, allow_unused=True, materialize_grads=True)
-    ref_grads = torch.autograd.grad(ref, leaves, upstream, allow_unused=True, materialize_grads=True)
-    for name, g, rg in zip(names, grads, ref_grads):
-        torch.testing.assert_close(g, rg, rtol=rtol * 10, atol=atol * 10, msg=lambda m: f"grad {name}: {m}")
-
-
-LOOP_CASES = [
-    pytest.param(dict(lq=1, lk=1), id="L1"),
-    pytest.param(dict(lq=6, lk=4, horizon=2), id="Lq>Lk"),
-    pytest.param(dict(lq=3, lk=7, offset=4), id="Lq<Lk-offset"),
-    pytest.param(dict(lq=5, lk=6, mask="random"), id="masked-rows"),
-    pytest.param(dict(lq=5, lk=5, shared=True, mask="padding"), id="shared-rel-padding"),
-    pytest.param(dict(lq=4, lk=5, horizon=0), id="M0"),
-]
-
-
-def split_case(case):
-    case = dict(case)
-    offset = case.pop("offset", 0)
-    return make_inputs(**case), offset
-
-
-@pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
-@pytest.mark.parametrize("variant", VARIANTS)
-@pytest.mark.parametrize("case", LOOP_CASES)
-def test_naive_matches_loop_formula(case, variant, causal):
-    (q, k, v, params, key_mask), offset = split_case(case)
-
-    def loop(*leaves, causal, key_mask, query_offset):
-        named = dict(zip(PARAMETERS[variant], leaves[3:]))
-        return loop_reference(variant, *leaves[:3], named, causal, key_mask, query_offset)
-
-    compare(NAIVE[variant], loop, variant, q, k, v, params, key_mask, causal, offset)
+    upstream = torch.randn(q.shape[:3] + v.shape[-1:], generator=torch.Generator().manual_seed(1), dtype=q.dtype)
+    assert_matches(
+        fn, ref_fn, tensors, names, causal=causal, key_mask=key_mask, query_offset=offset,
+        rtol=rtol, atol=atol, grad_rtol=rtol * 10, grad_atol=atol * 10, upstream=upstream, allow_unused=True,
+    )
 
 
 CASES = [
     pytest.param(dict(lq=1, lk=1), id="L1"),
-    pytest.param(dict(lq=3, lk=3, horizon=5), id="L<M"),
+    pytest.param(dict(lq=3, lk=3, horizon=5), id="L<h"),
     pytest.param(dict(lq=14, lk=6), id="Lq>Lk"),
     pytest.param(dict(lq=5, lk=15), id="Lq<Lk"),
     pytest.param(dict(lq=6, lk=17, offset=9), id="query-offset"),
@@ -148,26 +58,26 @@ CASES = [
     pytest.param(dict(lq=12, lk=12, mask="padding"), id="padding"),
     pytest.param(dict(lq=11, lk=9, mask="random", offset=2), id="masked-rows"),
     pytest.param(dict(lq=10, lk=10, shared=True), id="shared-rel"),
-    pytest.param(dict(lq=8, lk=11, horizon=0, mask="padding"), id="M0"),
+    pytest.param(dict(lq=8, lk=11, horizon=0, mask="padding"), id="horizon-0"),
 ]
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("case", CASES)
-def test_sdpa(case, variant, causal):
-    (q, k, v, params, key_mask), offset = split_case(case)
+def test_sdpa(case, variant, causal, softmax_inputs, split_case, assert_matches):
+    (q, k, v, params, key_mask), offset = split_case(softmax_inputs, case)
 
     def sdpa(*leaves, **kwargs):
         return PUBLIC[variant](*leaves, mode="sdpa", **kwargs)
 
-    compare(sdpa, NAIVE[variant], variant, q, k, v, params, key_mask, causal, offset)
+    compare(assert_matches, sdpa, NAIVE[variant], variant, q, k, v, params, key_mask, causal, offset)
 
 
 @pytest.mark.parametrize("mode", ["naive", "sdpa"])
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_fully_masked_row_is_zero_with_finite_grads(variant, mode):
-    q, k, v, params, _ = make_inputs(b=3, h=2, lq=5, lk=6)
+def test_fully_masked_row_is_zero_with_finite_grads(variant, mode, softmax_inputs):
+    q, k, v, params, _ = softmax_inputs(b=3, h=2, lq=5, lk=6)
     key_mask = torch.ones(3, 6, dtype=torch.bool)
     key_mask[1] = False  # every query of batch row 1 sees nothing
     key_mask[2, 1:] = False  # causal: queries of row 2 see only key 0
@@ -196,19 +106,19 @@ def math_sdpa(q, k, v, attn_mask=None, is_causal=False, scale=None):
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_sdpa_backend_returning_nan_for_empty_rows(monkeypatch, variant):
+def test_sdpa_backend_returning_nan_for_empty_rows(monkeypatch, variant, softmax_inputs, split_case, assert_matches):
     """Backends differ on all-masked rows (this CPU build gives 0, others NaN): no such row reaches SDPA."""
     monkeypatch.setattr(ops_softmax.F, "scaled_dot_product_attention", math_sdpa)
-    (q, k, v, params, key_mask), offset = split_case(dict(lq=7, lk=6, mask="random"))
+    (q, k, v, params, key_mask), offset = split_case(softmax_inputs, dict(lq=7, lk=6, mask="random"))
     for causal in (False, True):
         compare(
-            lambda *x, **kw: PUBLIC[variant](*x, mode="sdpa", **kw), NAIVE[variant],
+            assert_matches, lambda *x, **kw: PUBLIC[variant](*x, mode="sdpa", **kw), NAIVE[variant],
             variant, q, k, v, params, key_mask, causal, offset,
         )
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_auto_is_sdpa(monkeypatch, variant):
+def test_auto_is_sdpa(monkeypatch, variant, softmax_inputs):
     calls, sdpa = [], F.scaled_dot_product_attention
 
     def counting(*args, **kwargs):
@@ -216,7 +126,7 @@ def test_auto_is_sdpa(monkeypatch, variant):
         return sdpa(*args, **kwargs)
 
     monkeypatch.setattr(ops_softmax.F, "scaled_dot_product_attention", counting)
-    q, k, v, params, key_mask = make_inputs(d=4, mask="padding")
+    q, k, v, params, key_mask = softmax_inputs(d=4, mask="padding")
     args = [params[n] for n in PARAMETERS[variant]]
     PUBLIC[variant](q, k, v, *args, key_mask=key_mask, causal=True)
     PUBLIC[variant](q, k, v, *args, mode="naive")
@@ -237,8 +147,8 @@ def run_steps(variant, q, k, v, params, key_mask, pieces, state):
 
 @pytest.mark.parametrize("mask", [None, "padding"])
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_step_token_by_token_and_in_pieces(variant, mask):
-    q, k, v, params, key_mask = make_inputs(b=2, h=2, lq=11, lk=11, horizon=3, mask=mask)
+def test_step_token_by_token_and_in_pieces(variant, mask, softmax_inputs):
+    q, k, v, params, key_mask = softmax_inputs(b=2, h=2, lq=11, lk=11, horizon=3, mask=mask)
     full = NAIVE[variant](q, k, v, *(params[n] for n in PARAMETERS[variant]), causal=True, key_mask=key_mask)
     for pieces in ([1] * 11, [3, 1, 4, 3], [11]):
         out, state = run_steps(variant, q, k, v, params, key_mask, pieces, softmax_initial_state(2, 2, 5, 4, dtype=F64))
@@ -249,8 +159,8 @@ def test_step_token_by_token_and_in_pieces(variant, mask):
 
 @pytest.mark.parametrize("prompt", [1, 6])
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_prefill_state_then_steps(variant, prompt):
-    q, k, v, params, key_mask = make_inputs(b=2, h=2, lq=10, lk=10, horizon=2, mask="padding")
+def test_prefill_state_then_steps(variant, prompt, softmax_inputs):
+    q, k, v, params, key_mask = softmax_inputs(b=2, h=2, lq=10, lk=10, horizon=2, mask="padding")
     full = NAIVE[variant](q, k, v, *(params[n] for n in PARAMETERS[variant]), causal=True, key_mask=key_mask)
     state = softmax_prefill_state(k[:, :, :prompt], v[:, :, :prompt], key_mask=key_mask[:, :prompt])
     assert state.seen == prompt
@@ -258,9 +168,9 @@ def test_prefill_state_then_steps(variant, prompt):
     torch.testing.assert_close(out, full[:, :, prompt:], rtol=1e-10, atol=1e-12)
 
 
-def test_state_reorders_on_batch():
+def test_state_reorders_on_batch(softmax_inputs):
     """Beam search reorders every tensor field on dim 0; stepping on goes on from the chosen rows."""
-    q, k, v, params, key_mask = make_inputs(b=3, h=2, lq=6, lk=6, mask="padding")
+    q, k, v, params, key_mask = softmax_inputs(b=3, h=2, lq=6, lk=6, mask="padding")
     _, state = run_steps("xl_relative", q, k, v, params, key_mask, [4], softmax_initial_state(3, 2, 5, 4, dtype=F64))
     order = torch.tensor([2, 2, 0])
     state = SoftmaxKVState(*(t.index_select(0, order) for t in state[:3]), seen=state.seen)
@@ -272,8 +182,8 @@ def test_state_reorders_on_batch():
 
 
 @pytest.mark.parametrize("mask", [None, "padding", "random"])
-def test_cross_step(mask):
-    q, k, v, _, key_mask = make_inputs(b=2, h=2, lq=7, lk=12, mask=mask)
+def test_cross_step(mask, softmax_inputs):
+    q, k, v, _, key_mask = softmax_inputs(b=2, h=2, lq=7, lk=12, mask=mask)
     state = softmax_cross_state(k, v, key_mask=key_mask)
     full = naive_softmax_attention(q, k, v, key_mask=key_mask)
     for t in range(7):
@@ -284,34 +194,26 @@ def test_cross_step(mask):
 
 @pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_bf16(variant, causal):
+def test_bf16(variant, causal, softmax_inputs, assert_low_precision):
     """bf16 runs the softmax in float32: the error is that of rounding the output (and gradients).
 
     Against float64 on the same rounded inputs. bf16 keeps 8 significant bits (relative step 2^-8 =
     0.004): tolerance 2e-2 on outputs of size O(1), and 2e-2 of the largest entry on each gradient.
     """
     dtype, tolerance = torch.bfloat16, 2e-2
-    q, k, v, params, key_mask = make_inputs(b=1, h=2, lq=48, lk=48, d=16, dv=16, horizon=8, mask="padding")
+    q, k, v, params, key_mask = softmax_inputs(b=1, h=2, lq=48, lk=48, d=16, dv=16, horizon=8, mask="padding")
     names = PARAMETERS[variant]
     half = [t.to(dtype).requires_grad_(True) for t in (q, k, v, *(params[n] for n in names))]
-    ref_leaves = [t.detach().to(F64).requires_grad_(True) for t in half]
-    out = PUBLIC[variant](*half, causal=causal, key_mask=key_mask)
-    ref = NAIVE[variant](*ref_leaves, causal=causal, key_mask=key_mask)
+    kwargs = dict(causal=causal, key_mask=key_mask)
+    out, ref = assert_low_precision(PUBLIC[variant], NAIVE[variant], half, kwargs, tolerance=tolerance)
     assert out.dtype == dtype
-    torch.testing.assert_close(out.to(F64), ref, rtol=tolerance, atol=tolerance)
-    naive_half = NAIVE[variant](*half, causal=causal, key_mask=key_mask)
+    naive_half = NAIVE[variant](*half, **kwargs)
     assert naive_half.dtype == dtype
     torch.testing.assert_close(naive_half.to(F64), ref, rtol=tolerance, atol=tolerance)
-    upstream = torch.randn_like(ref)
-    grads = torch.autograd.grad(out, half, upstream.to(dtype))
-    ref_grads = torch.autograd.grad(ref, ref_leaves, upstream)
-    for g, rg in zip(grads, ref_grads):
-        assert g.dtype == dtype
-        torch.testing.assert_close(g.to(F64), rg, rtol=tolerance, atol=tolerance * rg.abs().max().item())
 
 
-def good_args():
-    q, k, v, params, _ = make_inputs(b=2, h=3, lq=5, lk=5, d=5, dv=4, horizon=3, dtype=torch.float32)
+def good_args(softmax_inputs):
+    q, k, v, params, _ = softmax_inputs(b=2, h=3, lq=5, lk=5, d=5, dv=4, horizon=3, dtype=torch.float32)
     return dict(q=q, k=k, v=v, **params)
 
 
@@ -337,9 +239,9 @@ BAD = [
 
 
 @pytest.mark.parametrize("variants, override, name", BAD)
-def test_bad_inputs_raise(variants, override, name):
+def test_bad_inputs_raise(variants, override, name, softmax_inputs):
     for variant in variants:
-        args = good_args()
+        args = good_args(softmax_inputs)
         args.update(override)
         kwargs = {key: args.pop(key) for key in ("key_mask", "query_offset", "mode") if key in args}
         positional = [args[n] for n in ("q", "k", "v") + PARAMETERS[variant]]
@@ -364,8 +266,8 @@ STEP_BAD = [
 
 
 @pytest.mark.parametrize("override, name", STEP_BAD)
-def test_step_bad_inputs_raise(override, name):
-    args = good_args()
+def test_step_bad_inputs_raise(override, name, softmax_inputs):
+    args = good_args(softmax_inputs)
     q, k, v = (args[n][:, :, :1] for n in "qkv")
     override = dict(override)
     if "k_length" in override:

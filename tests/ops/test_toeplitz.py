@@ -1,16 +1,17 @@
 """Toeplitz (exponentiated relative bias) attention: the FFT path and the recurrent step against the
 quadratic reference in float64."""
 
+import functools
 import math
 
 import pytest
 import torch
 
 from modeling_scaleformer import ops_toeplitz
+from modeling_scaleformer.ops_naive import naive_toeplitz_attention
 from modeling_scaleformer.ops_toeplitz import (
     ToeplitzState,
     fft_toeplitz_attention,
-    naive_toeplitz_attention,
     toeplitz_attention,
     toeplitz_choose_mode,
     toeplitz_initial_state,
@@ -22,99 +23,21 @@ from modeling_scaleformer.ops_toeplitz import (
 F64 = torch.float64
 
 
-def make_inputs(b=2, h=3, lq=9, lk=9, d=5, dv=4, max_distance=3, mask=None, dtype=F64, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    q = torch.randn(b, h, lq, d, generator=g, dtype=dtype)
-    k = torch.randn(b, h, lk, d, generator=g, dtype=dtype)
-    v = torch.randn(b, h, lk, dv, generator=g, dtype=dtype)
-    bias = torch.randn(h, 2 * max_distance + 1, generator=g, dtype=dtype)
-    key_mask = None
-    if mask == "padding":
-        key_mask = torch.ones(b, lk, dtype=torch.long)
-        key_mask[0, : lk // 3] = 0  # left padding
-        key_mask[-1, lk - lk // 2 :] = 0  # right padding
-    elif mask == "random":
-        key_mask = torch.rand(b, lk, generator=g) > 0.4
-        key_mask[0, :] = False  # a fully masked batch row
-        key_mask[-1, :] = False
-        key_mask[-1, -1] = True  # an almost fully masked row: one key, the last
-    return q, k, v, bias, key_mask
-
-
-def loop_reference(q, k, v, bias, causal, key_mask, offset):
-    """The formula with Python loops, sharing no code with the ops."""
-    b, h, lq, _ = q.shape
-    lk = k.shape[2]
-    m = (bias.shape[-1] - 1) // 2
-    phi = lambda x: torch.where(x > 0, x + 1, torch.exp(x))  # noqa: E731
-    out = torch.zeros(b, h, lq, v.shape[-1], dtype=q.dtype)
-    for bi in range(b):
-        for hi in range(h):
-            for i in range(lq):
-                p = i + offset
-                num, den = torch.zeros(v.shape[-1], dtype=q.dtype), 0.0
-                for j in range(lk):
-                    if causal and j > p:
-                        continue
-                    if key_mask is not None and not key_mask[bi, j]:
-                        continue
-                    r = min(max(j - p, -m), m) + m
-                    s = math.exp(bias[hi, r].item()) * (phi(q[bi, hi, i]) @ phi(k[bi, hi, j]))
-                    num, den = num + s * v[bi, hi, j], den + s
-                out[bi, hi, i] = num / den if den > 0 else 0.0
-    return out
-
-
-CASES = [
-    pytest.param(dict(lq=1, lk=1), id="L1"),
-    pytest.param(dict(lq=2, lk=2, max_distance=4), id="L<M"),
-    pytest.param(dict(lq=4, lk=4, max_distance=4), id="L=M"),
-    pytest.param(dict(lq=23, lk=23), id="L>M"),
-    pytest.param(dict(lq=30, lk=11), id="Lq>Lk"),
-    pytest.param(dict(lq=7, lk=26), id="Lq<Lk"),
-    pytest.param(dict(lq=6, lk=25, offset=13), id="query-offset"),
-    pytest.param(dict(lq=5, lk=9, offset=40), id="offset-past-keys"),
-    pytest.param(dict(lq=21, lk=21, mask="padding"), id="padding"),
-    pytest.param(dict(lq=19, lk=14, mask="random"), id="masked-rows"),
-    pytest.param(dict(lq=13, lk=10, max_distance=0), id="M0"),
-    pytest.param(dict(lq=13, lk=13, max_distance=1), id="M1"),
-]
-
-
-def split_case(case):
-    case = dict(case)
-    offset = case.pop("offset", 0)
-    return make_inputs(**case), offset
-
-
-@pytest.mark.parametrize("case", CASES)
-def test_naive_matches_loop_formula(case):
-    (q, k, v, bias, key_mask), offset = split_case(case)
-    for causal in (False, True):
-        expected = loop_reference(q, k, v, bias, causal, key_mask, offset)
-        got = naive_toeplitz_attention(q, k, v, bias, causal=causal, key_mask=key_mask, query_offset=offset)
-        torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-12)
-
-
-def check_against_naive(fn, q, k, v, bias, key_mask, causal, offset):
-    inputs = [t.clone().requires_grad_(True) for t in (q, k, v, bias)]
-    out = fn(*inputs, causal=causal, key_mask=key_mask, query_offset=offset)
-    ref = naive_toeplitz_attention(*inputs, causal=causal, key_mask=key_mask, query_offset=offset)
+def check_against_naive(assert_matches, fn, q, k, v, bias, key_mask, causal, offset):
+    """fn against the float64 reference: outputs and the gradients of q, k, v and bias."""
     # FFT round-off is relative to the largest term of a convolution; float64 leaves ample room
-    torch.testing.assert_close(out, ref, rtol=1e-9, atol=1e-11)
-    upstream = torch.randn_like(ref)
-    grads = torch.autograd.grad(out, inputs, upstream)
-    ref_grads = torch.autograd.grad(ref, inputs, upstream)
-    for name, g, rg in zip(("q", "k", "v", "bias"), grads, ref_grads):
-        torch.testing.assert_close(g, rg, rtol=1e-8, atol=1e-10, msg=lambda m: f"grad {name}: {m}")
-    return out, grads
+    tolerances = dict(rtol=1e-9, atol=1e-11, grad_rtol=1e-8, grad_atol=1e-10)
+    names = ("q", "k", "v", "bias")
+    return assert_matches(
+        fn, naive_toeplitz_attention, (q, k, v, bias), names, causal=causal, key_mask=key_mask, query_offset=offset,
+        **tolerances,
+    )
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
-@pytest.mark.parametrize("case", CASES)
-def test_fft(case, causal):
-    (q, k, v, bias, key_mask), offset = split_case(case)
-    out, grads = check_against_naive(fft_toeplitz_attention, q, k, v, bias, key_mask, causal, offset)
+def test_fft(toeplitz_case, causal, toeplitz_inputs, split_case, assert_matches):
+    (q, k, v, bias, key_mask), offset = split_case(toeplitz_inputs, toeplitz_case)
+    out, grads = check_against_naive(assert_matches, fft_toeplitz_attention, q, k, v, bias, key_mask, causal, offset)
     if key_mask is not None and not bool(key_mask[0].any()):
         # a batch row with no visible key: exactly 0, and no gradient flows from it
         assert bool((out[0] == 0).all())
@@ -125,27 +48,24 @@ def test_fft(case, causal):
     "block_elements, n_blocks", [(100, 30), (1600, 2)], ids=["feature-and-channel-blocks", "row-blocks"]
 )
 @pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
-def test_fft_in_many_blocks(monkeypatch, causal, block_elements, n_blocks):
+def test_fft_in_many_blocks(monkeypatch, causal, block_elements, n_blocks, toeplitz_inputs, assert_matches):
     """Blocks of rows, key features and value channels must not change the result."""
-    monkeypatch.setattr(ops_toeplitz, "BLOCK_ELEMENTS", block_elements)
-    q, k, v, bias, key_mask = make_inputs(b=1, h=3, lq=17, lk=13, mask="padding")
+    monkeypatch.setattr(ops_toeplitz, "FFT_BLOCK_ELEMENTS", block_elements)
+    q, k, v, bias, key_mask = toeplitz_inputs(b=1, h=3, lq=17, lk=13, mask="padding")
     n_fft = ops_toeplitz._fft_length(17 + 13 - 1)
     assert len(list(ops_toeplitz._blocks(3, 5, 5, n_fft))) == n_blocks  # rows, features, channels
-    check_against_naive(fft_toeplitz_attention, q, k, v, bias, key_mask, causal, 5)
+    check_against_naive(assert_matches, fft_toeplitz_attention, q, k, v, bias, key_mask, causal, 5)
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
-def test_linear_mode(causal):
-    q, k, v, bias, key_mask = make_inputs(b=1, h=2, lq=150, lk=140, d=8, dv=6, max_distance=5, mask="padding")
-
-    def fn(*args, **kwargs):
-        return toeplitz_attention(*args, mode="linear", **kwargs)
-
-    check_against_naive(fn, q, k, v, bias, key_mask, causal, 3)
+def test_linear_mode(causal, toeplitz_inputs, assert_matches):
+    q, k, v, bias, key_mask = toeplitz_inputs(b=1, h=2, lq=150, lk=140, d=8, dv=6, horizon=5, mask="padding")
+    linear = functools.partial(toeplitz_attention, mode="linear")
+    check_against_naive(assert_matches, linear, q, k, v, bias, key_mask, causal, 3)
 
 
-def test_fft_gradcheck():
-    q, k, v, bias, key_mask = make_inputs(b=1, h=2, lq=4, lk=3, d=2, dv=2, max_distance=2, mask="padding")
+def test_fft_gradcheck(toeplitz_inputs):
+    q, k, v, bias, key_mask = toeplitz_inputs(b=1, h=2, lq=4, lk=3, d=2, dv=2, horizon=2, mask="padding")
     inputs = tuple(t.requires_grad_(True) for t in (q, k, v, bias))
     for causal in (False, True):
         torch.autograd.gradcheck(
@@ -155,10 +75,10 @@ def test_fft_gradcheck():
         )
 
 
-def test_fft_saves_only_inputs():
+def test_fft_saves_only_inputs(toeplitz_inputs):
     """The backward pass recomputes spectra: nothing of size N D Dv (or L^2) is kept for it."""
     b, h, length, d, dv = 1, 2, 256, 8, 8
-    q, k, v, bias, _ = make_inputs(b=b, h=h, lq=length, lk=length, d=d, dv=dv, dtype=torch.float32)
+    q, k, v, bias, _ = toeplitz_inputs(b=b, h=h, lq=length, lk=length, d=d, dv=dv, dtype=torch.float32)
     saved = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel()) or t, lambda t: t):
         out = fft_toeplitz_attention(*(t.requires_grad_(True) for t in (q, k, v, bias)), causal=True)
@@ -166,8 +86,8 @@ def test_fft_saves_only_inputs():
     assert math.isfinite(out.sum().item())
 
 
-def test_auto_mode_follows_choose_mode(monkeypatch):
-    q, k, v, bias, _ = make_inputs(lq=12, lk=12)
+def test_auto_mode_follows_choose_mode(monkeypatch, toeplitz_inputs):
+    q, k, v, bias, _ = toeplitz_inputs(lq=12, lk=12)
     calls = []
     monkeypatch.setattr(ops_toeplitz, "toeplitz_choose_mode", lambda *a, **kw: calls.append((a, kw)) or "linear")
     monkeypatch.setattr(ops_toeplitz, "fft_toeplitz_attention", lambda *a, **kw: torch.full((2, 3, 12, 4), 7.0))
@@ -200,24 +120,24 @@ def run_steps(q, k, v, bias, key_mask, pieces, state):
     return torch.cat(outs, dim=2), state
 
 
-@pytest.mark.parametrize("max_distance", [0, 1, 3, 15], ids=lambda m: f"M{m}")
+@pytest.mark.parametrize("horizon", [0, 1, 3, 15], ids=lambda h: f"h{h}")
 @pytest.mark.parametrize("mask", [None, "padding"])
-def test_step_token_by_token_and_in_pieces(monkeypatch, max_distance, mask):
+def test_step_token_by_token_and_in_pieces(monkeypatch, horizon, mask, toeplitz_inputs):
     monkeypatch.setattr(ops_toeplitz, "STEP_CHUNK", 2)  # pieces longer than 2 are cut inside the step
-    q, k, v, bias, key_mask = make_inputs(b=2, h=2, lq=11, lk=11, max_distance=max_distance, mask=mask)
+    q, k, v, bias, key_mask = toeplitz_inputs(b=2, h=2, lq=11, lk=11, horizon=horizon, mask=mask)
     full = naive_toeplitz_attention(q, k, v, bias, causal=True, key_mask=key_mask)
     for pieces in ([1] * 11, [3, 1, 4, 3], [11]):
-        state = toeplitz_initial_state(2, 2, 5, 4, max_distance, dtype=F64)
+        state = toeplitz_initial_state(2, 2, 5, 4, horizon, dtype=F64)
         out, state = run_steps(q, k, v, bias, key_mask, pieces, state)
         torch.testing.assert_close(out, full, rtol=1e-10, atol=1e-12)
         assert state.seen == 11
-        assert state.k_window.shape == (2, 2, max_distance, 5)
-        assert state.v_window.shape == (2, 2, max_distance, 5)
+        assert state.k_window.shape == (2, 2, horizon, 5)
+        assert state.v_window.shape == (2, 2, horizon, 5)
 
 
 @pytest.mark.parametrize("prompt", [1, 2, 9])
-def test_prefill_state_then_steps(prompt):
-    q, k, v, bias, key_mask = make_inputs(b=2, h=2, lq=12, lk=12, max_distance=4, mask="padding")
+def test_prefill_state_then_steps(prompt, toeplitz_inputs):
+    q, k, v, bias, key_mask = toeplitz_inputs(b=2, h=2, lq=12, lk=12, horizon=4, mask="padding")
     full = naive_toeplitz_attention(q, k, v, bias, causal=True, key_mask=key_mask)
     state = toeplitz_prefill_state(k[:, :, :prompt], v[:, :, :prompt], 4, key_mask=key_mask[:, :prompt])
     # the same state as stepping through the prompt
@@ -229,9 +149,9 @@ def test_prefill_state_then_steps(prompt):
     torch.testing.assert_close(out, full[:, :, prompt:], rtol=1e-10, atol=1e-12)
 
 
-def test_prefill_then_steps_after_full_causal_call():
+def test_prefill_then_steps_after_full_causal_call(toeplitz_inputs):
     """The generation pattern: full causal call on the prompt, then tokens one at a time."""
-    q, k, v, bias, key_mask = make_inputs(b=2, h=3, lq=20, lk=20, max_distance=3, mask="padding")
+    q, k, v, bias, key_mask = toeplitz_inputs(b=2, h=3, lq=20, lk=20, horizon=3, mask="padding")
     full = naive_toeplitz_attention(q, k, v, bias, causal=True, key_mask=key_mask)
     prompt = 14
     head = toeplitz_attention(
@@ -243,8 +163,8 @@ def test_prefill_then_steps_after_full_causal_call():
     torch.testing.assert_close(torch.cat([head, tail], dim=2), full, rtol=1e-10, atol=1e-12)
 
 
-def test_state_size_is_constant():
-    q, k, v, bias, _ = make_inputs(b=1, h=2, lq=40, lk=40, max_distance=3)
+def test_state_size_is_constant(toeplitz_inputs):
+    q, k, v, bias, _ = toeplitz_inputs(b=1, h=2, lq=40, lk=40, horizon=3)
     state = toeplitz_initial_state(1, 2, 5, 4, 3, dtype=F64)
     sizes = set()
     for t in range(40):
@@ -260,32 +180,24 @@ def test_state_size_is_constant():
     "dtype, tolerance", [(torch.bfloat16, 2e-2), (torch.float16, 3e-3)], ids=["bf16", "fp16"]
 )
 @pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
-def test_half_precision(dtype, tolerance, causal):
+def test_half_precision(dtype, tolerance, causal, toeplitz_inputs, assert_low_precision):
     """Half precision is computed in float32: the error is that of rounding the inputs and output."""
-    q, k, v, bias, key_mask = make_inputs(b=1, h=2, lq=300, lk=300, d=16, dv=16, max_distance=8, mask="padding")
+    q, k, v, bias, key_mask = toeplitz_inputs(b=1, h=2, lq=300, lk=300, d=16, dv=16, horizon=8, mask="padding")
     half = [t.to(dtype).requires_grad_(True) for t in (q, k, v, bias)]
-    ref_inputs = [t.detach().to(F64).requires_grad_(True) for t in half]  # same rounded inputs
-    out = toeplitz_attention(*half, causal=causal, key_mask=key_mask, mode="linear")
-    ref = naive_toeplitz_attention(*ref_inputs, causal=causal, key_mask=key_mask)
-    assert out.dtype == dtype
-    torch.testing.assert_close(out.to(F64), ref, rtol=tolerance, atol=tolerance)
-    upstream = torch.randn_like(ref)
-    grads = torch.autograd.grad(out, half, upstream.to(dtype))
-    ref_grads = torch.autograd.grad(ref, ref_inputs, upstream)
-    for g, rg in zip(grads, ref_grads):
-        assert g.dtype == dtype
-        scale = rg.abs().max().item()
-        torch.testing.assert_close(g.to(F64), rg, rtol=tolerance, atol=tolerance * scale)
+    assert_low_precision(
+        functools.partial(toeplitz_attention, mode="linear"), naive_toeplitz_attention, half,
+        dict(causal=causal, key_mask=key_mask), tolerance=tolerance, names=("q", "k", "v", "bias"),
+    )
 
 
 @pytest.mark.parametrize("causal, tolerance", [(False, 1e-6), (True, 1e-3)], ids=["bidirectional", "causal"])
-def test_float32_tolerance(causal, tolerance):
+def test_float32_tolerance(causal, tolerance, toeplitz_inputs):
     """FFT round-off in float32 is relative to the largest sums of the sequence.
 
     Measured at L = 512 (bias of std 1, padding): about 1e-7 bidirectional; causal rows that see few
     keys next to late rows that see many reach 2e-4 (and grow about linearly with L).
     """
-    q, k, v, bias, key_mask = make_inputs(b=2, h=2, lq=512, lk=512, d=16, dv=16, max_distance=8, mask="padding")
+    q, k, v, bias, key_mask = toeplitz_inputs(b=2, h=2, lq=512, lk=512, d=16, dv=16, horizon=8, mask="padding")
     ref_inputs = [t.requires_grad_(True) for t in (q, k, v, bias)]
     inputs = [t.detach().float().requires_grad_(True) for t in ref_inputs]
     out = fft_toeplitz_attention(*inputs, causal=causal, key_mask=key_mask)
@@ -331,16 +243,16 @@ def test_bad_inputs_raise(override, name):
             fft_toeplitz_attention(args["q"], args["k"], args["v"], args["bias"], **kwargs)
 
 
-def test_step_rejects_bad_inputs():
-    q, k, v, bias, _ = make_inputs(b=1, h=2, lq=1, lk=1, max_distance=3)
+def test_step_rejects_bad_inputs(toeplitz_inputs):
+    q, k, v, bias, _ = toeplitz_inputs(b=1, h=2, lq=1, lk=1, horizon=3)
     with pytest.raises(ValueError, match="`state`"):
-        toeplitz_step(q, k, v, bias, toeplitz_initial_state(1, 2, 5, 4, 5, dtype=F64))  # other M
+        toeplitz_step(q, k, v, bias, toeplitz_initial_state(1, 2, 5, 4, 5, dtype=F64))  # other horizon
     with pytest.raises(ValueError, match="`state`"):
         toeplitz_step(q, k, v, bias, (1, 2, 3))
     with pytest.raises(ValueError, match="`bias`"):
         toeplitz_step(q, k, v, bias[:, :6], toeplitz_initial_state(1, 2, 5, 4, 3, dtype=F64))
-    with pytest.raises(ValueError, match="`max_distance`"):
+    with pytest.raises(ValueError, match="`horizon`"):
         toeplitz_initial_state(1, 2, 5, 4, -1, dtype=F64)
-    with pytest.raises(ValueError, match="`max_distance`"):
+    with pytest.raises(ValueError, match="`horizon`"):
         toeplitz_prefill_state(k, v, 1.5)
     assert isinstance(toeplitz_initial_state(1, 2, 5, 4, 3, dtype=F64), ToeplitzState)

@@ -1,0 +1,334 @@
+"""Fixtures of the op tests: random inputs of each op family, the loop references, the cases shared by
+`test_naive.py` and the fast-path tests, and the comparison of a path with its reference.
+
+The loop references compute each formula with Python loops over (batch, head, query, key) and share no
+code with the package.
+"""
+
+import math
+
+import pytest
+import torch
+
+
+F64 = torch.float64
+
+
+def make_key_mask(batch: int, length: int, kind: str | None, generator: torch.Generator):
+    """None, "padding" (left padding in the first row, right padding in the last) or "random" (with a
+    fully masked first row and a last row that sees only its last key)."""
+    if kind is None:
+        return None
+    if kind == "padding":
+        key_mask = torch.ones(batch, length, dtype=torch.long)
+        key_mask[0, : length // 3] = 0  # left padding
+        key_mask[-1, length - length // 2 :] = 0  # right padding
+        return key_mask
+    if kind == "random":
+        key_mask = torch.rand(batch, length, generator=generator) > 0.4
+        key_mask[0, :] = False  # a fully masked batch row
+        key_mask[-1, :] = False
+        key_mask[-1, -1] = True  # an almost fully masked row: one key, the last
+        return key_mask
+    raise ValueError(f"unknown mask kind {kind!r}")
+
+
+def _qkv(b, h, lq, lk, d, dv, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, h, lq, d, generator=g, dtype=dtype)
+    k = torch.randn(b, h, lk, d, generator=g, dtype=dtype)
+    v = torch.randn(b, h, lk, dv, generator=g, dtype=dtype)
+    return g, q, k, v
+
+
+def make_kernelized_inputs(b=2, h=3, lq=9, lk=9, d=5, dv=4, horizon=3, shared=False, mask=None, dtype=F64, seed=0):
+    """q, k, v, rel (None when horizon is None; (2h+1, d) when shared) and key_mask."""
+    g, q, k, v = _qkv(b, h, lq, lk, d, dv, dtype, seed)
+    rel = None
+    if horizon is not None:
+        shape = (2 * horizon + 1, d) if shared else (h, 2 * horizon + 1, d)
+        rel = torch.randn(*shape, generator=g, dtype=dtype)
+    return q, k, v, rel, make_key_mask(b, lk, mask, g)
+
+
+def make_fourier_inputs(
+    b=2, h=3, lq=9, lk=9, d=5, dv=4, npos=None, mask=None, well_conditioned=False, shared_positions=False,
+    dtype=F64, seed=0,
+):
+    """q, k, v, (a, b, c), key_mask and (q_positions, k_positions); positions None means token index."""
+    g, q, k, v = _qkv(b, h, lq, lk, d, dv, dtype, seed)
+    n = npos or 1
+    if well_conditioned:
+        # c > 0 and small frequencies and phases: cos stays near 1, the normaliser far from 0
+        freq = 0.05 * torch.rand(h, d, n, generator=g, dtype=dtype)
+        phase = 0.1 * torch.randn(h, d, generator=g, dtype=dtype)
+        amp = 0.5 + torch.rand(h, d, generator=g, dtype=dtype)
+    else:
+        freq = 0.5 * torch.randn(h, d, n, generator=g, dtype=dtype)
+        phase = torch.randn(h, d, generator=g, dtype=dtype)
+        amp = torch.randn(h, d, generator=g, dtype=dtype)  # mixed signs
+    positions = (None, None)
+    if npos is not None:
+        pb = 1 if shared_positions else b
+        positions = (
+            3 * torch.randn(pb, lq, npos, generator=g, dtype=dtype),
+            3 * torch.randn(pb, lk, npos, generator=g, dtype=dtype),
+        )
+    return q, k, v, (freq, phase, amp), make_key_mask(b, lk, mask, g), positions
+
+
+def make_toeplitz_inputs(b=2, h=3, lq=9, lk=9, d=5, dv=4, horizon=3, mask=None, dtype=F64, seed=0):
+    """q, k, v, bias (h, 2 horizon + 1) and key_mask."""
+    g, q, k, v = _qkv(b, h, lq, lk, d, dv, dtype, seed)
+    bias = torch.randn(h, 2 * horizon + 1, generator=g, dtype=dtype)
+    return q, k, v, bias, make_key_mask(b, lk, mask, g)
+
+
+def make_softmax_inputs(b=2, h=3, lq=9, lk=9, d=5, dv=4, horizon=3, shared=False, mask=None, dtype=F64, seed=0):
+    """q, k, v, {"rel", "u", "bias"} (the parameters of every softmax variant) and key_mask."""
+    g, q, k, v = _qkv(b, h, lq, lk, d, dv, dtype, seed)
+    rows = 2 * horizon + 1
+    params = {
+        "rel": torch.randn(*((rows, d) if shared else (h, rows, d)), generator=g, dtype=dtype),
+        "u": torch.randn(h, d, generator=g, dtype=dtype),
+        "bias": torch.randn(h, rows, generator=g, dtype=dtype),
+    }
+    return q, k, v, params, make_key_mask(b, lk, mask, g)
+
+
+def _phi(x):
+    return torch.where(x > 0, x + 1, torch.exp(x))
+
+
+def _hidden(bi, i, j, causal, key_mask, offset):
+    """Whether key j is hidden from query i (position i + offset) of batch row bi."""
+    return (causal and j > i + offset) or (key_mask is not None and not key_mask[bi, j])
+
+
+def kernelized_loop(q, k, v, rel, causal, key_mask, offset):
+    """Kernelized attention with clipped relative positions, with Python loops."""
+    b, h, lq, _ = q.shape
+    out = torch.zeros(b, h, lq, v.shape[-1], dtype=q.dtype)
+    for bi in range(b):
+        for hi in range(h):
+            for i in range(lq):
+                num, den = torch.zeros(v.shape[-1], dtype=q.dtype), 0.0
+                for j in range(k.shape[2]):
+                    if _hidden(bi, i, j, causal, key_mask, offset):
+                        continue
+                    s = _phi(q[bi, hi, i]) @ _phi(k[bi, hi, j])
+                    if rel is not None:
+                        hz = (rel.shape[-2] - 1) // 2
+                        r = min(max(i + offset - j, -hz), hz) + hz
+                        table = rel if rel.dim() == 2 else rel[hi]
+                        s = s + _phi(q[bi, hi, i]) @ _phi(table[r])
+                    num, den = num + s * v[bi, hi, j], den + s
+                out[bi, hi, i] = num / den if den > 0 else 0.0
+    return out
+
+
+def toeplitz_loop(q, k, v, bias, causal, key_mask, offset):
+    """Kernelized attention times exp(bias[j - p_i + h]) (offsets clipped to +-h), with Python loops."""
+    b, h, lq, _ = q.shape
+    m = (bias.shape[-1] - 1) // 2
+    out = torch.zeros(b, h, lq, v.shape[-1], dtype=q.dtype)
+    for bi in range(b):
+        for hi in range(h):
+            for i in range(lq):
+                p = i + offset
+                num, den = torch.zeros(v.shape[-1], dtype=q.dtype), 0.0
+                for j in range(k.shape[2]):
+                    if _hidden(bi, i, j, causal, key_mask, offset):
+                        continue
+                    r = min(max(j - p, -m), m) + m
+                    s = math.exp(bias[hi, r].item()) * (_phi(q[bi, hi, i]) @ _phi(k[bi, hi, j]))
+                    num, den = num + s * v[bi, hi, j], den + s
+                out[bi, hi, i] = num / den if den > 0 else 0.0
+    return out
+
+
+def fourier_loop_sums(q, k, v, params, causal, key_mask, offset, positions):
+    """num (B, H, Lq, Dv), den and M (B, H, Lq) of the plain formula, with Python loops and cos(ph - pk)."""
+    a, b_, c = params
+    bsz, h, lq, _ = q.shape
+    pq, pk = positions
+
+    def position(table, row, index, shift):
+        if table is None:
+            return torch.tensor([float(index + shift)], dtype=q.dtype)
+        return table[min(row, table.shape[0] - 1), index]
+
+    num = torch.zeros(bsz, h, lq, v.shape[-1], dtype=q.dtype)
+    den = torch.zeros(bsz, h, lq, dtype=q.dtype)
+    big = torch.zeros(bsz, h, lq, dtype=q.dtype)
+    for bi in range(bsz):
+        for hi in range(h):
+            for i in range(lq):
+                p_i = position(pq, bi, i, offset)
+                for j in range(k.shape[2]):
+                    if _hidden(bi, i, j, causal, key_mask, offset):
+                        continue
+                    p_j = position(pk, bi, j, 0)
+                    prod = _phi(q[bi, hi, i]) * _phi(k[bi, hi, j])
+                    s = (c[hi] * prod * torch.cos(b_[hi] + a[hi] @ p_i - a[hi] @ p_j)).sum()
+                    num[bi, hi, i] += s * v[bi, hi, j]
+                    den[bi, hi, i] += s
+                    big[bi, hi, i] += (c[hi].abs() * prod).sum()
+    return num, den, big
+
+
+def softmax_loop(variant, q, k, v, params, causal, key_mask, offset):
+    """Each softmax formula with Python loops over (b, h, i, j); differentiable."""
+    b, h, lq, d = q.shape
+    rows = []
+    for bi in range(b):
+        for hi in range(h):
+            for i in range(lq):
+                scores, values = [], []
+                for j in range(k.shape[2]):
+                    if _hidden(bi, i, j, causal, key_mask, offset):
+                        continue
+                    qi, kj = q[bi, hi, i], k[bi, hi, j]
+                    if variant == "softmax":
+                        s = qi @ kj
+                    else:
+                        rel = params["rel"] if params["rel"].dim() == 2 else params["rel"][hi]
+                        horizon = (rel.shape[0] - 1) // 2
+                        r = min(max(i + offset - j, -horizon), horizon) + horizon
+                        if variant == "shaw_softmax":
+                            s = qi @ (kj + rel[r])
+                        else:
+                            s = (qi + params["u"][hi]) @ kj + qi @ rel[r] + params["bias"][hi, r]
+                    scores.append(s / math.sqrt(d))
+                    values.append(v[bi, hi, j])
+                if not scores:
+                    rows.append(v[bi, hi, 0] * 0.0)  # 0, kept in the graph: its gradient is 0
+                    continue
+                s = torch.stack(scores)
+                e = torch.exp(s - s.max())
+                rows.append((e / e.sum()) @ torch.stack(values))
+    return torch.stack(rows).view(b, h, lq, v.shape[-1])
+
+
+def split_case(make_inputs, case):
+    """(inputs, query_offset) of a case: keyword arguments of `make_inputs` plus an optional "offset"."""
+    case = dict(case)
+    offset = case.pop("offset", 0)
+    return make_inputs(**case), offset
+
+
+def assert_matches(fn, ref_fn, tensors, names, *, rtol, atol, grad_rtol, grad_atol, upstream=None, allow_unused=False,
+                   **kwargs):
+    """`fn(*tensors, **kwargs)` against `ref_fn` on the same leaves (copies of `tensors`): the outputs, then
+    the gradient of every leaf for one random upstream gradient (global generator unless `upstream` is
+    given). Returns fn's output and grads."""
+    leaves = [t.clone().requires_grad_(True) for t in tensors]
+    out = fn(*leaves, **kwargs)
+    ref = ref_fn(*leaves, **kwargs)
+    torch.testing.assert_close(out, ref, rtol=rtol, atol=atol)
+    if upstream is None:
+        upstream = torch.randn_like(ref)
+    unused = dict(allow_unused=True, materialize_grads=True) if allow_unused else {}
+    grads = torch.autograd.grad(out, leaves, upstream, **unused)
+    ref_grads = torch.autograd.grad(ref, leaves, upstream, **unused)
+    for name, g, rg in zip(names, grads, ref_grads):
+        torch.testing.assert_close(g, rg, rtol=grad_rtol, atol=grad_atol, msg=lambda m: f"grad {name}: {m}")
+    return out, grads
+
+
+def assert_low_precision(fn, ref_fn, leaves, kwargs, *, tolerance, names=None):
+    """`fn` on low-precision leaves against `ref_fn` in float64 on the same rounded values.
+
+    The output keeps the dtype of the first leaf and each gradient that of its leaf; outputs agree to
+    `tolerance`, each gradient to `tolerance` times its largest entry. Returns fn's output and the
+    reference output.
+    """
+    ref_leaves = [t.detach().to(F64).requires_grad_(True) for t in leaves]  # same rounded inputs
+    out = fn(*leaves, **kwargs)
+    ref = ref_fn(*ref_leaves, **kwargs)
+    assert out.dtype == leaves[0].dtype
+    torch.testing.assert_close(out.to(F64), ref, rtol=tolerance, atol=tolerance)
+    upstream = torch.randn_like(ref)
+    grads = torch.autograd.grad(out, leaves, upstream.to(out.dtype))
+    ref_grads = torch.autograd.grad(ref, ref_leaves, upstream)
+    for name, x, g, rg in zip(names or [str(i) for i in range(len(leaves))], leaves, grads, ref_grads):
+        assert g.dtype == x.dtype
+        scale = rg.abs().max().item()
+        torch.testing.assert_close(g.to(F64), rg, rtol=tolerance, atol=tolerance * scale, msg=lambda m: f"{name}: {m}")
+    return out, ref
+
+
+# Cases every op is tested on, for the naive reference and the fast paths alike: L = 1, L not a multiple
+# of the chunk size, Lq != Lk both ways, query offsets (also past every key), padding, and almost fully
+# masked rows.
+LENGTH_CASES = [
+    pytest.param(dict(lq=1, lk=1), id="L1"),
+    pytest.param(dict(lq=23, lk=23), id="L-not-multiple-of-chunk"),
+    pytest.param(dict(lq=30, lk=11), id="Lq>Lk"),
+    pytest.param(dict(lq=7, lk=26), id="Lq<Lk"),
+    pytest.param(dict(lq=6, lk=25, offset=13), id="query-offset"),
+    pytest.param(dict(lq=5, lk=9, offset=40), id="offset-past-keys"),
+    pytest.param(dict(lq=21, lk=21, mask="padding"), id="padding"),
+    pytest.param(dict(lq=19, lk=14, mask="random"), id="masked-rows"),
+]
+# ops with a clipped relative table: lengths below and at the horizon, horizons 0 and 1
+RELATIVE_CASES = LENGTH_CASES + [
+    pytest.param(dict(lq=2, lk=2, horizon=4), id="L<h"),
+    pytest.param(dict(lq=4, lk=4, horizon=4), id="L=h"),
+    pytest.param(dict(lq=13, lk=10, horizon=0), id="horizon-0"),
+    pytest.param(dict(lq=13, lk=13, horizon=1), id="horizon-1"),
+]
+# kernelized RPE also takes a table shared by the heads, or none
+KERNELIZED_CASES = RELATIVE_CASES + [
+    pytest.param(dict(lq=17, lk=17, shared=True), id="shared-rel"),
+    pytest.param(dict(lq=13, lk=13, horizon=None), id="no-rel"),
+]
+# Fourier attention: lengths below and at two chunks of 4, and positions of 2 and 3 dimensions
+FOURIER_CASES = LENGTH_CASES + [
+    pytest.param(dict(lq=3, lk=3), id="L<chunk"),
+    pytest.param(dict(lq=8, lk=8), id="L=2chunks"),
+    pytest.param(dict(lq=17, lk=17, npos=2), id="2d-positions"),
+    pytest.param(dict(lq=9, lk=14, npos=2, mask="padding", offset=3), id="2d-positions-cross-offset"),
+    pytest.param(dict(lq=10, lk=10, npos=3, shared_positions=True), id="3d-positions-shared-by-batch"),
+]
+
+
+@pytest.fixture(params=KERNELIZED_CASES)
+def kernelized_case(request):
+    """A case of `make_kernelized_inputs` keyword arguments, with an optional "offset"."""
+    return request.param
+
+
+@pytest.fixture(params=RELATIVE_CASES)
+def toeplitz_case(request):
+    """A case of `make_toeplitz_inputs` keyword arguments, with an optional "offset"."""
+    return request.param
+
+
+@pytest.fixture(params=FOURIER_CASES)
+def fourier_case(request):
+    """A case of `make_fourier_inputs` keyword arguments, with an optional "offset"."""
+    return request.param
+
+
+def _factory(name: str, function, doc: str):
+    """A fixture named `name` that returns `function` (a factory or helper, called by the tests)."""
+
+    def fixture():
+        return function
+
+    fixture.__doc__ = doc
+    return pytest.fixture(name=name)(fixture)
+
+
+kernelized_inputs = _factory("kernelized_inputs", make_kernelized_inputs, make_kernelized_inputs.__doc__)
+fourier_inputs = _factory("fourier_inputs", make_fourier_inputs, make_fourier_inputs.__doc__)
+toeplitz_inputs = _factory("toeplitz_inputs", make_toeplitz_inputs, make_toeplitz_inputs.__doc__)
+softmax_inputs = _factory("softmax_inputs", make_softmax_inputs, make_softmax_inputs.__doc__)
+kernelized_reference = _factory("kernelized_loop", kernelized_loop, kernelized_loop.__doc__)
+toeplitz_reference = _factory("toeplitz_loop", toeplitz_loop, toeplitz_loop.__doc__)
+fourier_reference = _factory("fourier_loop_sums", fourier_loop_sums, fourier_loop_sums.__doc__)
+softmax_reference = _factory("softmax_loop", softmax_loop, softmax_loop.__doc__)
+case_splitter = _factory("split_case", split_case, split_case.__doc__)
+comparison = _factory("assert_matches", assert_matches, assert_matches.__doc__)
+precision = _factory("assert_low_precision", assert_low_precision, assert_low_precision.__doc__)

@@ -1,0 +1,45 @@
+"""The registry of attention variants: named functions, facts stated once, what is derived from them."""
+
+import inspect
+
+import pytest
+
+from modeling_scaleformer import ops_registry
+from modeling_scaleformer.ops_registry import (
+    ATTENTION_TYPES,
+    ATTENTION_VARIANTS,
+    SOFTMAX_TYPES,
+    AttentionVariant,
+    cross_attention_type,
+    get_attention_variant,
+)
+
+
+ROLES = ("parameters", "attention", "prefill_state", "step", "cross_summary", "cross_step")
+
+
+@pytest.mark.parametrize("attention_type", ATTENTION_TYPES)
+def test_every_role_is_a_named_function_of_the_registry(attention_type):
+    variant = ATTENTION_VARIANTS[attention_type]
+    assert isinstance(variant, AttentionVariant)
+    for role in ROLES:
+        fn = getattr(variant, role)
+        if fn is None:
+            assert role.startswith("cross_"), (attention_type, role)
+            continue
+        assert inspect.isfunction(fn) and fn.__name__ != "<lambda>", (attention_type, role)
+        assert getattr(ops_registry, fn.__name__) is fn, (attention_type, role)  # a module-level name
+    assert variant.description and "\n" not in variant.description
+
+
+def test_facts_and_what_is_derived_from_them():
+    assert ATTENTION_TYPES == tuple(ATTENTION_VARIANTS)
+    assert SOFTMAX_TYPES == ("xl_relative", "shaw_softmax", "softmax")
+    for name, variant in ATTENTION_VARIANTS.items():
+        assert set(variant.modes) == ({"auto", "naive"} if variant.softmax else {"auto", "linear", "naive"}), name
+        assert variant.constant_state != variant.softmax, name
+        cross = ATTENTION_VARIANTS[cross_attention_type(name, False)]
+        assert cross.softmax == variant.softmax and cross.parameters(2, 4, 3, False) == {}, name
+        assert cross_attention_type(name, True) == "kernelized_rpe"
+    with pytest.raises(ValueError, match="`attention_type`"):
+        get_attention_variant("linear")
