@@ -52,6 +52,7 @@ from transformers import (
 from .cache import ScaleformerCache
 from .configuration_scaleformer import ScaleformerConfig
 from .modeling_scaleformer import (
+    ScaleformerEncoderModel,
     ScaleformerForCausalLM,
     ScaleformerForConditionalGeneration,
     ScaleformerForSequenceClassification,
@@ -75,6 +76,7 @@ ScaleformerForSequenceClassification.register_for_auto_class("AutoModelForSequen
 __all__ += [
     "ScaleformerCache",
     "ScaleformerConfig",
+    "ScaleformerEncoderModel",
     "ScaleformerForCausalLM",
     "ScaleformerForConditionalGeneration",
     "ScaleformerForSequenceClassification",
