@@ -39,7 +39,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 import datasets
-import evaluate
 import numpy as np
 import torch
 import transformers
@@ -59,23 +58,26 @@ from transformers import (
 from transformers.trainer_utils import get_last_checkpoint
 
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: examples.*, model_cards.*
 
 import modeling_scaleformer  # noqa: E402,F401  registers the Scaleformer classes with the Auto* classes
-from examples.data.datasets_io import load_jsonl_splits  # noqa: E402
-from model_cards.write_model_card import write_model_card  # noqa: E402
+from examples.common import (  # noqa: E402
+    BIBLE_DIR,
+    METRICS_DIR,
+    LengthFilter,
+    check_fields,
+    load_jsonl_splits,
+    text_scorer,
+    token_config,
+)
+from model_cards.write_model_card import TrainingRun, results_for_card, write_model_card  # noqa: E402
 
 
 logger = logging.getLogger(__name__)
 
 SCRIPT = "examples/run_seq2seq.py"
-METRICS_DIR = ROOT / "examples" / "metrics"
 PIPELINE_TAGS = {"sacrebleu": "translation", "rouge": "summarization"}
 SPLIT_FLAGS = {"train": "--do_train", "validation": "--do_eval", "test": "--do_predict"}
-HUB_METRIC_NAMES = {"sacrebleu": ["sacrebleu", "chrf"], "rouge": ["rouge"]}
-# per-call timings and throughput are not model results: they stay out of the card's results table
-TIMING_SUFFIXES: tuple[str, ...] = ("_runtime", "_samples_per_second", "_steps_per_second", "_flos")
 
 
 @dataclass
@@ -105,7 +107,7 @@ class DataTrainingArguments:
     """What data to train and evaluate on, and how to score it."""
 
     data_dir: str = field(
-        default=str(ROOT / "examples" / "data" / "bible"),
+        default=str(BIBLE_DIR),
         metadata={"help": "Folder with train.jsonl, validation.jsonl and/or test.jsonl."},
     )
     source_field: str = field(default="en", metadata={"help": "JSON field of the input text."})
@@ -159,20 +161,20 @@ class Seq2SeqTrainerWithCard(Seq2SeqTrainer):
     """``Seq2SeqTrainer`` whose ``create_model_card`` writes the Scaleformer card of ``model_cards/``.
 
     ``Trainer.push_to_hub`` calls ``create_model_card`` before uploading the output folder, so the pushed
-    ``README.md`` is this card rather than Trainer's generic one. Set ``model_card_kwargs`` first: a function
-    returning the keyword arguments of ``write_model_card`` but ``model_id``, called each time a card is written.
+    ``README.md`` is this card rather than Trainer's generic one. Set ``training_run`` first: a function returning
+    the run's `TrainingRun`, called each time a card is written.
     """
 
-    model_card_kwargs: Callable[[], dict[str, Any]] | None = None
+    training_run: Callable[[], TrainingRun] | None = None
 
     def create_model_card(self, model_name: str | None = None, **kwargs: Any) -> None:
         """Write ``<output_dir>/README.md``; Trainer's own card options (``kwargs``) do not apply."""
         if not self.is_world_process_zero():
             return
-        if self.model_card_kwargs is None:
-            raise ValueError("set `model_card_kwargs` (the arguments of write_model_card) before creating the card")
+        if self.training_run is None:
+            raise ValueError("set `training_run` (the facts of the model card) before creating the card")
         model_id = getattr(self, "hub_model_id", None) or model_name or Path(self.args.output_dir).resolve().name
-        write_model_card(self.args.output_dir, model_id=model_id, **self.model_card_kwargs())
+        write_model_card(self.args.output_dir, self.training_run(), model_id=model_id)
 
 
 def parse_arguments(
@@ -205,15 +207,8 @@ def load_tokenizer_and_model(
         raise ValueError(f"the tokenizer of {tokenizer_source!r} (--tokenizer_name) has no pad token")
 
     if model_args.model_name_or_path is None:
-        start_id = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.pad_token_id
         config = AutoConfig.from_pretrained(
-            model_args.config_name,
-            trust_remote_code=model_args.trust_remote_code,
-            vocab_size=len(tokenizer),
-            pad_token_id=tokenizer.pad_token_id,
-            bos_token_id=tokenizer.bos_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-            decoder_start_token_id=start_id,
+            model_args.config_name, trust_remote_code=model_args.trust_remote_code, **token_config(tokenizer)
         )
         model = AutoModelForSeq2SeqLM.from_config(config, trust_remote_code=model_args.trust_remote_code)
         logger.info("new %s model from %s", type(model).__name__, model_args.config_name)
@@ -244,10 +239,7 @@ def prepare_split(
     The returned dataset keeps the source and target text beside ``input_ids``, ``attention_mask`` and
     ``labels``; Trainer drops the text columns, which the model's ``forward`` does not take.
     """
-    for name in ("source_field", "target_field"):
-        column = getattr(data_args, name)
-        if column not in dataset.column_names:
-            raise ValueError(f"--{name} {column!r} is not a field of {split}.jsonl; fields: {dataset.column_names}")
+    check_fields(dataset, split, data_args.source_field, data_args.target_field)
     source, target = data_args.source_field, data_args.target_field
     n_read = len(dataset)
     dataset = dataset.filter(lambda s, t: bool(s) and bool(t), input_columns=[source, target],
@@ -266,20 +258,15 @@ def prepare_split(
         remove_columns=[c for c in dataset.column_names if c not in (source, target)],
         desc=f"tokenizing {split}",
     )
-    source_lengths = np.array([len(ids) for ids in dataset["input_ids"]])
-    target_lengths = np.array([len(ids) for ids in dataset["labels"]])
-    keep = np.ones(len(dataset), dtype=bool)
-    if data_args.max_source_length is not None:
-        keep &= source_lengths <= data_args.max_source_length
-    if data_args.max_target_length is not None:
-        keep &= target_lengths <= data_args.max_target_length
-    too_long_source = int((source_lengths > (data_args.max_source_length or np.inf)).sum())
-    too_long_target = int((target_lengths > (data_args.max_target_length or np.inf)).sum())
-    dataset = dataset.select(np.flatnonzero(keep))
+    lengths = LengthFilter.of(
+        [len(ids) for ids in dataset["input_ids"]], [len(ids) for ids in dataset["labels"]],
+        data_args.max_source_length, data_args.max_target_length,
+    )
+    dataset = dataset.select(lengths.keep)
     logger.info(
         "%s: read %d examples; dropped %d empty, %d with more than %s source tokens (--max_source_length) and "
         "%d with more than %s target tokens (--max_target_length), %d dropped in all; %d left",
-        split, n_read, n_empty, too_long_source, data_args.max_source_length, too_long_target,
+        split, n_read, n_empty, lengths.too_long_source, data_args.max_source_length, lengths.too_long_target,
         data_args.max_target_length, n_read - len(dataset), len(dataset),
     )
     if max_samples is not None and max_samples < len(dataset):
@@ -292,39 +279,7 @@ def prepare_split(
     return dataset
 
 
-def make_text_scorer(data_args: DataTrainingArguments) -> Callable[[list[str], list[str]], dict[str, float]]:
-    """Load the metric module named by ``--metric`` and return ``score(predictions, references) -> dict``.
-
-    sacrebleu gives ``bleu`` and ``chrf`` (0-100); rouge gives ``rouge1``, ``rouge2``, ``rougeL`` and
-    ``rougeLsum`` F-measures times 100, with Porter stemming.
-    """
-    path = Path(data_args.metrics_dir) / data_args.metric
-    if not (path / f"{data_args.metric}.py").is_file():
-        raise ValueError(f"--metrics_dir {data_args.metrics_dir!r} holds no {data_args.metric}/{data_args.metric}.py")
-    metric = evaluate.load(str(path.resolve()))
-
-    def score(predictions: list[str], references: list[str]) -> dict[str, float]:
-        predictions = [p.strip() for p in predictions]
-        references = [r.strip() for r in references]
-        if data_args.metric == "sacrebleu":
-            result = metric.compute(predictions=predictions, references=[[r] for r in references])
-            return {"bleu": round(result["score"], 4), "chrf": round(result["chrf"], 4)}
-        result = metric.compute(predictions=predictions, references=references, use_stemmer=True)
-        return {name: round(100 * value, 4) for name, value in result.items()}
-
-    return score
-
-
-def model_card_metrics(results: dict[str, float]) -> dict[str, float]:
-    """The results worth a row in the model card: no timings, no epoch counter."""
-    return {
-        name: value
-        for name, value in results.items()
-        if not name.endswith(TIMING_SUFFIXES) and name != "epoch" and isinstance(value, (int, float))
-    }
-
-
-def build_model_card_kwargs(
+def training_run(
     argv: Sequence[str],
     model_args: ModelArguments,
     data_args: DataTrainingArguments,
@@ -333,14 +288,21 @@ def build_model_card_kwargs(
     prepared: dict[str, datasets.Dataset],
     results: dict[str, float],
     baseline: dict[str, float],
-) -> dict[str, Any]:
-    """The arguments of ``write_model_card`` for this run: command, data, settings, timings and results."""
+) -> TrainingRun:
+    """What the model card states about this run: command, data, settings, timings and results."""
     counts = ", ".join(f"{len(ds)} {split}" for split, ds in prepared.items())
     description = data_args.dataset_description or (
         f"`{data_args.data_dir}`: JSON-lines pairs, `{data_args.source_field}` -> `{data_args.target_field}`; "
         f"examples used: {counts}."
     )
+    device = training_args.device
+    if device.type == "cuda":
+        hardware = f"GPU: {torch.cuda.get_device_name(device)}"
+    else:
+        hardware = f"{device.type.upper()}, {os.cpu_count()} cores visible, {torch.get_num_threads()} torch threads"
+    regime = "bf16 mixed precision" if training_args.bf16 else "fp16 mixed precision" if training_args.fp16 else "fp32"
     hyperparameters = {
+        "training regime": f"{regime} on {device.type}",
         "learning_rate": training_args.learning_rate,
         "lr_scheduler_type": getattr(training_args.lr_scheduler_type, "value", training_args.lr_scheduler_type),
         "warmup_steps": training_args.warmup_steps,
@@ -360,12 +322,6 @@ def build_model_card_kwargs(
         for name in ("train_runtime", "train_samples_per_second", "train_steps_per_second")
         if name in results
     }
-    device = training_args.device
-    if device.type == "cuda":
-        hardware = f"GPU: {torch.cuda.get_device_name(device)}"
-    else:
-        hardware = f"{device.type.upper()}, {os.cpu_count()} cores visible, {torch.get_num_threads()} torch threads"
-    regime = "bf16 mixed precision" if training_args.bf16 else "fp16 mixed precision" if training_args.fp16 else "fp32"
     preprocessing = (
         f"Tokenized with `{model_args.tokenizer_name or model_args.model_name_or_path}`, without truncation; empty "
         f"examples and examples longer than {data_args.max_source_length} source or {data_args.max_target_length} "
@@ -373,29 +329,23 @@ def build_model_card_kwargs(
     )
     eval_ds = prepared.get("validation")
     first = prepared.get("train", next(iter(prepared.values())))
-    return {
-        "training_command": f"python {SCRIPT} {shlex.join(argv)}",
-        "metrics": model_card_metrics(results),
-        "dataset_description": description,
-        "baselines": {"copy the source": baseline} if baseline else None,
-        "pipeline_tag": PIPELINE_TAGS[data_args.metric],
-        "metric_names": HUB_METRIC_NAMES[data_args.metric],
-        "base_model": model_args.model_name_or_path,
-        "preprocessing": preprocessing,
-        "testing_data": (
+    return TrainingRun(
+        training_command=f"python {SCRIPT} {shlex.join(argv)}",
+        metrics=results_for_card(results),
+        dataset_description=description,
+        baselines={"copy the source": baseline} if baseline else {},
+        pipeline_tag=PIPELINE_TAGS[data_args.metric],
+        base_model=model_args.model_name_or_path,
+        preprocessing=preprocessing,
+        testing_data=(
             f"{len(eval_ds)} examples of `validation.jsonl` (the first left after filtering)."
             if eval_ds is not None else None
         ),
-        "hyperparameters": hyperparameters,
-        "training_regime": f"{regime} on {device.type}",
-        "speeds_sizes_times": speeds,
-        "hardware": hardware,
-        "example_input": first[0][data_args.source_field],
-        "results_summary": (
-            "`copy the source` scores the unchanged input against the references: the floor a model has to beat."
-            if baseline else None
-        ),
-    }
+        hyperparameters=hyperparameters,
+        speeds=speeds,
+        hardware=hardware,
+        example_input=first[0][data_args.source_field],
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, float]:
@@ -452,7 +402,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
         with training_args.main_process_first(desc=f"{split} preprocessing"):
             prepared[split] = prepare_split(raw[split], split, tokenizer, data_args, limits[split])
 
-    score_texts = make_text_scorer(data_args)
+    score = text_scorer(data_args.metric, data_args.metrics_dir)
+
+    def score_texts(predictions: list[str], references: list[str]) -> dict[str, float]:
+        return {name: round(value, 4) for name, value in score(predictions, references).items()}
 
     def compute_metrics(eval_preds: EvalPrediction) -> dict[str, float]:
         predictions, labels = eval_preds.predictions, eval_preds.label_ids
@@ -491,7 +444,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
         compute_metrics=compute_metrics if training_args.predict_with_generate else None,
     )
     # read when the card is written: at the end, and at each push of --push_to_hub (results so far)
-    trainer.model_card_kwargs = lambda: build_model_card_kwargs(
+    trainer.training_run = lambda: training_run(
         argv, model_args, data_args, training_args, trainer, prepared, results, baseline
     )
     if copy_metrics:

@@ -54,13 +54,11 @@ import re
 import socket
 import sys
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import datasets
-import sacrebleu
 import torch
 from accelerate import Accelerator
 from accelerate.logging import get_logger
@@ -68,12 +66,19 @@ from accelerate.utils import DistributedType, gather_object, parse_flag_from_env
 from tqdm.auto import tqdm
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, SchedulerType, get_scheduler
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "examples" / "data"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: examples.*, model_cards.*
 
-from datasets_io import load_jsonl_splits  # noqa: E402
-
+from examples.common import (  # noqa: E402
+    BIBLE_DIR,
+    ROOT,
+    TOKENIZER_DIR,
+    Seq2SeqExamples,
+    filter_by_length,
+    load_jsonl_splits,
+    text_scorer,
+    token_config,
+    tokenize_split,
+)
 from modeling_scaleformer import ScaleformerConfig, ScaleformerForConditionalGeneration  # noqa: E402
 
 logger = get_logger(__name__)
@@ -88,7 +93,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Parse and check the command line; raise `ValueError` naming the argument on bad values."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     data = parser.add_argument_group("data")
-    data.add_argument("--data_dir", default=str(ROOT / "examples" / "data" / "bible"),
+    data.add_argument("--data_dir", default=str(BIBLE_DIR),
                       help="folder with train.jsonl and validation.jsonl (default: the shipped Bible sample)")
     data.add_argument("--source_field", default="en", help="JSON field of the model input (default: en)")
     data.add_argument("--target_field", default="es", help="JSON field of the target (default: es)")
@@ -168,7 +173,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if args.model_config is None and args.model_name_or_path is None:
         args.model_config = str(ROOT / "configs" / "scaleformer-tiny.json")
     if args.tokenizer is None:
-        args.tokenizer = args.model_name_or_path or str(ROOT / "examples" / "tokenizer")
+        args.tokenizer = args.model_name_or_path or str(TOKENIZER_DIR)
     check_args(args)
     return args
 
@@ -203,57 +208,6 @@ def check_args(args: argparse.Namespace) -> None:
             raise ValueError(f"--{name} must be an existing folder, got {value!r}")
     if args.model_config is not None and not Path(args.model_config).is_file():
         raise ValueError(f"--model_config must be an existing JSON file, got {args.model_config!r}")
-
-
-@dataclass
-class Seq2SeqExamples:
-    """Tokenized pairs of one split, in file order."""
-
-    source_ids: list[list[int]]
-    target_ids: list[list[int]]
-    references: list[str]
-
-    def __len__(self) -> int:
-        return len(self.source_ids)
-
-    def lengths(self) -> list[int]:
-        """Source plus target tokens per example, the sorting key of length grouping."""
-        return [len(s) + len(t) for s, t in zip(self.source_ids, self.target_ids)]
-
-    def subset(self, indices: Sequence[int]) -> Seq2SeqExamples:
-        return Seq2SeqExamples(
-            [self.source_ids[i] for i in indices],
-            [self.target_ids[i] for i in indices],
-            [self.references[i] for i in indices],
-        )
-
-
-def tokenize_split(
-    split: datasets.Dataset, tokenizer: PreTrainedTokenizerBase, source_field: str, target_field: str
-) -> Seq2SeqExamples:
-    """Tokenize the source and target fields of a split without truncation."""
-    for arg, field in (("--source_field", source_field), ("--target_field", target_field)):
-        if field not in split.column_names:
-            raise ValueError(f"{arg} {field!r} is not a field of the data; fields: {split.column_names}")
-    sources, targets = list(split[source_field]), list(split[target_field])
-    return Seq2SeqExamples(
-        tokenizer(sources, truncation=False)["input_ids"],
-        tokenizer(targets, truncation=False)["input_ids"],
-        list(targets),
-    )
-
-
-def filter_by_length(
-    examples: Seq2SeqExamples, max_source_length: int | None, max_target_length: int | None
-) -> tuple[Seq2SeqExamples, int]:
-    """Keep the examples within both limits (`None`: no limit); return them and how many were dropped."""
-    keep = [
-        i
-        for i, (s, t) in enumerate(zip(examples.source_ids, examples.target_ids))
-        if (max_source_length is None or len(s) <= max_source_length)
-        and (max_target_length is None or len(t) <= max_target_length)
-    ]
-    return examples.subset(keep), len(examples) - len(keep)
 
 
 class GlobalBatchPlan:
@@ -307,20 +261,6 @@ def local_micro_batch(
     """Slice `micro_step * num_processes + process_index` of a global batch."""
     start = (micro_step * num_processes + process_index) * per_device_batch_size
     return global_batch[start : start + per_device_batch_size]
-
-
-def collate(examples: Seq2SeqExamples, indices: Sequence[int], pad_token_id: int) -> dict[str, torch.Tensor]:
-    """Right-padded `input_ids`, `attention_mask` and `labels` (-100 on padding) of the given examples."""
-    sources = [examples.source_ids[i] for i in indices]
-    targets = [examples.target_ids[i] for i in indices]
-    input_ids = torch.full((len(sources), max(map(len, sources))), pad_token_id, dtype=torch.long)
-    attention_mask = torch.zeros_like(input_ids)
-    labels = torch.full((len(targets), max(map(len, targets))), -100, dtype=torch.long)
-    for row, (s, t) in enumerate(zip(sources, targets)):
-        input_ids[row, : len(s)] = torch.tensor(s)
-        attention_mask[row, : len(s)] = 1
-        labels[row, : len(t)] = torch.tensor(t)
-    return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
 
 
 class TrainingProgress:
@@ -387,7 +327,7 @@ def load_examples(
     if args.max_train_examples is not None:
         train_split = train_split.select(range(min(args.max_train_examples, len(train_split))))
     train, train_dropped = filter_by_length(
-        tokenize_split(train_split, tokenizer, args.source_field, args.target_field),
+        tokenize_split(train_split, "train", tokenizer, args.source_field, args.target_field),
         args.max_source_length, args.max_target_length,
     )
     logger.info(f"train: {len(train)} examples kept, {train_dropped} longer than the length limits dropped")
@@ -399,7 +339,7 @@ def load_examples(
     if args.eval_examples:
         val_split = val_split.select(range(min(args.eval_examples, len(val_split))))
     validation, val_dropped = filter_by_length(
-        tokenize_split(val_split, tokenizer, args.source_field, args.target_field),
+        tokenize_split(val_split, "validation", tokenizer, args.source_field, args.target_field),
         args.max_source_length, args.max_target_length,
     )
     logger.info(f"validation: {len(validation)} examples kept, {val_dropped} longer than the limits dropped")
@@ -418,14 +358,7 @@ def build_model(args: argparse.Namespace, tokenizer: PreTrainedTokenizerBase) ->
                 f"of --model_name_or_path"
             )
         return model
-    config = ScaleformerConfig.from_pretrained(
-        args.model_config,
-        vocab_size=len(tokenizer),
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        decoder_start_token_id=tokenizer.bos_token_id,
-    )
+    config = ScaleformerConfig.from_pretrained(args.model_config, **token_config(tokenizer))
     return ScaleformerForConditionalGeneration(config)
 
 
@@ -495,8 +428,9 @@ def evaluate(
     examples: Seq2SeqExamples,
     batch_size: int,
     max_new_tokens: int,
+    score: Callable[[list[str], list[str]], dict[str, float]] | None,
 ) -> dict[str, float]:
-    """Held-out token-mean loss and, if `max_new_tokens > 0`, greedy-decoding chrF and BLEU (sacrebleu).
+    """Held-out token-mean loss and, if `max_new_tokens > 0`, chrF and BLEU of greedy decoding by `score`.
 
     Each rank takes a contiguous share of the examples and runs the unwrapped model (no collective
     calls inside, so shares may differ in size); sums and hypotheses are then gathered.
@@ -511,7 +445,7 @@ def evaluate(
     hypotheses: list[str] = []
     for start in range(0, len(local_indices), batch_size):
         chunk = local_indices[start : start + batch_size]
-        batch = {k: v.to(accelerator.device) for k, v in collate(examples, chunk, tokenizer.pad_token_id).items()}
+        batch = {k: v.to(accelerator.device) for k, v in examples.batch(chunk, tokenizer.pad_token_id).items()}
         with accelerator.autocast():
             # num_items_in_batch=1 makes the returned loss the sum of token cross-entropies
             loss_sum += model(**batch, num_items_in_batch=1).loss.double()
@@ -526,12 +460,33 @@ def evaluate(
     token_count = accelerator.reduce(token_count, "sum")
     metrics = {"eval_loss": (loss_sum / token_count).item()}
     if max_new_tokens > 0:
-        all_hypotheses = gather_object(hypotheses)
-        references = [examples.references[i] for i in indices]
-        metrics["eval_chrf"] = sacrebleu.corpus_chrf(all_hypotheses, [references]).score
-        metrics["eval_bleu"] = sacrebleu.corpus_bleu(all_hypotheses, [references]).score
+        scores = score(gather_object(hypotheses), [examples.references[i] for i in indices])
+        metrics |= {f"eval_{name}": scores[name] for name in ("chrf", "bleu")}
     model.train(was_training)
     return metrics
+
+
+def write_run_info(
+    accelerator: Accelerator, args: argparse.Namespace, plan: GlobalBatchPlan, max_steps: int, counts: dict[str, int]
+) -> None:
+    """`<output_dir>/run_info.json` from the main process: the distributed set-up, its ranks, the batch sizes and
+    `counts`. Every rank calls it (the ranks are gathered)."""
+    ranks = gather_object([{"process_index": accelerator.process_index, "pid": os.getpid(),
+                            "host": socket.gethostname(), "device": str(accelerator.device)}])
+    if accelerator.is_main_process:
+        run_info = {
+            "distributed_type": str(accelerator.distributed_type).split(".")[-1],
+            "num_processes": accelerator.num_processes,
+            "ranks": ranks,
+            "mixed_precision": accelerator.mixed_precision,
+            "per_device_batch_size": args.per_device_batch_size,
+            "gradient_accumulation_steps": args.gradient_accumulation_steps,
+            "global_batch_size": plan.global_batch_size,
+            "steps_per_epoch": plan.steps_per_epoch,
+            "max_steps": max_steps,
+            **counts,
+        }
+        (Path(args.output_dir) / "run_info.json").write_text(json.dumps(run_info, indent=2))
 
 
 class LogWriter:
@@ -573,6 +528,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
     train, validation, train_dropped = load_examples(args, tokenizer, accelerator)
+    score = text_scorer("sacrebleu") if validation is not None and args.eval_max_new_tokens > 0 else None
 
     num_processes = accelerator.num_processes
     global_batch_size = args.per_device_batch_size * args.gradient_accumulation_steps * num_processes
@@ -604,24 +560,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     progress = TrainingProgress(args.seed, global_batch_size, len(train), args.group_by_length)
     accelerator.register_for_checkpointing(progress)
 
-    ranks = gather_object([{"process_index": accelerator.process_index, "pid": os.getpid(),
-                            "host": socket.gethostname(), "device": str(accelerator.device)}])
-    if accelerator.is_main_process:
-        run_info = {
-            "distributed_type": str(accelerator.distributed_type).split(".")[-1],
-            "num_processes": num_processes,
-            "ranks": ranks,
-            "mixed_precision": accelerator.mixed_precision,
-            "per_device_batch_size": args.per_device_batch_size,
-            "gradient_accumulation_steps": args.gradient_accumulation_steps,
-            "global_batch_size": global_batch_size,
-            "steps_per_epoch": plan.steps_per_epoch,
-            "max_steps": max_steps,
-            "train_examples": len(train),
-            "train_dropped_by_length": train_dropped,
-            "parameters": sum(p.numel() for p in accelerator.unwrap_model(model).parameters()),
-        }
-        (output_dir / "run_info.json").write_text(json.dumps(run_info, indent=2))
+    write_run_info(accelerator, args, plan, max_steps, {
+        "train_examples": len(train),
+        "train_dropped_by_length": train_dropped,
+        "parameters": sum(p.numel() for p in accelerator.unwrap_model(model).parameters()),
+    })
 
     if args.resume_from_checkpoint is not None:
         checkpoint = find_checkpoint(args.resume_from_checkpoint, output_dir)
@@ -654,7 +597,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         for micro_step in range(args.gradient_accumulation_steps):
             indices = local_micro_batch(global_batch, micro_step, accelerator.process_index, num_processes,
                                         args.per_device_batch_size)
-            batch = {k: v.to(accelerator.device) for k, v in collate(train, indices, tokenizer.pad_token_id).items()}
+            batch = {k: v.to(accelerator.device) for k, v in train.batch(indices, tokenizer.pad_token_id).items()}
             with accelerator.accumulate(model):
                 loss = model(**batch, num_items_in_batch=num_items_in_batch).loss
                 step_loss += loss.detach().double()
@@ -689,7 +632,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             accelerator.save_state(str(output_dir / "checkpoints" / f"{CHECKPOINT_PREFIX}{done}"))
         if validation is not None and (done % args.eval_steps == 0 or done == max_steps):
             metrics = evaluate(accelerator, accelerator.unwrap_model(model), tokenizer, validation,
-                               args.per_device_eval_batch_size, args.eval_max_new_tokens)
+                               args.per_device_eval_batch_size, args.eval_max_new_tokens, score)
             log.write({"step": done, **metrics})
     bar.close()
 

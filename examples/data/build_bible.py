@@ -27,14 +27,18 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import math
 import re
 import statistics
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: examples.*, model_cards.*
+
+from examples.common import SPLITS, write_jsonl  # noqa: E402
 
 Ref = tuple[str, int, int]
 """A verse reference: (book name as pysword spells it, chapter, verse)."""
@@ -46,7 +50,6 @@ DEFAULT_SWORD_PATH = "/usr/share/sword"
 
 TEST_BOOKS: tuple[str, ...] = ("Esther", "Joel", "Galatians", "James")
 VALIDATION_BOOKS: tuple[str, ...] = ("Ruth", "Haggai", "Titus", "Philemon", "Jude")
-SPLITS: tuple[str, ...] = ("train", "validation", "test")
 
 MAX_LOG_RATIO_STD = 0.35
 OUTLIER_LOG_RATIO = math.log(2.0)
@@ -306,13 +309,6 @@ def build_bible_pairs(
     result = pair_verses(en, es)
     records = verse_records(result.pairs, osis_ids) if level == "verse" else chapter_records(result.pairs, osis_ids)
     return split_records(records, train_books), result
-
-
-def write_jsonl(records: Sequence[dict], path: Path) -> None:
-    """Write records as UTF-8 JSON lines (accents written as they are, not escaped)."""
-    with path.open("w", encoding="utf-8") as handle:
-        for record in records:
-            handle.write(json.dumps(record, ensure_ascii=False) + "\n")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

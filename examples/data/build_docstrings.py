@@ -20,8 +20,8 @@ import argparse
 import ast
 import hashlib
 import inspect
-import json
 import os
+import sys
 import sysconfig
 import textwrap
 import tokenize
@@ -30,10 +30,13 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Literal
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: examples.*, model_cards.*
+
+from examples.common import SPLITS, write_jsonl  # noqa: E402
+
 Kind = Literal["function", "class", "module"]
 
 KINDS: tuple[Kind, ...] = ("function", "class", "module")
-SPLITS: tuple[str, ...] = ("train", "validation", "test")
 # Directory names that are never read: test suites, IDLE, lib2to3, installed third-party packages.
 SKIP_DIRS: frozenset[str] = frozenset(
     {"test", "tests", "idlelib", "lib2to3", "site-packages", "dist-packages", "__pycache__"}
@@ -275,13 +278,6 @@ def build_docstring_pairs(
                 continue
             splits[split_of_module(record["module"])].append(record)
     return splits
-
-
-def write_jsonl(records: Sequence[dict], path: Path) -> None:
-    """Write records as UTF-8 JSON lines (non-ASCII characters kept as they are)."""
-    with path.open("w", encoding="utf-8") as handle:
-        for record in records:
-            handle.write(json.dumps(record, ensure_ascii=False) + "\n")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

@@ -17,12 +17,16 @@ Example::
 from __future__ import annotations
 
 import argparse
-import json
+import sys
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: examples.*, model_cards.*
+
+from examples.common import read_jsonl  # noqa: E402
 
 PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
 SPECIAL_TOKENS: tuple[str, ...] = (PAD, BOS, EOS, UNK)
@@ -86,16 +90,12 @@ def iter_jsonl_texts(files: Sequence[str | Path], fields: Sequence[str]) -> Iter
     """
     for path in files:
         seen: set[str] = set()
-        with open(path, encoding="utf-8") as handle:
-            for line in handle:
-                if not line.strip():
-                    continue
-                record = json.loads(line)
-                for name in fields:
-                    value = record.get(name)
-                    if isinstance(value, str) and value:
-                        seen.add(name)
-                        yield value
+        for record in read_jsonl(path):
+            for name in fields:
+                value = record.get(name)
+                if isinstance(value, str) and value:
+                    seen.add(name)
+                    yield value
         if not seen:
             raise ValueError(f"--fields {list(fields)}: none of them holds text in {path}")
 

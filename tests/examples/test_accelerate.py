@@ -7,7 +7,6 @@ layer, no dropout) and 64 Bible verse pairs: a 2-rank CPU run under ``accelerate
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -16,7 +15,6 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-import datasets
 import pytest
 import torch
 from accelerate.commands.config.config_args import ClusterConfig, load_config_from_file
@@ -31,18 +29,6 @@ SCRIPT = ROOT / "examples" / "train_accelerate.py"
 CONFIG_DIR = ROOT / "configs" / "accelerate"
 BIBLE_DIR = ROOT / "examples" / "data" / "bible"
 
-TINY_CONFIG = {
-    "model_type": "scaleformer",
-    "d_model": 32,
-    "encoder_layers": 1,
-    "decoder_layers": 1,
-    "encoder_attention_heads": 2,
-    "decoder_attention_heads": 2,
-    "encoder_ffn_dim": 64,
-    "decoder_ffn_dim": 64,
-    "dropout": 0.0,
-    "rpe_horizon": 4,
-}
 # Gradients of one global batch computed as 1 x 8, 2 ranks x 2 micro-batches x 2 and 1 x 2 x 4 differ
 # only in the order of fp32 sums (padding to a different length, a gloo all-reduce, accumulation):
 # rounding of about 1e-7 relative per operation. Measured max abs differences: 3e-8 (two ranks) and
@@ -52,30 +38,21 @@ GRAD_TOLERANCE = {"rtol": 1e-4, "atol": 1e-6}
 STEPS = 4
 
 
-def _load_script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("train_accelerate_example", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-train_accelerate = _load_script()
+@pytest.fixture(scope="module")
+def tiny_config(tiny_config_fields: dict) -> dict:
+    return {**tiny_config_fields, "dropout": 0.0}
 
 
 @pytest.fixture(scope="module")
-def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def workdir(tmp_path_factory: pytest.TempPathFactory, tiny_config: dict, common: ModuleType) -> Path:
     """A tiny model config and a data folder with 64 training and 8 validation pairs in fields src/tgt."""
     root = tmp_path_factory.mktemp("accelerate")
-    (root / "tiny.json").write_text(json.dumps(TINY_CONFIG))
+    (root / "tiny.json").write_text(json.dumps(tiny_config))
     data = root / "data"
     data.mkdir()
     for split, count in (("train", 64), ("validation", 8)):
-        with open(BIBLE_DIR / f"{split}.jsonl", encoding="utf-8") as f:
-            records = [json.loads(line) for _, line in zip(range(count), f)]
-        with open(data / f"{split}.jsonl", "w", encoding="utf-8") as f:
-            for r in records:
-                f.write(json.dumps({"src": r["en"], "tgt": r["es"]}) + "\n")
+        records = common.read_jsonl(BIBLE_DIR / f"{split}.jsonl")[:count]
+        common.write_jsonl([{"src": r["en"], "tgt": r["es"]} for r in records], data / f"{split}.jsonl")
     return root
 
 
@@ -113,8 +90,7 @@ def clean_env(workdir: Path, use_cpu: bool) -> dict[str, str]:
 
 
 def read_log(output_dir: Path) -> list[dict]:
-    with open(output_dir / "log_history.jsonl", encoding="utf-8") as f:
-        return [json.loads(line) for line in f]
+    return [json.loads(line) for line in (output_dir / "log_history.jsonl").read_text(encoding="utf-8").splitlines()]
 
 
 def train_losses(output_dir: Path) -> dict[int, float]:
@@ -131,11 +107,11 @@ def reference_run(workdir: Path) -> Path:
     )
 
 
-def assert_same_gradients(dump: dict, reference: dict) -> None:
+def assert_same_gradients(dump: dict, reference: dict, tiny_config: dict) -> None:
     assert dump["global_batch"] == reference["global_batch"]
     assert dump["num_items_in_batch"] == reference["num_items_in_batch"]
     model = modeling.ScaleformerForConditionalGeneration(
-        modeling.ScaleformerConfig(**{k: v for k, v in TINY_CONFIG.items() if k != "model_type"})
+        modeling.ScaleformerConfig(**{k: v for k, v in tiny_config.items() if k != "model_type"})
     )
     # every parameter has a gradient in both
     assert set(dump["gradients"]) == set(reference["gradients"]) == {name for name, _ in model.named_parameters()}
@@ -144,7 +120,7 @@ def assert_same_gradients(dump: dict, reference: dict) -> None:
         torch.testing.assert_close(dump["gradients"][name], grad, **GRAD_TOLERANCE, msg=lambda m: f"{name}: {m}")
 
 
-def test_two_cpu_ranks_give_the_one_process_gradient(workdir: Path, reference_run: Path) -> None:
+def test_two_cpu_ranks_give_the_one_process_gradient(workdir: Path, reference_run: Path, tiny_config: dict) -> None:
     """2 ranks x 2 micro-batches x 2 examples under accelerate launch == 1 process x 8 examples."""
     out = run_training(
         workdir, workdir / "two_ranks", "--per_device_batch_size", "2", "--gradient_accumulation_steps", "2",
@@ -164,7 +140,7 @@ def test_two_cpu_ranks_give_the_one_process_gradient(workdir: Path, reference_ru
     seen = [i for rank in dump["per_rank"] for micro in rank["micro_batches"] for i in micro]
     assert [len(m) for rank in dump["per_rank"] for m in rank["micro_batches"]] == [2, 2, 2, 2]
     assert sorted(seen) == sorted(reference["global_batch"])
-    assert_same_gradients(dump, reference)
+    assert_same_gradients(dump, reference, tiny_config)
 
     # same data order and same updates: the logged losses agree too
     ours, theirs = train_losses(out), train_losses(reference_run)
@@ -174,13 +150,15 @@ def test_two_cpu_ranks_give_the_one_process_gradient(workdir: Path, reference_ru
     assert len(evaluation) == 1 and {"eval_chrf", "eval_bleu"} <= evaluation[0].keys()
 
 
-def test_gradient_accumulation_gives_the_big_batch_gradient(workdir: Path, reference_run: Path) -> None:
+def test_gradient_accumulation_gives_the_big_batch_gradient(workdir: Path, reference_run: Path,
+                                                            tiny_config: dict) -> None:
     """1 process x 2 micro-batches x 4 examples == 1 process x 8 examples."""
     run_training(
         workdir, workdir / "accumulation", "--per_device_batch_size", "4", "--gradient_accumulation_steps", "2",
         "--max_steps", "1", "--dump_gradients", str(workdir / "grads_accumulation.pt"),
     )
-    assert_same_gradients(torch.load(workdir / "grads_accumulation.pt"), torch.load(workdir / "grads_reference.pt"))
+    assert_same_gradients(torch.load(workdir / "grads_accumulation.pt"), torch.load(workdir / "grads_reference.pt"),
+                          tiny_config)
 
 
 def test_resume_continues_with_the_same_losses(workdir: Path, reference_run: Path) -> None:
@@ -201,7 +179,7 @@ def test_resume_continues_with_the_same_losses(workdir: Path, reference_run: Pat
         torch.testing.assert_close(final[name], reference[name], rtol=0, atol=1e-6)
 
 
-def test_reference_run_saves_a_loadable_model_and_evaluates(reference_run: Path) -> None:
+def test_reference_run_saves_a_loadable_model_and_evaluates(reference_run: Path, tiny_config: dict) -> None:
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
     log = read_log(reference_run)
@@ -212,7 +190,7 @@ def test_reference_run_saves_a_loadable_model_and_evaluates(reference_run: Path)
     model = AutoModelForSeq2SeqLM.from_pretrained(reference_run)
     tokenizer = AutoTokenizer.from_pretrained(reference_run)
     assert isinstance(model, modeling.ScaleformerForConditionalGeneration)
-    assert model.config.d_model == TINY_CONFIG["d_model"] and len(tokenizer) == model.config.vocab_size
+    assert model.config.d_model == tiny_config["d_model"] and len(tokenizer) == model.config.vocab_size
     saved = load_file(reference_run / "checkpoints" / f"step_{STEPS}" / "model.safetensors")
     final = model.state_dict()
     for name, tensor in saved.items():
@@ -233,7 +211,7 @@ def test_multi_gpu_launch_without_gpus_or_cpu_flag_is_refused(workdir: Path) -> 
     assert not (workdir / "refused" / "model.safetensors").exists()
 
 
-def test_global_batches_are_seeded_and_split_without_overlap() -> None:
+def test_global_batches_are_seeded_and_split_without_overlap(train_accelerate: ModuleType) -> None:
     lengths = [(7 * i) % 23 + 1 for i in range(50)]
     plan = train_accelerate.GlobalBatchPlan(lengths, global_batch_size=8, seed=3, group_by_length=False)
     assert plan.steps_per_epoch == 6 and plan.dropped_per_epoch == 2
@@ -261,18 +239,6 @@ def test_global_batches_are_seeded_and_split_without_overlap() -> None:
         assert sorted(i for s in slices for i in s) == sorted(epoch0[0])
 
 
-def test_length_filter_drops_and_counts() -> None:
-    examples = train_accelerate.Seq2SeqExamples(
-        [[1] * 3, [1] * 9, [1] * 5], [[2] * 4, [2] * 2, [2] * 8], ["a", "b", "c"]
-    )
-    kept, dropped = train_accelerate.filter_by_length(examples, max_source_length=5, max_target_length=None)
-    assert (len(kept), dropped, kept.references) == (2, 1, ["a", "c"])
-    kept, dropped = train_accelerate.filter_by_length(examples, max_source_length=5, max_target_length=4)
-    assert (len(kept), dropped, kept.references) == (1, 2, ["a"])
-    kept, dropped = train_accelerate.filter_by_length(examples, None, None)
-    assert (len(kept), dropped) == (3, 0)
-
-
 @pytest.mark.parametrize(
     ("argv", "named"),
     [
@@ -284,18 +250,10 @@ def test_length_filter_drops_and_counts() -> None:
         pytest.param(["--learning_rate", "nan"], "--learning_rate", id="learning_rate"),
     ],
 )
-def test_bad_arguments_raise_naming_the_argument(argv: list[str], named: str) -> None:
+def test_bad_arguments_raise_naming_the_argument(train_accelerate: ModuleType, argv: list[str],
+                                                 named: str) -> None:
     with pytest.raises(ValueError, match=named):
         train_accelerate.parse_args(argv)
-
-
-def test_missing_field_is_named() -> None:
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(ROOT / "examples" / "tokenizer")
-    split = datasets.Dataset.from_dict({"en": ["a b"], "es": ["c d"]})
-    with pytest.raises(ValueError, match="--target_field 'docstring'"):
-        train_accelerate.tokenize_split(split, tokenizer, "en", "docstring")
 
 
 CONFIGS = {

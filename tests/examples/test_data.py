@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
 import json
 import os
@@ -11,7 +10,6 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
@@ -20,26 +18,6 @@ DATA_DIR = ROOT / "examples" / "data"
 BIBLE_DIR = DATA_DIR / "bible"
 TOKENIZER_DIR = ROOT / "examples" / "tokenizer"
 SPANISH_MARKS = "áéíóúñ¿¡"
-
-
-def _load(name: str) -> ModuleType:
-    """Import ``examples/data/<name>.py`` (the folder is not a package)."""
-    spec = importlib.util.spec_from_file_location(f"examples_data_{name}", DATA_DIR / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-build_docstrings = _load("build_docstrings")
-build_bible = _load("build_bible")
-train_tokenizer = _load("train_tokenizer")
-datasets_io = _load("datasets_io")
-
-
-def _read_jsonl(path: Path) -> list[dict]:
-    with path.open(encoding="utf-8") as handle:
-        return [json.loads(line) for line in handle]
 
 
 def _normalise(text: str) -> str:
@@ -91,7 +69,7 @@ class Shape:
 '''
 
 
-def test_pairs_from_source_removes_docstrings_exactly():
+def test_pairs_from_source_removes_docstrings_exactly(build_docstrings):
     records = {record["id"]: record for record in build_docstrings.pairs_from_source(FAKE_MODULE, "fake.mod")}
     assert set(records) == {
         "fake.mod",
@@ -128,7 +106,7 @@ def test_pairs_from_source_removes_docstrings_exactly():
     assert "More text" not in module["source"]
 
 
-def test_first_paragraph():
+def test_first_paragraph(build_docstrings):
     doc = "\n    Summary line one\n    and two.\n    \n    Body.\n    "
     assert build_docstrings.first_paragraph(doc) == "Summary line one and two."
     assert build_docstrings.first_paragraph("One.\n\nTwo.") == "One."
@@ -151,7 +129,7 @@ def fake_stdlib(tmp_path: Path) -> Path:
     return root
 
 
-def test_build_skips_directories_and_broken_files(fake_stdlib: Path):
+def test_build_skips_directories_and_broken_files(build_docstrings, fake_stdlib: Path):
     splits = build_docstrings.build_docstring_pairs(fake_stdlib)
     records = [record for split in splits.values() for record in split]
     assert {record["module"] for record in records} == {"fake", "pkg", "pkg.inner"}
@@ -167,28 +145,30 @@ def test_build_skips_directories_and_broken_files(fake_stdlib: Path):
         build_docstrings.build_docstring_pairs(fake_stdlib, kinds=["method"])
 
 
-def test_docstrings_cli(fake_stdlib: Path, tmp_path: Path, capsys: pytest.CaptureFixture):
+def test_docstrings_cli(build_docstrings, common, fake_stdlib: Path, tmp_path: Path,
+                        capsys: pytest.CaptureFixture):
     out = tmp_path / "out"
     build_docstrings.main(["--output_dir", str(out), "--stdlib_dir", str(fake_stdlib), "--kinds", "class,module"])
-    records = [record for split in ("train", "validation", "test") for record in _read_jsonl(out / f"{split}.jsonl")]
+    records = [record for split in ("train", "validation", "test")
+               for record in common.read_jsonl(out / f"{split}.jsonl")]
     assert sorted(record["kind"] for record in records) == ["class", "module", "module"]
     assert "train:" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         build_docstrings.main(["--output_dir", str(out), "--kinds", "functions"])
 
 
-def test_package_modules_share_a_split():
+def test_package_modules_share_a_split(build_docstrings):
     assert build_docstrings.split_of_module("email.mime.text") == build_docstrings.split_of_module("email")
     splits = {build_docstrings.split_of_module(f"module_{i}") for i in range(200)}
     assert splits == {"train", "validation", "test"}
 
 
 @pytest.fixture(scope="module")
-def stdlib_pairs() -> dict[str, list[dict]]:
+def stdlib_pairs(build_docstrings) -> dict[str, list[dict]]:
     return build_docstrings.build_docstring_pairs()
 
 
-def test_stdlib_pairs(stdlib_pairs: dict[str, list[dict]]):
+def test_stdlib_pairs(build_docstrings, stdlib_pairs: dict[str, list[dict]]):
     records = [record for split in stdlib_pairs.values() for record in split]
     functions = [record for record in records if record["kind"] == "function"]
     assert len(functions) >= 5000
@@ -231,7 +211,7 @@ def _text(n_chars: int, word: str) -> str:
 LENGTHS = [20, 120, 25, 110, 30, 100, 40, 90, 35, 80]
 
 
-def test_pair_verses_drops_misaligned_chapters():
+def test_pair_verses_drops_misaligned_chapters(build_bible):
     en, es = {}, {}
     # Chapter 1: aligned.
     en |= _verses("Fake", 1, [_text(n, "light") for n in LENGTHS])
@@ -269,7 +249,7 @@ def test_pair_verses_drops_misaligned_chapters():
     assert unchecked.pairs[("Fake", 4, 2)] == (en[("Fake", 4, 2)].strip(), es[("Fake", 4, 2)].strip())
 
 
-def test_clean_osis():
+def test_clean_osis(build_bible):
     raw = (
         '<div type="x-milestone" subType="x-preverse" sID="pv1"/><title canonical="true" type="psalm">'
         'A <w lemma="strong:H4210">Psalm</w>.</title> <l level="1" sID="g1"/>\u00b6 The <divineName>'
@@ -280,7 +260,7 @@ def test_clean_osis():
     assert build_bible.clean_osis(raw) == "A Psalm. The LORD is good. BETH."
 
 
-def test_records_and_splits():
+def test_records_and_splits(build_bible):
     pairs = {
         ("Esther", 1, 1): ("Now it came.", "Y aconteció."),
         ("Esther", 1, 2): ("That in those days.", "Que en aquellos días."),
@@ -307,22 +287,22 @@ def test_records_and_splits():
     assert [record["id"] for record in splits["test"]] == ["Esth.1.1", "Esth.1.2"]
 
 
-def test_missing_pysword_names_the_install(monkeypatch: pytest.MonkeyPatch):
+def test_missing_pysword_names_the_install(build_bible, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setitem(sys.modules, "pysword.modules", None)
     with pytest.raises(SystemExit, match="pip install pysword"):
         build_bible.read_sword_bible(build_bible.EN_MODULE)
 
 
-def _sword_modules_installed() -> bool:
+def _sword_modules_installed(build_bible) -> bool:
     conf = Path(build_bible.DEFAULT_SWORD_PATH) / "mods.d"
     return all((conf / f"{module}.conf").is_file() for module in (build_bible.EN_MODULE, build_bible.ES_MODULE))
 
 
-def test_read_sword_modules(tmp_path: Path):
+def test_read_sword_modules(build_bible, tmp_path: Path):
     pytest.importorskip("pysword", reason="pysword is not installed (pip install pysword)")
     with pytest.raises(SystemExit, match="apt-get install"):
         build_bible.read_sword_bible(build_bible.EN_MODULE, sword_path=str(tmp_path))
-    if not _sword_modules_installed():
+    if not _sword_modules_installed(build_bible):
         pytest.skip("SWORD modules not installed (apt-get install sword-text-kjv sword-text-sparv)")
     en, osis = build_bible.read_sword_bible(build_bible.EN_MODULE, books=["Jude"])
     es, _ = build_bible.read_sword_bible(build_bible.ES_MODULE, books=["Jude"])
@@ -335,8 +315,8 @@ def test_read_sword_modules(tmp_path: Path):
     assert len(result.pairs) == 25 and not result.dropped
 
 
-def test_shipped_bible_sample():
-    data = datasets_io.load_jsonl_splits(BIBLE_DIR)
+def test_shipped_bible_sample(build_bible, common):
+    data = common.load_jsonl_splits(BIBLE_DIR)
     assert set(data) == {"train", "validation", "test"}
     assert data["train"].num_rows >= 5000
     assert data["validation"].num_rows >= 200
@@ -357,9 +337,9 @@ def test_shipped_bible_sample():
     assert sum(path.stat().st_size for path in BIBLE_DIR.glob("*.jsonl")) < 2.5e6
 
 
-def test_load_jsonl_splits_needs_files(tmp_path: Path):
+def test_load_jsonl_splits_needs_files(common, tmp_path: Path):
     with pytest.raises(ValueError, match="data_dir"):
-        datasets_io.load_jsonl_splits(tmp_path)
+        common.load_jsonl_splits(tmp_path)
 
 
 # ---------------------------------------------------------------- tokenizer
@@ -372,7 +352,7 @@ TINY_CORPUS = [
 ] * 20
 
 
-def test_train_tiny_tokenizer_round_trips():
+def test_train_tiny_tokenizer_round_trips(train_tokenizer):
     tokenizer = train_tokenizer.train_bpe_tokenizer(TINY_CORPUS, vocab_size=300)
     assert 260 < len(tokenizer) <= 300
     assert tokenizer.convert_tokens_to_ids(["<pad>", "<s>", "</s>", "<unk>"]) == [0, 1, 2, 3]
@@ -385,7 +365,7 @@ def test_train_tiny_tokenizer_round_trips():
         train_tokenizer.train_bpe_tokenizer(TINY_CORPUS, vocab_size=100)
 
 
-def test_tokenizer_cli(tmp_path: Path):
+def test_tokenizer_cli(train_tokenizer, tmp_path: Path):
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text("".join(json.dumps({"en": t, "es": t.upper()}) + "\n" for t in TINY_CORPUS), encoding="utf-8")
     out = tmp_path / "tok"
@@ -400,7 +380,7 @@ def test_tokenizer_cli(tmp_path: Path):
         train_tokenizer.main(["--files", str(corpus), "--fields", "source", "--output_dir", str(out)])
 
 
-def test_shipped_tokenizer():
+def test_shipped_tokenizer(common):
     from transformers import AutoTokenizer
 
     assert sum(path.stat().st_size for path in TOKENIZER_DIR.iterdir()) < 1_000_000
@@ -409,7 +389,7 @@ def test_shipped_tokenizer():
     special_ids = [tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.unk_token_id]
     assert special_ids == [0, 1, 2, 3]
     assert tokenizer.convert_ids_to_tokens([0, 1, 2, 3]) == ["<pad>", "<s>", "</s>", "<unk>"]
-    spanish = [record["es"] for record in _read_jsonl(BIBLE_DIR / "test.jsonl")[:50]]
+    spanish = [record["es"] for record in common.read_jsonl(BIBLE_DIR / "test.jsonl")[:50]]
     code = [inspect.getsource(json.dumps), inspect.getsource(textwrap.dedent)]
     for text in spanish + code:
         ids = tokenizer(text)["input_ids"]
@@ -422,12 +402,11 @@ def test_shipped_tokenizer():
 def test_offline_loading_in_fresh_process():
     script = textwrap.dedent(
         f"""
-        import importlib.util
+        import sys
+        sys.path.insert(0, {str(ROOT)!r})
         from transformers import AutoTokenizer
-        spec = importlib.util.spec_from_file_location("datasets_io", {str(DATA_DIR / "datasets_io.py")!r})
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        data = module.load_jsonl_splits({str(BIBLE_DIR)!r})
+        from examples.common import load_jsonl_splits
+        data = load_jsonl_splits({str(BIBLE_DIR)!r})
         tokenizer = AutoTokenizer.from_pretrained({str(TOKENIZER_DIR)!r})
         print(data["test"].num_rows, tokenizer("Señor")["input_ids"][-1])
         """

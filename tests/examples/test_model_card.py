@@ -1,13 +1,13 @@
 """Tests of ``model_cards/write_model_card.py`` and of pushing a card with the model, offline.
 
-The Hub is replaced by a local folder (HF_NOTES §5): ``transformers.utils.hub.hf_api`` returns a fake whose
-``create_commit`` copies each file to ``<hub>/<repo_id>/<path_in_repo>``, and ``ModelCard.load`` reads a card
-from there, raising ``EntryNotFoundError`` while the repository has none, as the Hub does.
+The Hub is replaced by a local folder (HF_NOTES §5): ``transformers.utils.hub.hf_api`` returns the ``fake_hub``
+of ``conftest.py``, whose ``create_commit`` copies each file to ``<hub>/<repo_id>/<path_in_repo>``, and
+``ModelCard.load`` reads a card from there, raising ``EntryNotFoundError`` while the repository has none, as the
+Hub does.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -15,7 +15,6 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
-from types import ModuleType, SimpleNamespace
 from unittest import mock
 
 import pytest
@@ -26,47 +25,13 @@ from huggingface_hub.errors import EntryNotFoundError
 from transformers import AutoTokenizer
 
 from modeling_scaleformer import ScaleformerConfig, ScaleformerForConditionalGeneration
+from modeling_scaleformer.ops_registry import ATTENTION_VARIANTS
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKENIZER_DIR = ROOT / "examples" / "tokenizer"
 REPO_ID = "tester/scaleformer-tiny-card"
 METRICS = {"eval_bleu": 1.2345, "eval_chrf": 17.891, "eval_loss": 7.5, "eval_samples": 16}
 SOURCES = ["In the beginning God created the heaven and the earth.", "And God said, Let there be light."]
-
-
-def _load(path: Path, name: str) -> ModuleType:
-    """Import a file of a folder that is not a package."""
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-card_module = _load(ROOT / "model_cards" / "write_model_card.py", "write_model_card")
-
-
-class FakeHub:
-    """The ``HfApi`` calls of ``PushToHubMixin.push_to_hub``, writing into ``root/<repo_id>/``."""
-
-    def __init__(self, root: Path):
-        self.root = root
-        self.commits: list[list[str]] = []
-
-    def create_repo(self, repo_id: str, **kwargs) -> SimpleNamespace:
-        (self.root / repo_id).mkdir(parents=True, exist_ok=True)
-        return SimpleNamespace(repo_id=repo_id)
-
-    def create_branch(self, **kwargs) -> None:
-        return None
-
-    def create_commit(self, *, repo_id: str, operations: list, **kwargs) -> SimpleNamespace:
-        for op in operations:
-            target = self.root / repo_id / op.path_in_repo
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(op.path_or_fileobj, target)
-        self.commits.append(sorted(op.path_in_repo for op in operations))
-        return SimpleNamespace(commit_url=f"file://{self.root / repo_id}")
 
 
 def tiny_model() -> tuple[ScaleformerForConditionalGeneration, object]:
@@ -79,14 +44,14 @@ def tiny_model() -> tuple[ScaleformerForConditionalGeneration, object]:
     return ScaleformerForConditionalGeneration(config).eval(), tokenizer
 
 
-def write_card(folder: Path, **kwargs) -> Path:
-    return card_module.write_model_card(
-        folder,
+def write_card(card_module, folder: Path, **facts) -> Path:
+    run = card_module.TrainingRun(
         training_command="python examples/run_seq2seq.py --config_name tiny.json --max_steps 4",
         metrics=METRICS,
         dataset_description="64 English -> Spanish Bible verses from examples/data/bible.",
-        **kwargs,
+        **facts,
     )
+    return card_module.write_model_card(folder, run)
 
 
 @pytest.fixture(scope="module")
@@ -117,19 +82,36 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, ScaleformerFo
                       "clipped at a horizon of 8"], ["quadratic"], id="toeplitz"),
     ],
 )
-def test_card_describes_the_configured_attention_norm_and_positions(changes, present, absent):
+def test_card_describes_the_configured_attention_norm_and_positions(card_module, changes, present, absent):
     config = {**ScaleformerConfig().to_dict(), **changes}
-    text = card_module._model_specs(config, 1_000_000) + " " + " ".join(card_module._default_limitations(config))
+    text = (card_module.architecture_paragraph(config, 1_000_000) + " "
+            + " ".join(card_module.architecture_limitations(config)))
     for phrase in present:
         assert phrase in text, phrase
     for phrase in absent:
         assert phrase not in text, phrase
 
 
-def test_card_sections_and_parameter_count(saved):
+@pytest.mark.parametrize("name", sorted(ATTENTION_VARIANTS))
+def test_card_states_the_registry_facts_of_every_attention_type(card_module, name):
+    variant = ATTENTION_VARIANTS[name]
+    config = {**ScaleformerConfig().to_dict(), "attention_type": name, "rpe_horizon": 5}
+    paragraph = card_module.architecture_paragraph(config, 1_000_000)
+    limitations = " ".join(card_module.architecture_limitations(config))
+    assert ("quadratic in the sequence length" in paragraph) == variant.softmax
+    assert ("linear in the sequence length" in paragraph) == (not variant.softmax)
+    assert ("a state of constant size" in paragraph) == variant.constant_state
+    # a table of relative offsets [-h, h] has 2h + 1 rows
+    clipped = any(11 in spec.shape for spec in variant.parameters(3, 8, 5, False).values())
+    assert ("clipped to [-5, 5]" in paragraph) == clipped
+    assert ("clipped at a horizon of 5 tokens" in limitations) == clipped
+    assert ("bag of tokens" in limitations) == (not variant.parameters(3, 8, 5, False))
+
+
+def test_card_sections_and_parameter_count(card_module, saved):
     folder, model, _ = saved
     path = write_card(
-        folder, baselines={"copy the source": {"eval_bleu": 0.5, "eval_chrf": 16.0}},
+        card_module, folder, baselines={"copy the source": {"eval_bleu": 0.5, "eval_chrf": 16.0}},
         limitations=["Only 64 verses were seen."], pipeline_tag="translation", language=["en", "es"],
         hardware="CPU, 2 cores",
     )
@@ -161,11 +143,11 @@ def test_card_sections_and_parameter_count(saved):
     assert data.language == ["en", "es"]
 
 
-def test_card_leaves_out_sections_without_data(saved, tmp_path):
+def test_card_leaves_out_sections_without_data(card_module, saved, tmp_path):
     folder, _, _ = saved
     copy = tmp_path / "copy"
     shutil.copytree(folder, copy)
-    text = write_card(copy).read_text(encoding="utf-8")
+    text = write_card(card_module, copy).read_text(encoding="utf-8")
     for heading in ("#### Preprocessing", "#### Hardware", "## Citation", "#### Summary", "- **Language(s)",
                     "- **Finetuned from"):
         assert heading not in text
@@ -173,33 +155,35 @@ def test_card_leaves_out_sections_without_data(saved, tmp_path):
     assert "| metric | this model |\n|---|---:|\n" in text
 
 
-def test_base_model_is_metadata_only_for_hub_ids(saved, tmp_path):
+def test_base_model_is_metadata_only_for_hub_ids(card_module, saved, tmp_path):
     folder, _, _ = saved
     copy = tmp_path / "copy"
     shutil.copytree(folder, copy)
-    local = ModelCard.load(write_card(copy, base_model=str(folder)))
+    local = ModelCard.load(write_card(card_module, copy, base_model=str(folder)))
     assert local.data.base_model is None and f"- **Finetuned from model:** {folder}" in local.text
-    hub = ModelCard.load(write_card(copy, base_model="someone/scaleformer-base"))
+    hub = ModelCard.load(write_card(card_module, copy, base_model="someone/scaleformer-base"))
     assert hub.data.base_model == "someone/scaleformer-base"
     assert "- **Finetuned from model:** someone/scaleformer-base" in hub.text
 
 
-def test_card_arguments_are_checked(saved, tmp_path):
+def test_card_arguments_are_checked(card_module, saved, tmp_path):
     folder, _, _ = saved
+    run = card_module.TrainingRun
     with pytest.raises(ValueError, match="config.json"):
-        write_card(tmp_path)
+        write_card(card_module, tmp_path)
     with pytest.raises(ValueError, match="`metrics`"):
-        card_module.write_model_card(folder, training_command="x", metrics={}, dataset_description="d")
+        card_module.write_model_card(folder, run(training_command="x", metrics={}, dataset_description="d"))
     with pytest.raises(ValueError, match="`metrics`"):
-        card_module.write_model_card(folder, training_command="x", metrics={"bleu": "high"}, dataset_description="d")
+        card_module.write_model_card(folder, run(training_command="x", metrics={"bleu": "high"},
+                                                 dataset_description="d"))
     with pytest.raises(ValueError, match="`pipeline_tag`"):
-        write_card(folder, pipeline_tag="translate")
+        write_card(card_module, folder, pipeline_tag="translate")
     (tmp_path / "config.json").write_text("{}")
     with pytest.raises(ValueError, match="model.safetensors"):
-        write_card(tmp_path)
+        write_card(card_module, tmp_path)
 
 
-def test_format_metric_value():
+def test_format_metric_value(card_module):
     fmt = card_module.format_metric_value
     assert [fmt(35.4321), fmt(0.00123), fmt(12345.6), fmt(0.0), fmt(7), fmt(100.0)] == [
         "35.43", "0.001230", "12346", "0", "7", "100.0"
@@ -208,7 +192,7 @@ def test_format_metric_value():
         fmt("1.0")
 
 
-def test_command_line(saved, tmp_path):
+def test_command_line(card_module, saved, tmp_path):
     folder, _, _ = saved
     copy = tmp_path / "cli"
     shutil.copytree(folder, copy)
@@ -239,14 +223,14 @@ CHILD = textwrap.dedent(
 )
 
 
-def test_push_to_hub_round_trip_with_card(tmp_path):
+def test_push_to_hub_round_trip_with_card(card_module, fake_hub, tmp_path):
     model, tokenizer = tiny_model()
     folder = tmp_path / "trained"
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
-    write_card(folder, pipeline_tag="translation")
+    write_card(card_module, folder, pipeline_tag="translation")
 
-    hub = FakeHub(tmp_path / "hub")
+    hub = fake_hub
     pushed = tmp_path / "hub" / REPO_ID
     original_load = ModelCard.load
 

@@ -1,20 +1,14 @@
 """Tests of ``examples/run_seq2seq.py`` and of the offline metric modules in ``examples/metrics/``.
 
 The script runs in-process on a tiny Scaleformer (width 32, one encoder and one decoder layer) and 64
-training verses of the shipped Bible sample; the Hub is replaced by a local folder.
+training verses of the shipped Bible sample; the Hub is replaced by a local folder (``fake_hub`` of conftest.py).
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import shutil
-import sys
-from concurrent.futures import Future
-from fnmatch import fnmatch
 from pathlib import Path
-from types import ModuleType, SimpleNamespace
 
 import datasets
 import evaluate
@@ -29,57 +23,6 @@ ROOT = Path(__file__).resolve().parents[2]
 METRICS_DIR = ROOT / "examples" / "metrics"
 BIBLE_DIR = ROOT / "examples" / "data" / "bible"
 TOKENIZER_DIR = ROOT / "examples" / "tokenizer"
-TINY_CONFIG = {
-    "model_type": "scaleformer",
-    "d_model": 32,
-    "encoder_layers": 1,
-    "decoder_layers": 1,
-    "encoder_attention_heads": 2,
-    "decoder_attention_heads": 2,
-    "encoder_ffn_dim": 64,
-    "decoder_ffn_dim": 64,
-    "rpe_horizon": 4,
-    "dropout": 0.1,
-}
-
-
-def _load(path: Path, name: str) -> ModuleType:
-    """Import a file of a folder that is not a package."""
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-run_seq2seq = _load(ROOT / "examples" / "run_seq2seq.py", "run_seq2seq")
-card_module = _load(ROOT / "model_cards" / "write_model_card.py", "write_model_card")
-
-
-class FakeHub:
-    """The two ``HfApi`` calls Trainer makes, writing into ``root/<repo_id>/`` instead of the Hub."""
-
-    def __init__(self, root: Path):
-        self.root = root
-
-    def create_repo(self, repo_id: str, **kwargs) -> SimpleNamespace:
-        (self.root / repo_id).mkdir(parents=True, exist_ok=True)
-        return SimpleNamespace(repo_id=repo_id)
-
-    def upload_folder(self, *, repo_id: str, folder_path: str, path_in_repo: str | None = None,
-                      ignore_patterns: list[str] | None = None, run_as_future: bool = False, **kwargs):
-        target = self.root / repo_id / (path_in_repo or "")
-        for path in sorted(Path(folder_path).rglob("*")):
-            relative = path.relative_to(folder_path).as_posix()
-            if path.is_file() and not any(fnmatch(relative, pattern) for pattern in ignore_patterns or ()):
-                (target / relative).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(path, target / relative)
-        result = SimpleNamespace(commit_url=f"file://{target}")
-        if not run_as_future:
-            return result
-        future: Future = Future()
-        future.set_result(result)
-        return future
 
 
 @pytest.fixture(autouse=True)
@@ -92,9 +35,9 @@ def restore_log_levels():
 
 
 @pytest.fixture(scope="module")
-def tiny_config(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def tiny_config(tmp_path_factory: pytest.TempPathFactory, tiny_config_fields: dict) -> Path:
     path = tmp_path_factory.mktemp("config") / "scaleformer-test.json"
-    path.write_text(json.dumps(TINY_CONFIG))
+    path.write_text(json.dumps({**tiny_config_fields, "dropout": 0.1}))
     return path
 
 
@@ -107,11 +50,11 @@ def common_args(config: Path, output_dir: Path) -> list[str]:
     ]
 
 
-def test_train_evaluate_predict_card_and_push(tiny_config: Path, tmp_path: Path, monkeypatch, caplog):
-    hub = FakeHub(tmp_path / "hub")
-    monkeypatch.setattr(transformers.trainer, "hf_api", lambda: hub)
+def test_train_evaluate_predict_card_and_push(run_seq2seq, card_module, fake_hub, tiny_config: Path, tmp_path: Path,
+                                              monkeypatch, caplog):
+    monkeypatch.setattr(transformers.trainer, "hf_api", lambda: fake_hub)
     out = tmp_path / "run"
-    caplog.set_level("INFO", logger="run_seq2seq")
+    caplog.set_level("INFO", logger=run_seq2seq.__name__)
     results = run_seq2seq.main(
         common_args(tiny_config, out)
         + ["--do_train", "--do_eval", "--do_predict", "--predict_with_generate", "--max_steps", "4",
@@ -156,7 +99,7 @@ def test_train_evaluate_predict_card_and_push(tiny_config: Path, tmp_path: Path,
         assert (pushed / name).is_file(), name
 
 
-def test_resume_from_checkpoint_continues_with_the_same_losses(tiny_config: Path, tmp_path: Path):
+def test_resume_from_checkpoint_continues_with_the_same_losses(run_seq2seq, tiny_config: Path, tmp_path: Path):
     args = ["--do_train", "--max_steps", "4", "--save_steps", "2", "--per_device_train_batch_size", "8"]
     first, resumed = tmp_path / "first", tmp_path / "resumed"
     run_seq2seq.main(common_args(tiny_config, first) + args)
@@ -179,7 +122,7 @@ def test_resume_from_checkpoint_continues_with_the_same_losses(tiny_config: Path
     assert all(torch.equal(a[name], b[name]) for name in a)
 
 
-def test_arguments_are_checked(tiny_config: Path, tmp_path: Path):
+def test_arguments_are_checked(run_seq2seq, tiny_config: Path, tmp_path: Path):
     base = common_args(tiny_config, tmp_path / "out")
     with pytest.raises(ValueError, match="--source_field 'english'"):
         run_seq2seq.main(base + ["--do_train", "--source_field", "english"])
@@ -191,7 +134,7 @@ def test_arguments_are_checked(tiny_config: Path, tmp_path: Path):
         run_seq2seq.main(["--output_dir", str(tmp_path / "out"), "--do_train", "--use_cpu"])
 
 
-def test_arguments_from_a_json_file(tiny_config: Path, tmp_path: Path):
+def test_arguments_from_a_json_file(run_seq2seq, tiny_config: Path, tmp_path: Path):
     path = tmp_path / "args.json"
     path.write_text(json.dumps({"config_name": str(tiny_config), "output_dir": str(tmp_path / "o"),
                                 "do_eval": True, "metric": "rouge", "max_source_length": 48}))

@@ -55,6 +55,14 @@ Example:
 DEFAULT_ROUGE_TYPES: tuple[str, ...] = ("rouge1", "rouge2", "rougeL", "rougeLsum")
 
 
+TEXT = datasets.Value("string", id="sequence")
+
+
+def _features(references: datasets.Value | datasets.Sequence) -> datasets.Features:
+    """The inputs: a text per prediction, and a text or a list of texts (several references) per reference."""
+    return datasets.Features({"predictions": TEXT, "references": references})
+
+
 class _CallableTokenizer(tokenizers.Tokenizer):
     """Adapts a plain function to the tokenizer interface of ``rouge_score``."""
 
@@ -74,20 +82,7 @@ class Rouge(evaluate.Metric):
             description=_DESCRIPTION,
             citation=_CITATION,
             inputs_description=_KWARGS_DESCRIPTION,
-            features=[
-                datasets.Features(
-                    {
-                        "predictions": datasets.Value("string", id="sequence"),
-                        "references": datasets.Sequence(datasets.Value("string", id="sequence")),
-                    }
-                ),
-                datasets.Features(
-                    {
-                        "predictions": datasets.Value("string", id="sequence"),
-                        "references": datasets.Value("string", id="sequence"),
-                    }
-                ),
-            ],
+            features=[_features(datasets.Sequence(TEXT)), _features(TEXT)],
             codebase_urls=["https://github.com/google-research/google-research/tree/master/rouge"],
         )
 

@@ -64,6 +64,14 @@ Example:
 """
 
 
+TEXT = datasets.Value("string", id="sequence")
+
+
+def _features(references: datasets.Value | datasets.Sequence) -> datasets.Features:
+    """The inputs: a text per prediction, and a text or a list of texts (several references) per reference."""
+    return datasets.Features({"predictions": TEXT, "references": references})
+
+
 @evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
 class Sacrebleu(evaluate.Metric):
     """sacreBLEU corpus BLEU plus chrF."""
@@ -74,20 +82,7 @@ class Sacrebleu(evaluate.Metric):
             citation=_CITATION,
             inputs_description=_KWARGS_DESCRIPTION,
             homepage="https://github.com/mjpost/sacreBLEU",
-            features=[
-                datasets.Features(
-                    {
-                        "predictions": datasets.Value("string", id="sequence"),
-                        "references": datasets.Sequence(datasets.Value("string", id="sequence"), id="references"),
-                    }
-                ),
-                datasets.Features(
-                    {
-                        "predictions": datasets.Value("string", id="sequence"),
-                        "references": datasets.Value("string", id="sequence"),
-                    }
-                ),
-            ],
+            features=[_features(datasets.Sequence(TEXT, id="references")), _features(TEXT)],
             codebase_urls=["https://github.com/mjpost/sacreBLEU"],
         )
 

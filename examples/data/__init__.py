@@ -1,0 +1,1 @@
+"""Builders of the offline data sets, and the tokenizer trainer."""

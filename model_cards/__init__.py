@@ -1,0 +1,1 @@
+"""The model-card writer of the training scripts."""
