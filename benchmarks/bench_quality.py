@@ -18,7 +18,16 @@ Models, all d_model 256, 3 + 3 layers, 4 heads, FFN 1024, dropout 0.1, fp32 by d
   positions; `max_position_embeddings` fits the longest sequence of the task (128 for verses of at most 96
   tokens); for chapters see `--bart_long`;
 * `t5`: `transformers.T5ForConditionalGeneration`, d_kv = d_model / heads, relative attention buckets at
-  their defaults (32 buckets, max distance 128), ReLU FFN, tied embeddings.
+  their defaults (32 buckets, max distance 128), ReLU FFN, tied embeddings;
+* `led` (opt-in): `transformers.LEDForConditionalGeneration`, encoder attention window 512 in every layer, no
+  global tokens; LED pads sources to a multiple of the window itself, its encoder position table holds the
+  longest source of the task rounded up to the window, its decoder table the longest target or decoded sequence;
+  full sources on every task (never cut, unlike BART's with `--bart_long truncate`);
+* `longt5` (opt-in): `transformers.LongT5ForConditionalGeneration`, `encoder_attention_type="transient-global"`,
+  local radius 127, global blocks of 16 tokens, relative attention like T5's; full sources on every task.
+
+Both long-input baselines take the same recipe as BART (optimizer, schedule, batches, dropout); the targets below
+still compare Scaleformer with BART and T5 only.
 
 Every model uses the same tokenizer: a byte-level BPE (8000 tokens) trained on the training split's source and
 target text by `examples/data/train_tokenizer.py` (run as a command), saved once in the output folder
@@ -89,6 +98,9 @@ minutes per run; `--bart_long table` for the other BART setting, in its own JSON
 
     PYTHONPATH=. python benchmarks/bench_quality.py --quick --json /tmp/q.json --plot /tmp/q.png   # smoke test, < 1 min
 
+LED and LongT5 run the same way, one (model, seed) at a time into the task's JSON, e.g. `--models led` and
+`--models longt5` in the loops above (for chapters they read full sources whatever `--bart_long` says).
+
 The figures go into the README with the date and the machine (CPU model, threads, load average), which the
 report prints per run. The machines these defaults were written for are shared 2-core CPUs on which
 absolute times move by 20% or more: a run under load buys fewer steps, so compare models whose runs had a
@@ -125,8 +137,8 @@ from common import (
     machine_info, optimizer_step, print_machine, print_targets, pyplot, save_figure, start_report,
 )
 from models import (
-    BART_DEFAULT_POSITIONS, BASELINES, BOS_ID, EOS_ID, PAD_ID, ModelSize, add_model_size_arguments, bart_table_size,
-    build_seq2seq, collate, count_parameters, parse_model_name,
+    ALL_BASELINES, BART_DEFAULT_POSITIONS, BASELINES, BOS_ID, EOS_ID, PAD_ID, ModelSize, add_model_size_arguments,
+    bart_table_size, build_seq2seq, collate, count_parameters, parse_model_name,
 )
 
 
@@ -180,7 +192,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="verse pairs, chapter pairs of 800-3200 source tokens, or standard-library functions -> "
                         "docstrings (default: verses)")
     parser.add_argument("--models", nargs="+", metavar="MODEL",
-                        help="scaleformer, scaleformer:TYPE (another attention_type), bart, t5 "
+                        help="scaleformer, scaleformer:TYPE (another attention_type), bart, t5, led, longt5 "
                         f"(default: {' '.join(DEFAULTS['models'])})")
     parser.add_argument("--seeds", type=int, nargs="+", metavar="S",
                         help="seeds of the weights, dropout and data order; one run per model and seed (default: 0)")
@@ -244,7 +256,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.seeds = list(dict.fromkeys(args.seeds))
     for name in args.models:
         try:
-            parse_model_name(name)
+            parse_model_name(name, ALL_BASELINES)
         except ValueError as error:
             parser.error(f"--models: {error}")
     for name in ("d_model", "layers", "heads", "ffn_dim", "batch_size", "threads", "vocab_size", "max_new_tokens"):
@@ -445,6 +457,13 @@ def bart_positions(splits: dict[str, list[dict]], args: argparse.Namespace) -> i
     return bart_table_size(max(longest, args.max_new_tokens + 1))
 
 
+def long_baseline_lengths(splits: dict[str, list[dict]], args: argparse.Namespace) -> dict:
+    """LED's position tables: the longest full source of any split, and the longest target or decoded sequence."""
+    pairs = [p for s in splits.values() for p in s]
+    return dict(longest_source=max(len(p["src"]) for p in pairs),
+                longest_target=max(max(len(p["tgt"]) for p in pairs), args.max_new_tokens + 1))
+
+
 def bart_source_limit(args: argparse.Namespace) -> int | None:
     return BART_DEFAULT_POSITIONS if args.task == "chapters" and args.bart_long == "truncate" else None
 
@@ -455,6 +474,17 @@ def describe_model(name: str, model: PreTrainedModel, args: argparse.Namespace, 
         return (f"attention_type {config.attention_type}, rpe_horizon {config.rpe_horizon}, cross_attention_rpe "
                 f"{config.cross_attention_rpe}, absolute_positions {config.absolute_positions}, layer_norm_position "
                 f"{config.layer_norm_position}, attention_mode {config.attention_mode}; full sources")
+    if name == "led":
+        return (f"encoder attention window {'/'.join(map(str, sorted(set(config.attention_window))))} per layer, no "
+                f"global tokens (sources padded to a multiple of the window), max_encoder_position_embeddings "
+                f"{config.max_encoder_position_embeddings} (the longest source, rounded up to the window), "
+                f"max_decoder_position_embeddings {config.max_decoder_position_embeddings}; full sources")
+    if name == "longt5":
+        return (f"encoder_attention_type {config.encoder_attention_type}, local_radius {config.local_radius}, "
+                f"global_block_size {config.global_block_size}, d_kv {config.d_kv}, relative attention "
+                f"{config.relative_attention_num_buckets} buckets, max distance "
+                f"{config.relative_attention_max_distance}, FFN {config.feed_forward_proj}; full sources (attention "
+                "cost linear in length)")
     if name == "t5":
         return (f"d_kv {config.d_kv}, relative attention {config.relative_attention_num_buckets} buckets, max "
                 f"distance {config.relative_attention_max_distance}, FFN {config.feed_forward_proj}; full sources "
@@ -548,7 +578,8 @@ def train_one(name: str, seed: int, splits: dict[str, list[dict]], tokenizer: Pr
     start = time.perf_counter()
     limit = bart_source_limit(args) if name == "bart" else None
     size = ModelSize(len(tokenizer), args.d_model, args.layers, args.heads, args.ffn_dim)
-    model = build_seq2seq(name, seed, size, args.dropout, bart_positions(splits, args)).train()
+    model = build_seq2seq(name, seed, size, args.dropout, bart_positions(splits, args),
+                          **long_baseline_lengths(splits, args)).train()
     parameters = count_parameters(model)
     cut = {s: (sum(len(p["src"]) > limit for p in splits[s]), len(splits[s])) for s in splits} if limit else {}
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=WEIGHT_DECAY)
@@ -637,7 +668,7 @@ def settings_of(args: argparse.Namespace) -> dict:
 
 
 def model_order(name: str) -> tuple[int, str]:
-    return (0 if name.startswith("scaleformer") else 1 + BASELINES.index(name), name)
+    return (0 if name.startswith("scaleformer") else 1 + ALL_BASELINES.index(name), name)
 
 
 def spread(values: list[float], digits: int = 3) -> str:

@@ -14,6 +14,12 @@ model of `--models` (default: `scaleformer bart`; the builders of `models.py`, a
   in transformers 5.23 its default implementation is `sdpa`, and the relative position bias goes to SDPA
   as a dense float mask of shape (1, heads, L, L) in every self-attention layer (the header says which
   implementation was used);
+* `led` (opt-in): `transformers.LEDForConditionalGeneration`, encoder attention window 512 in every layer, no
+  global tokens (linear in L; LED pads the source to a multiple of the window itself, so L below 512 costs as
+  much as 512), `max_encoder_position_embeddings` the longest source length of the run rounded up to the window,
+  `max_decoder_position_embeddings` fitting the target;
+* `longt5` (opt-in): `transformers.LongT5ForConditionalGeneration` with `encoder_attention_type="transient-global"`,
+  local radius 127, global blocks of 16 tokens, relative attention buckets like T5's (linear in L);
 
 all d_model 512, 6 + 6 layers, 8 heads, FFN 2048, vocabulary 32000. One step is `zero_grad`, forward
 with `labels` (cross-entropy), backward and `torch.optim.AdamW.step()`, on a random source of L tokens
@@ -49,6 +55,9 @@ Run from the repository root with the package installed (`pip install -e ".[benc
     # every attention type against both baselines, up to 32k or until a model runs out of memory (hours)
     python benchmarks/bench_train.py --lengths 512 2048 8192 16384 32768 --max-quadratic-length 16384 \
         --models scaleformer scaleformer:kernelized scaleformer:fourier scaleformer:toeplitz scaleformer:softmax bart t5
+    # the long-input baselines LED and LongT5 (not skipped by --max-quadratic-length: their attention is local)
+    python benchmarks/bench_train.py --lengths 512 2048 8192 16384 32768 --max-quadratic-length 16384 \
+        --models scaleformer bart t5 led longt5
 
 The machines this was written for are shared 2-core CPUs: absolute times move by 20% or more between
 runs, so compare the models within one run, and keep `--threads` fixed when comparing runs.
@@ -75,8 +84,8 @@ from common import (
     print_targets, pyplot, rotated, sample_record, save_figure, slope_fit, timed, write_json,
 )
 from models import (
-    FIRST_PLAIN_ID, MODEL_NAMES, MODEL_SIZE, ModelSize, add_models_argument, build_model, check_models,
-    describe_model, grows_with_position, model_configs, reference_model,
+    ALL_BASELINES, FIRST_PLAIN_ID, MODEL_SIZE, TRAIN_MODEL_NAMES, ModelSize, add_models_argument, build_model,
+    check_models, describe_model, model_configs, quadratic_in_length, reference_model,
 )
 from modeling_scaleformer.ops_registry import SOFTMAX_TYPES
 
@@ -108,10 +117,11 @@ class Trainer(NamedTuple):
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description="Benchmark one training step (forward, backward, AdamW) of Scaleformer (any attention_type) "
-        "against BART and T5 of the same size: time and peak memory against source length, growth slopes and the "
+        "against BART and T5 (and LED, LongT5) of the same size: time and peak memory against source length, growth "
+        "slopes and the "
         "project's targets.",
     )
-    add_models_argument(parser)
+    add_models_argument(parser, ALL_BASELINES)
     parser.add_argument("--lengths", type=int, nargs="+", metavar="L",
                         help=f"source lengths (default: {', '.join(map(str, DEFAULT_LENGTHS))})")
     parser.add_argument("--quick", action="store_true",
@@ -135,7 +145,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--measure-memory", nargs=2, metavar=("MODEL", "LENGTH"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
-    args.models = check_models(parser, args.models)
+    args.models = check_models(parser, args.models, TRAIN_MODEL_NAMES)
     if args.lengths is None:
         args.lengths = list(QUICK_LENGTHS if args.quick else DEFAULT_LENGTHS)
     args.lengths = sorted(set(args.lengths))
@@ -151,8 +161,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             parser.error(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
     if args.measure_memory is not None:
         model, length = args.measure_memory
-        if model not in MODEL_NAMES or not length.isdigit():
-            parser.error(f"--measure-memory takes MODEL in {', '.join(MODEL_NAMES)} and a length, got "
+        if model not in TRAIN_MODEL_NAMES or not length.isdigit():
+            parser.error(f"--measure-memory takes MODEL in {', '.join(TRAIN_MODEL_NAMES)} and a length, got "
                          f"{args.measure_memory}")
     return args
 
@@ -161,8 +171,8 @@ def planned_skip(model: str, length: int, args: argparse.Namespace) -> Skip | No
     if model == "bart" and args.max_bart_length is not None and length > args.max_bart_length:
         reason = f"skipped (--max-bart-length {args.max_bart_length})"
         return Skip(reason, reason)
-    # the models whose decoding cache grows (baselines, softmax types) are those with quadratic attention
-    if grows_with_position(model) and args.max_quadratic_length is not None and length > args.max_quadratic_length:
+    # BART, T5 and the softmax types; not LED and LongT5, whose encoder attention is local
+    if quadratic_in_length(model) and args.max_quadratic_length is not None and length > args.max_quadratic_length:
         reason = f"skipped (--max-quadratic-length {args.max_quadratic_length})"
         return Skip(reason, reason)
     return None
@@ -173,8 +183,14 @@ def bart_max_positions(args: argparse.Namespace) -> int:
     return max([TARGET_LENGTH] + [n for n in args.lengths if planned_skip("bart", n, args) is None])
 
 
+def long_baseline_lengths(args: argparse.Namespace) -> dict:
+    """LED's position tables: the longest source length of the run (LED is never skipped on purpose) and the
+    target."""
+    return dict(longest_source=args.lengths[-1], longest_target=TARGET_LENGTH)
+
+
 def build_trainer(name: str, args: argparse.Namespace) -> Trainer:
-    config = model_configs(args.size, bart_max_positions(args), [name])[name]
+    config = model_configs(args.size, bart_max_positions(args), [name], **long_baseline_lengths(args))[name]
     model = build_model(name, config, args.seed).train()
     return Trainer(model, torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE))
 
@@ -480,7 +496,8 @@ def write_plot(path: Path, samples: Samples, forwards: Samples, memory: dict[tup
 def print_header(info: dict, args: argparse.Namespace) -> None:
     size = args.size
     descriptions = []
-    for name, config in model_configs(size, bart_max_positions(args), args.models).items():
+    for name, config in model_configs(size, bart_max_positions(args), args.models,
+                                      **long_baseline_lengths(args)).items():
         with torch.device("meta"):
             model = build_model(name, config, args.seed)
         descriptions.append(describe_model(name, model, "the largest source length it runs at", decoding=False))

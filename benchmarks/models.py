@@ -1,10 +1,18 @@
-"""The models the benchmarks compare: Scaleformer of any attention_type, BART and T5 at one size.
+"""The models the benchmarks compare: Scaleformer of any attention_type, BART and T5 at one size, and the
+long-input baselines LED and LongT5 at the same size.
 
 `bench_generate.py` and `bench_train.py` name them `scaleformer`, `scaleformer:TYPE`, `bart` and `t5`
-(`MODEL_NAMES`, `model_configs`, `build_model`); `bench_quality.py` and `bench_extrapolation.py` add
-Scaleformer ablations such as `scaleformer+cross_rpe` (`parse_model_name`) and build every model with the
-special ids of `examples/data/train_tokenizer.py` (`build_seq2seq`, `collate`). `bench_listops.py` builds its
-encoder-only classifier itself.
+(`MODEL_NAMES`, `model_configs`, `build_model`); `bench_train.py` also accepts `led` and `longt5`
+(`TRAIN_MODEL_NAMES`). `bench_quality.py` and `bench_extrapolation.py` add Scaleformer ablations such as
+`scaleformer+cross_rpe` (`parse_model_name`; `bench_quality.py` also accepts `led` and `longt5`) and build every
+model with the special ids of `examples/data/train_tokenizer.py` (`build_seq2seq`, `collate`). `bench_listops.py`
+builds its encoder-only classifier itself.
+
+* `led`: `LEDForConditionalGeneration` (Longformer-Encoder-Decoder): local attention of `LED_ATTENTION_WINDOW`
+  (512) tokens in every encoder layer, no global tokens; LED pads the source to a multiple of the window itself,
+  so its encoder position table is the longest source rounded up to the window (`led_encoder_table_size`).
+* `longt5`: `LongT5ForConditionalGeneration`, `encoder_attention_type="transient-global"`, local radius 127 and
+  global blocks of 16 tokens (transformers' defaults), relative attention buckets like T5's.
 """
 
 from __future__ import annotations
@@ -19,6 +27,10 @@ from torch import Tensor
 from transformers import (
     BartConfig,
     BartForConditionalGeneration,
+    LEDConfig,
+    LEDForConditionalGeneration,
+    LongT5Config,
+    LongT5ForConditionalGeneration,
     PreTrainedConfig,
     PreTrainedModel,
     T5Config,
@@ -31,13 +43,20 @@ from modeling_scaleformer.ops_registry import ATTENTION_TYPES, ATTENTION_VARIANT
 
 DEFAULT_ATTENTION_TYPE = "kernelized_rpe"  # what `scaleformer` alone runs: ScaleformerConfig's default
 BASELINES = ("bart", "t5")
+LONG_BASELINES = ("led", "longt5")  # opt-in: local (windowed) encoder attention, linear in source length
+ALL_BASELINES = (*BASELINES, *LONG_BASELINES)
 MODEL_NAMES = ("scaleformer", *(f"scaleformer:{t}" for t in ATTENTION_TYPES), *BASELINES)
+TRAIN_MODEL_NAMES = (*MODEL_NAMES, *LONG_BASELINES)  # what bench_train.py accepts
 DEFAULT_MODELS = ("scaleformer", "bart")
 MODEL_CLASSES = {
     "scaleformer": ScaleformerForConditionalGeneration,
     "bart": BartForConditionalGeneration,
     "t5": T5ForConditionalGeneration,
+    "led": LEDForConditionalGeneration,
+    "longt5": LongT5ForConditionalGeneration,
 }
+LED_ATTENTION_WINDOW = 512  # per encoder layer; LED pads sources to a multiple of it
+LONGT5_LOCAL_RADIUS, LONGT5_GLOBAL_BLOCK_SIZE = 127, 16  # transformers' defaults
 DTYPE = torch.float32
 FIRST_PLAIN_ID = 4  # ids below are special tokens of some model: random inputs start here
 PAD_ID, BOS_ID, EOS_ID = 0, 1, 2  # build_seq2seq's special ids (train_tokenizer.py's); BOS starts decoding
@@ -58,22 +77,23 @@ MODEL_SIZE = ModelSize(vocab_size=32000, d_model=512, layers=6, heads=8, ffn_dim
 # ------------------------------------------------------------------ names: scaleformer, scaleformer:TYPE, bart, t5
 
 
-def add_models_argument(parser: argparse.ArgumentParser) -> None:
+def add_models_argument(parser: argparse.ArgumentParser, baselines: Sequence[str] = BASELINES) -> None:
     parser.add_argument("--models", nargs="+", metavar="MODEL",
                         help="models to compare, in this order: scaleformer (attention_type "
                         f"{DEFAULT_ATTENTION_TYPE}), scaleformer:TYPE with TYPE in {', '.join(ATTENTION_TYPES)}, "
-                        f"{', '.join(BASELINES)} (default: {' '.join(DEFAULT_MODELS)})")
+                        f"{', '.join(baselines)} (default: {' '.join(DEFAULT_MODELS)})")
 
 
-def check_models(parser: argparse.ArgumentParser, names: list[str] | None) -> list[str]:
+def check_models(parser: argparse.ArgumentParser, names: list[str] | None,
+                 accepted: Sequence[str] = MODEL_NAMES) -> list[str]:
     """`--models` in order, repeats dropped and `scaleformer:kernelized_rpe` read as `scaleformer`; an unknown
-    name is a parser error that lists the accepted ones."""
+    name (one not in `accepted`) is a parser error that lists the accepted ones."""
     if names is None:
         return list(DEFAULT_MODELS)
-    unknown = [name for name in names if name not in MODEL_NAMES]
+    unknown = [name for name in names if name not in accepted]
     if unknown:
         parser.error(f"--models: unknown model(s) {', '.join(map(repr, unknown))}; accepted: "
-                     f"{', '.join(MODEL_NAMES)}")
+                     f"{', '.join(accepted)}")
     return list(dict.fromkeys("scaleformer" if name == f"scaleformer:{DEFAULT_ATTENTION_TYPE}" else name
                               for name in names))
 
@@ -96,6 +116,12 @@ def grows_with_position(name: str) -> bool:
     return attention_type is None or not ATTENTION_VARIANTS[attention_type].constant_state
 
 
+def quadratic_in_length(name: str) -> bool:
+    """Whether the model's encoder attention is quadratic in source length: BART, T5 and the softmax types; not LED
+    and LongT5 (local attention, linear in length), whose decoding cache nonetheless grows with position."""
+    return grows_with_position(name) and name not in LONG_BASELINES
+
+
 # ----------------------------------------------------------------------------------------------- building
 
 
@@ -109,11 +135,15 @@ def config_shape(size: ModelSize) -> dict:
 
 
 def model_configs(size: ModelSize, bart_max_position_embeddings: int,
-                  models: Sequence[str] = DEFAULT_MODELS) -> dict[str, PreTrainedConfig]:
-    """Configs of one size for `models` (names of `MODEL_NAMES`), by default Scaleformer (default attention:
+                  models: Sequence[str] = DEFAULT_MODELS, *, longest_source: int | None = None,
+                  longest_target: int | None = None) -> dict[str, PreTrainedConfig]:
+    """Configs of one size for `models` (names of `TRAIN_MODEL_NAMES`), by default Scaleformer (default attention:
     kernelized_rpe, horizon 16) and BART.
 
-    T5 takes Scaleformer's dropout and special ids; its relative attention buckets keep their defaults.
+    T5, LED and LongT5 take Scaleformer's dropout and special ids; T5's and LongT5's relative attention buckets keep
+    their defaults. LED's encoder position table fits `longest_source` tokens padded to its window
+    (`led_encoder_table_size`), its decoder table `longest_target` tokens (`bart_table_size`); either defaults
+    to `bart_max_position_embeddings`.
     """
     shape = config_shape(size)
     scaleformer = ScaleformerConfig(**shape)
@@ -128,16 +158,28 @@ def model_configs(size: ModelSize, bart_max_position_embeddings: int,
             # no forced end-of-sequence: decoding runs to the requested length, as for Scaleformer
             configs[name] = BartConfig(**shape, max_position_embeddings=bart_max_position_embeddings,
                                        forced_eos_token_id=None)
-        elif name == "t5":
-            configs[name] = T5Config(
+        elif name in ("t5", "longt5"):
+            long = dict(encoder_attention_type="transient-global", local_radius=LONGT5_LOCAL_RADIUS,
+                        global_block_size=LONGT5_GLOBAL_BLOCK_SIZE) if name == "longt5" else {}
+            configs[name] = (LongT5Config if name == "longt5" else T5Config)(
                 vocab_size=size.vocab_size, d_model=size.d_model, d_kv=size.d_model // size.heads, d_ff=size.ffn_dim,
                 num_layers=size.layers, num_decoder_layers=size.layers, num_heads=size.heads,
                 dropout_rate=scaleformer.dropout, tie_word_embeddings=True,
                 pad_token_id=scaleformer.pad_token_id, bos_token_id=scaleformer.bos_token_id,
                 eos_token_id=scaleformer.eos_token_id, decoder_start_token_id=scaleformer.decoder_start_token_id,
+                **long,
+            )
+        elif name == "led":
+            configs[name] = LEDConfig(
+                **shape, dropout=scaleformer.dropout, attention_window=[LED_ATTENTION_WINDOW] * size.layers,
+                max_encoder_position_embeddings=led_encoder_table_size(longest_source or bart_max_position_embeddings),
+                max_decoder_position_embeddings=bart_table_size(longest_target or bart_max_position_embeddings),
+                pad_token_id=scaleformer.pad_token_id, bos_token_id=scaleformer.bos_token_id,
+                eos_token_id=scaleformer.eos_token_id, decoder_start_token_id=scaleformer.decoder_start_token_id,
+                forced_eos_token_id=None,
             )
         else:
-            raise ValueError(f"`models` takes names of {', '.join(MODEL_NAMES)}, got {name!r}")
+            raise ValueError(f"`models` takes names of {', '.join(TRAIN_MODEL_NAMES)}, got {name!r}")
     return configs
 
 
@@ -146,7 +188,7 @@ def build_model(name: str, config: PreTrainedConfig, seed: int) -> PreTrainedMod
     builds a Scaleformer)."""
     kind = name.partition(":")[0]
     if kind not in MODEL_CLASSES:
-        raise ValueError(f"`name` must be scaleformer, scaleformer:TYPE, bart or t5, got {name!r}")
+        raise ValueError(f"`name` must be scaleformer, scaleformer:TYPE, bart, t5, led or longt5, got {name!r}")
     torch.manual_seed(seed)
     return MODEL_CLASSES[kind](config).to(DTYPE)
 
@@ -166,6 +208,19 @@ def describe_model(name: str, model: PreTrainedModel, bart_positions_note: str, 
             return text + ("; self-attention state grows with position (keys and values)" if grows_with_position(name)
                            else "; self-attention state of constant size")
         return text + ("; softmax attention: quadratic in length" if grows_with_position(name) else "")
+    if name == "led":
+        windows = sorted(set(config.attention_window))
+        return text + (f"attention implementation {config._attn_implementation}, encoder attention window "
+                       f"{'/'.join(map(str, windows))} per layer (local, no global tokens: linear in length; sources "
+                       f"padded to a multiple of the window), max_encoder_position_embeddings "
+                       f"{config.max_encoder_position_embeddings} (the longest source rounded up to the window), "
+                       f"max_decoder_position_embeddings {config.max_decoder_position_embeddings}; decoder and "
+                       "cross-attention full")
+    if name == "longt5":
+        return text + (f"encoder_attention_type {config.encoder_attention_type}, local_radius {config.local_radius}, "
+                       f"global_block_size {config.global_block_size} (transformers' defaults: linear in length), "
+                       f"relative attention {config.relative_attention_num_buckets} buckets, max distance "
+                       f"{config.relative_attention_max_distance}; decoder and cross-attention full")
     if name == "t5":
         cost = "every step attends over the whole history" if decoding else "quadratic in length"
         return text + (f"attention implementation {config._attn_implementation}, relative attention "
@@ -180,6 +235,12 @@ def bart_table_size(longest: int) -> int:
     """BART's `max_position_embeddings` for sequences of up to `longest` tokens: +2 (BART's position offset),
     rounded up to a multiple of 64."""
     return 64 * math.ceil((longest + 2) / 64)
+
+
+def led_encoder_table_size(longest: int) -> int:
+    """LED's `max_encoder_position_embeddings` for sources of up to `longest` tokens: LED pads every source to a
+    multiple of its attention window, so the table holds `longest` rounded up to the window (one window at least)."""
+    return LED_ATTENTION_WINDOW * max(1, math.ceil(longest / LED_ATTENTION_WINDOW))
 
 
 # ------------------------------------------------------------ ablation names of bench_quality, bench_extrapolation
@@ -201,7 +262,7 @@ def add_model_size_arguments(parser: argparse.ArgumentParser, defaults: dict):
 class ModelSpec(NamedTuple):
     """What a `--models` name asks for; the last three are Scaleformer config fields."""
 
-    kind: str  # scaleformer, bart or t5
+    kind: str  # scaleformer, bart, t5, led or longt5
     attention_type: str | None  # None: the default (scaleformer) or not a Scaleformer
     cross_attention_rpe: bool = False
     absolute_positions: str | None = None
@@ -211,16 +272,16 @@ class ModelSpec(NamedTuple):
 MODEL_SUFFIXES = ("cross_rpe", "sinusoidal", "post_ln")
 
 
-def parse_model_name(name: str) -> ModelSpec:
-    """`bart`, `t5`, or `scaleformer` / `scaleformer:TYPE` followed by any of `+cross_rpe` (relative positions in
-    cross-attention too, kernelized_rpe only), `+sinusoidal` (absolute positions) and `+post_ln` (post-norm
-    blocks), in that order."""
+def parse_model_name(name: str, baselines: Sequence[str] = BASELINES) -> ModelSpec:
+    """A name of `baselines` (by default `bart`, `t5`; `ALL_BASELINES` adds `led`, `longt5`), or `scaleformer` /
+    `scaleformer:TYPE` followed by any of `+cross_rpe` (relative positions in cross-attention too, kernelized_rpe
+    only), `+sinusoidal` (absolute positions) and `+post_ln` (post-norm blocks), in that order."""
     base, *suffixes = name.split("+")
     kind, _, attention_type = base.partition(":")
-    usage = (f"unknown model {name!r}; use bart, t5, or scaleformer or scaleformer:TYPE with TYPE in "
+    usage = (f"unknown model {name!r}; use {', '.join(baselines)}, or scaleformer or scaleformer:TYPE with TYPE in "
              f"{', '.join(ATTENTION_TYPES)}, followed by any of " + ", ".join(f"+{x}" for x in MODEL_SUFFIXES)
              + " in that order (+cross_rpe with kernelized_rpe only)")
-    if kind in BASELINES and not attention_type and not suffixes:
+    if kind in baselines and not attention_type and not suffixes:
         return ModelSpec(kind, None)
     if kind != "scaleformer" or (attention_type and attention_type not in ATTENTION_TYPES):
         raise ValueError(usage)
@@ -232,14 +293,18 @@ def parse_model_name(name: str) -> ModelSpec:
                      "sinusoidal" if "sinusoidal" in suffixes else None, "post" if "post_ln" in suffixes else "pre")
 
 
-def build_seq2seq(name: str, seed: int, size: ModelSize, dropout: float, bart_max_positions: int) -> PreTrainedModel:
-    """The model of a `parse_model_name` name at `size`, with `dropout` and the special ids PAD_ID, BOS_ID (also
-    the decoder start) and EOS_ID; the baselines come from `model_configs`."""
+def build_seq2seq(name: str, seed: int, size: ModelSize, dropout: float, bart_max_positions: int, *,
+                  longest_source: int | None = None, longest_target: int | None = None) -> PreTrainedModel:
+    """The model of a `parse_model_name` name (any of `ALL_BASELINES` included) at `size`, with `dropout` and the
+    special ids PAD_ID, BOS_ID (also the decoder start) and EOS_ID; the baselines come from `model_configs`
+    (`longest_source` and `longest_target` size LED's position tables)."""
     ids = dict(pad_token_id=PAD_ID, bos_token_id=BOS_ID, eos_token_id=EOS_ID, decoder_start_token_id=BOS_ID)
-    spec = parse_model_name(name)
-    if spec.kind in BASELINES:
-        config = model_configs(size, bart_max_positions, [spec.kind])[spec.kind]
-        for key, value in {**ids, ("dropout_rate" if spec.kind == "t5" else "dropout"): dropout}.items():
+    spec = parse_model_name(name, ALL_BASELINES)
+    if spec.kind in ALL_BASELINES:
+        config = model_configs(size, bart_max_positions, [spec.kind], longest_source=longest_source,
+                               longest_target=longest_target)[spec.kind]
+        dropout_key = "dropout_rate" if spec.kind in ("t5", "longt5") else "dropout"
+        for key, value in {**ids, dropout_key: dropout}.items():
             setattr(config, key, value)
         return build_model(spec.kind, config, seed)
     config = ScaleformerConfig(

@@ -2,6 +2,9 @@
 the JSON and the cached tokenizer."""
 
 import math
+import re
+
+import pytest
 
 
 def test_bench_quality_quick(run_report, tmp_path):
@@ -48,3 +51,32 @@ def test_bench_quality_rejects_data_dir_for_docstrings(run_command, tmp_path):
     result = run_command(["benchmarks/bench_quality.py", "--task", "docstrings", "--data_dir", str(tmp_path)],
                          timeout=120)
     assert result.returncode == 2 and "--data_dir does not apply to --task docstrings" in result.stderr
+
+
+def test_bench_quality_long_baselines_quick(run_report):
+    """LED and LongT5 (opt-in) train with BART's recipe on the quick verses and get a loss and scores."""
+    stdout, report = run_report(["benchmarks/bench_quality.py", "--quick", "--models", "led", "longt5",
+                                 "--threads", "1"])
+    runs = {(r["model"], r["seed"]): r for r in report["runs"]}
+    assert set(runs) == {("led", 0), ("longt5", 0)}
+    for run in runs.values():
+        assert run["steps"] >= 1 and len(run["curve"]) >= 2 and run["sources_cut"] == {}
+        assert all(math.isfinite(p["heldout_loss_per_token"]) for p in run["curve"])
+        assert 0.0 <= run["test"]["bleu"] <= 100.0 and 0.0 <= run["test"]["chrf"] <= 100.0
+    assert "encoder attention window 512 per layer" in runs[("led", 0)]["description"]
+    assert "transient-global, local_radius 127, global_block_size 16" in runs[("longt5", 0)]["description"]
+    assert "| led | 0 |" in stdout and "| longt5 | 0 |" in stdout
+
+
+@pytest.mark.slow  # about a minute: a few steps on chapters of up to 3,200 tokens
+def test_bench_quality_long_baselines_chapters(run_report):
+    """On chapters LED and LongT5 read full sources, where BART's are cut to its 1,024 positions."""
+    stdout, report = run_report(["benchmarks/bench_quality.py", "--quick", "--task", "chapters", "--models", "led",
+                                 "longt5", "--max_steps", "1", "--threads", "1"])
+    runs = {r["model"]: r for r in report["runs"]}
+    assert set(runs) == {"led", "longt5"}
+    for run in runs.values():
+        assert run["sources_cut"] == {} and "full sources" in run["description"] and run["steps"] == 1
+    assert max(s["source_tokens_kept"][1] for s in report["data"]["splits"].values()) > 1024
+    table = int(re.search(r"max_encoder_position_embeddings (\d+)", runs["led"]["description"]).group(1))
+    assert table > 1024 and table % 512 == 0

@@ -73,3 +73,36 @@ def test_bench_train_measure_memory(run_command, model):
     assert result.returncode == 0, result.stderr[-3000:]
     record = json.loads(result.stdout.strip().splitlines()[-1])
     assert record["extra_bytes"] > 0 and record["step_s"] > 0
+
+
+LONG_BASELINES = ["scaleformer", "led", "longt5"]
+
+
+def test_bench_train_long_baselines(run_report):
+    """LED and LongT5 (opt-in) get a row of figures; --max-quadratic-length leaves them (local attention) running."""
+    stdout, report = run_report(
+        ["benchmarks/bench_train.py", "--quick", "--lengths", "32", "64", "--repeats", "1", "--no-memory",
+         "--max-quadratic-length", "32", "--models", *LONG_BASELINES, "--threads", "1"]
+    )
+    assert report["settings"]["models"] == LONG_BASELINES
+    for key in ("timings", "forward_timings"):
+        timed = {(t["model"], t["length"]) for t in report[key] if t["median_s"] > 0}
+        assert timed == {(name, length) for name in LONG_BASELINES for length in (32, 64)}
+    assert report["skipped"] == []
+    header = next(line for line in stdout.splitlines() if line.startswith("| source L | scaleformer s"))
+    for name in LONG_BASELINES[1:]:
+        assert f"| {name} s |" in header and f"| {name} / scaleformer |" in header
+        assert f"| 64 | {name} | step |" in stdout and f"| 64 | {name} | forward |" in stdout
+    assert "- led: " in stdout and "encoder attention window 512 per layer" in stdout
+    assert "max_encoder_position_embeddings 512" in stdout  # L=64 padded to one window
+    assert "- longt5: " in stdout and "encoder_attention_type transient-global, local_radius 127" in stdout
+    assert "global_block_size 16" in stdout
+
+
+@pytest.mark.parametrize("model", ["led", "longt5"])
+def test_bench_train_measure_memory_long_baselines(run_command, model):
+    result = run_command(["benchmarks/bench_train.py", "--quick", "--lengths", "64", "--measure-memory", model, "64",
+                          "--threads", "1"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    record = json.loads(result.stdout.strip().splitlines()[-1])
+    assert record["extra_bytes"] > 0 and record["step_s"] > 0
