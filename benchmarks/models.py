@@ -270,24 +270,26 @@ class ModelSpec(NamedTuple):
 
 
 MODEL_SUFFIXES = ("cross_rpe", "sinusoidal", "post_ln")
+CROSS_RPE_TYPES = tuple(name for name, variant in ATTENTION_VARIANTS.items() if variant.cross_attention_rpe)
 
 
 def parse_model_name(name: str, baselines: Sequence[str] = BASELINES) -> ModelSpec:
     """A name of `baselines` (by default `bart`, `t5`; `ALL_BASELINES` adds `led`, `longt5`), or `scaleformer` /
-    `scaleformer:TYPE` followed by any of `+cross_rpe` (relative positions in cross-attention too, kernelized_rpe
-    only), `+sinusoidal` (absolute positions) and `+post_ln` (post-norm blocks), in that order."""
+    `scaleformer:TYPE` followed by any of `+cross_rpe` (relative positions in cross-attention too, for the types
+    whose `cross_attention_rpe` fact is set), `+sinusoidal` (absolute positions) and `+post_ln` (post-norm blocks),
+    in that order."""
     base, *suffixes = name.split("+")
     kind, _, attention_type = base.partition(":")
     usage = (f"unknown model {name!r}; use {', '.join(baselines)}, or scaleformer or scaleformer:TYPE with TYPE in "
              f"{', '.join(ATTENTION_TYPES)}, followed by any of " + ", ".join(f"+{x}" for x in MODEL_SUFFIXES)
-             + " in that order (+cross_rpe with kernelized_rpe only)")
+             + " in that order (+cross_rpe with " + ", ".join(CROSS_RPE_TYPES) + " only)")
     if kind in baselines and not attention_type and not suffixes:
         return ModelSpec(kind, None)
     if kind != "scaleformer" or (attention_type and attention_type not in ATTENTION_TYPES):
         raise ValueError(usage)
     if [x for x in MODEL_SUFFIXES if x in suffixes] != suffixes:  # unknown, repeated or out of order
         raise ValueError(usage)
-    if "cross_rpe" in suffixes and attention_type not in ("", "kernelized_rpe"):
+    if "cross_rpe" in suffixes and (attention_type or DEFAULT_ATTENTION_TYPE) not in CROSS_RPE_TYPES:
         raise ValueError(usage)
     return ModelSpec(kind, attention_type or None, "cross_rpe" in suffixes,
                      "sinusoidal" if "sinusoidal" in suffixes else None, "post" if "post_ln" in suffixes else "pre")

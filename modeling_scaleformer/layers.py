@@ -18,7 +18,9 @@ class ScaleformerAttention(nn.Module):
     the variant's own parameters (relative tables, Fourier frequencies, Toeplitz biases, ...). The
     decoder's generation state lives in the layer's slot of a `ScaleformerCache`: the variant's
     recurrent state (or key/value cache for the softmax baselines) for self-attention, and an
-    encoder summary computed once for cross-attention.
+    encoder summary computed once for cross-attention. A variant without a row normaliser
+    (`variant.normalised` False) gets a per-head RMSNorm on its output and a SiLU gate from the input,
+    o_proj(RMSNorm(attn) * silu(g_proj(x))), as in GLA and RetNet.
     """
 
     def __init__(
@@ -53,6 +55,10 @@ class ScaleformerAttention(nn.Module):
         )
         for name, spec in self.parameter_specs.items():
             self.register_parameter(name, nn.Parameter(torch.empty(spec.shape)))
+        self.out_norm = self.g_proj = None
+        if not self.variant.normalised:
+            self.out_norm = nn.RMSNorm(self.head_dim, eps=config.layer_norm_eps)
+            self.g_proj = nn.Linear(config.d_model, config.d_model)
 
     def _heads(self, x: Tensor) -> Tensor:
         # (B, L, d_model) -> (B, H, L, D)
@@ -84,7 +90,12 @@ class ScaleformerAttention(nn.Module):
         # the ops accumulate half precision in float32 themselves: autocast must not downcast inside them
         with torch.autocast(device_type=q.device.type, enabled=False):
             out = self._attend(q, k, v, key_mask, state, query_offset)
-        return self.o_proj(out.transpose(1, 2).reshape(batch, length, -1))
+        if self.out_norm is not None:
+            out = self.out_norm(out)
+        out = out.transpose(1, 2).reshape(batch, length, -1)
+        if self.g_proj is not None:
+            out = out * nn.functional.silu(self.g_proj(hidden_states))
+        return self.o_proj(out)
 
     def _attend(self, q, k, v, key_mask, state, query_offset: int) -> Tensor:
         variant, params = self.variant, self._variant_parameters(q.dtype)

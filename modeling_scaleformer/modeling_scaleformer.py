@@ -24,7 +24,7 @@ from .cache import ScaleformerCache
 from .configuration_scaleformer import ScaleformerConfig
 from .layers import ScaleformerAttention, ScaleformerFeedForward
 from .ops_common import compute_dtype
-from .ops_registry import rotary_spectrum
+from .ops_registry import decay_spectrum, inverse_softplus, rotary_spectrum
 
 
 logger = logging.get_logger(__name__)
@@ -187,6 +187,8 @@ class ScaleformerPreTrainedModel(PreTrainedModel):
     def _init_weights(self, module):
         super()._init_weights(module)
         if isinstance(module, ScaleformerAttention):
+            if module.out_norm is not None:
+                init.ones_(module.out_norm.weight)
             for name, spec in module.parameter_specs.items():
                 param = getattr(module, name)
                 if spec.init == "normal":
@@ -195,6 +197,8 @@ class ScaleformerPreTrainedModel(PreTrainedModel):
                     init.zeros_(param)
                 elif spec.init == "ones":
                     init.ones_(param)
+                elif spec.init == "decay_rates":
+                    init.copy_(param, inverse_softplus(decay_spectrum(param.shape[0], param.dtype)))
                 else:  # "frequencies": the rotary spectrum along the head dimension
                     spectrum = rotary_spectrum(param.shape[1], param.dtype)
                     init.copy_(param, spectrum[None, :, None].expand(param.shape))

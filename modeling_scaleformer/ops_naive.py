@@ -147,6 +147,26 @@ def naive_toeplitz_attention(
     return _normalised_rows(scores * keep.to(dtype), v).to(q.dtype)
 
 
+def naive_kernelized_decay_attention(
+    q: Tensor, k: Tensor, v: Tensor, rel: Tensor | None, decay: Tensor,
+    *, causal: bool = False, key_mask: Tensor | None = None, query_offset: int = 0, horizon: int | None = None,
+) -> Tensor:
+    """Reference of `kernelized_decay_attention`: out_i = sum_j S_ij exp(-lambda max(|p_i - j| - h, 0)) v_j,
+    S from `naive_kernelized_rpe_scores`, with no row normaliser.
+
+    Shapes: q (B, H, Lq, D), k (B, H, Lk, D), v (B, H, Lk, Dv), rel (H, 2h+1, D) or (2h+1, D) or None (then
+    `horizon` gives h), decay (H,) of rates lambda >= 0, key_mask (B, Lk). Returns (B, H, Lq, Dv) in q's
+    dtype; a row with no visible key is 0. Cost: O(Lq Lk (D + Dv)) time and O(Lq Lk) memory per head.
+    """
+    dtype = compute_dtype(q.dtype)
+    h = horizon_of(rel) if horizon is None else horizon
+    scores = naive_kernelized_rpe_scores(q, k, rel, causal=causal, key_mask=key_mask, query_offset=query_offset)
+    pq, pk = _positions(q.shape[2], k.shape[2], query_offset, q.device)
+    beyond = ((pq[:, None] - pk[None, :]).abs() - h).clamp(min=0).to(dtype)  # (Lq, Lk)
+    weight = torch.exp(-decay.to(dtype)[:, None, None] * beyond)  # (H, Lq, Lk)
+    return ((scores * weight) @ v.to(dtype)).to(q.dtype)
+
+
 # softmax baselines: plain, Shaw et al. (2018) relative keys, Transformer-XL relative attention
 
 

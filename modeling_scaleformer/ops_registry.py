@@ -17,7 +17,8 @@ a named function of this module, `<family>_forward`, `_prefill`, `_decode`, `_cr
 `kernelized_forward` with or without a `rel` table), and each entry names all of them, like
 transformers' `eager_attention_forward` in `ALL_ATTENTION_FUNCTIONS`. Cross attention uses the variant
 named by `cross_attention_type`: the self-attention family without its position term (kernelized or
-softmax), or kernelized attention with relative positions when `config.cross_attention_rpe` is set.
+softmax), or, when `config.cross_attention_rpe` is set, the self-attention variant with its relative
+positions (kernelized_rpe, kernelized_decay).
 """
 
 from __future__ import annotations
@@ -28,6 +29,13 @@ from typing import Literal, NamedTuple
 import torch
 from torch import Tensor
 
+from .ops_decay import (
+    kernelized_decay_attention,
+    kernelized_decay_cross_step,
+    kernelized_decay_cross_summary,
+    kernelized_decay_prefill_state,
+    kernelized_decay_step,
+)
 from .ops_fourier import fourier_attention, fourier_prefill_state, fourier_step
 from .ops_kernelized import (
     kernelized_rpe_attention,
@@ -49,14 +57,15 @@ from .ops_softmax import (
 from .ops_toeplitz import toeplitz_attention, toeplitz_prefill_state, toeplitz_step
 
 
-Init = Literal["normal", "zeros", "ones", "frequencies"]
+Init = Literal["normal", "zeros", "ones", "frequencies", "decay_rates"]
 
 
 class ParameterSpec(NamedTuple):
     """Shape and initialisation of one learnable parameter of a variant.
 
-    `init`: "normal" (std `config.init_std`), "zeros", "ones", or "frequencies" (a_k = 10000^(-k/D) along
-    the head dimension, the rotary-embedding spectrum, so that cos(a (i - j)) spans short and long ranges).
+    `init`: "normal" (std `config.init_std`), "zeros", "ones", "frequencies" (a_k = 10000^(-k/D) along
+    the head dimension, the rotary-embedding spectrum, so that cos(a (i - j)) spans short and long ranges),
+    or "decay_rates" (softplus^-1 of `decay_spectrum`: per-head decay rates from fast to slow).
     """
 
     shape: tuple[int, ...]
@@ -66,6 +75,18 @@ class ParameterSpec(NamedTuple):
 def rotary_spectrum(head_dim: int, dtype: torch.dtype = torch.float32) -> Tensor:
     """a_k = 10000^(-k / D), k = 0..D-1: the values of a "frequencies" parameter at initialisation."""
     return 10000.0 ** (-torch.arange(head_dim, dtype=torch.float64) / head_dim).to(dtype)
+
+
+def decay_spectrum(heads: int, dtype: torch.dtype = torch.float32) -> Tensor:
+    """lambda_h = 2^(-2 - 6 h / (H - 1)), h = 0..H-1 (2^-5 for one head): decay rates per position beyond the
+    horizon from 1/4 (half-life under 3 positions) to 1/256 (half-life 177), so that heads read near and far."""
+    exponents = torch.linspace(-2.0, -8.0, heads, dtype=torch.float64) if heads > 1 else torch.tensor([-5.0])
+    return (2.0 ** exponents).to(dtype)
+
+
+def inverse_softplus(x: Tensor) -> Tensor:
+    """The raw parameter whose softplus is x > 0."""
+    return x + torch.log(-torch.expm1(-x))
 
 
 class AttentionVariant(NamedTuple):
@@ -82,8 +103,10 @@ class AttentionVariant(NamedTuple):
         softmax: whether the variant is of the softmax family (quadratic, a growing key/value cache),
             rather than linear kernelized attention.
         rpe_shareable: whether `config.rpe_shared_across_heads` applies (one relative table for all heads).
-        cross_attention_rpe: whether `config.cross_attention_rpe` applies (cross attention with
-            kernelized relative positions).
+        cross_attention_rpe: whether `config.cross_attention_rpe` applies: cross attention then uses this
+            variant itself, relative positions included.
+        normalised: whether the op divides by a row normaliser; when it does not, `ScaleformerAttention`
+            puts a per-head RMSNorm and a SiLU output gate on its output.
     """
 
     parameters: Callable[[int, int, int, bool], dict[str, ParameterSpec]]
@@ -98,6 +121,7 @@ class AttentionVariant(NamedTuple):
     softmax: bool
     rpe_shareable: bool
     cross_attention_rpe: bool
+    normalised: bool = True
 
 
 # `config.attention_mode` -> the ops' `mode`: the linear variants have both algorithms, the softmax
@@ -163,6 +187,53 @@ KERNELIZED = AttentionVariant(
     softmax=False, modes=LINEAR_MODES, constant_state=True, rpe_shareable=False, cross_attention_rpe=False,
     parameters=no_parameters, attention=kernelized_forward, prefill_state=kernelized_prefill,
     step=kernelized_decode, cross_summary=kernelized_cross_prefill, cross_step=kernelized_cross_decode,
+)
+
+
+# kernelized attention with clipped relative positions and a per-head decay beyond the horizon, unnormalised
+
+
+def decay_parameters(heads: int, head_dim: int, horizon: int, shared: bool) -> dict[str, ParameterSpec]:
+    """`rel` as for kernelized_rpe and `decay` (H,): softplus(decay) is each head's rate beyond the horizon."""
+    return {**rel_table_parameters(heads, head_dim, horizon, shared), "decay": ParameterSpec((heads,), "decay_rates")}
+
+
+def _decay_rates(params: dict[str, Tensor]) -> Tensor:
+    return torch.nn.functional.softplus(params["decay"])
+
+
+def kernelized_decay_forward(q, k, v, params, *, causal, key_mask, query_offset, mode):
+    return kernelized_decay_attention(
+        q, k, v, _rel(params), _decay_rates(params), causal=causal, key_mask=key_mask, query_offset=query_offset,
+        mode=mode,
+    )
+
+
+def kernelized_decay_prefill(k, v, params, *, key_mask):
+    return kernelized_decay_prefill_state(
+        k, v, _decay_rates(params), horizon=horizon_of(_rel(params)), key_mask=key_mask
+    )
+
+
+def kernelized_decay_decode(q, k, v, params, state, *, key_mask):
+    return kernelized_decay_step(q, k, v, _rel(params), _decay_rates(params), state, key_mask=key_mask)
+
+
+def kernelized_decay_cross_prefill(k, v, *, key_mask):
+    return kernelized_decay_cross_summary(k, v, key_mask=key_mask)
+
+
+def kernelized_decay_cross_decode(q, params, summary, *, query_offset):
+    return kernelized_decay_cross_step(q, _rel(params), _decay_rates(params), summary, query_offset=query_offset)
+
+
+KERNELIZED_DECAY = AttentionVariant(
+    description="(phi(q_i).phi(k_j) + phi(q_i).phi(rel[r(i, j)])) exp(-lambda max(|i - j| - h, 0)), no row "
+    "normaliser (per-head RMSNorm and output gate): linear",
+    softmax=False, modes=LINEAR_MODES, constant_state=True, rpe_shareable=True, cross_attention_rpe=True,
+    normalised=False, parameters=decay_parameters, attention=kernelized_decay_forward,
+    prefill_state=kernelized_decay_prefill, step=kernelized_decay_decode,
+    cross_summary=kernelized_decay_cross_prefill, cross_step=kernelized_decay_cross_decode,
 )
 
 
@@ -316,6 +387,7 @@ SOFTMAX = AttentionVariant(
 ATTENTION_VARIANTS: dict[str, AttentionVariant] = {
     "kernelized_rpe": KERNELIZED_RPE,
     "kernelized": KERNELIZED,
+    "kernelized_decay": KERNELIZED_DECAY,
     "fourier": FOURIER,
     "toeplitz": TOEPLITZ,
     "xl_relative": XL_RELATIVE,
@@ -335,9 +407,12 @@ def get_attention_variant(attention_type: str) -> AttentionVariant:
 
 
 def cross_attention_type(attention_type: str, cross_attention_rpe: bool) -> str:
-    """The variant cross attention uses: the self-attention family without positions, or kernelized RPE."""
+    """The variant cross attention uses: the self-attention family without positions, or with
+    `cross_attention_rpe` the self-attention variant itself (one whose `cross_attention_rpe` fact is True)."""
     if cross_attention_rpe:
-        return "kernelized_rpe"
+        if not get_attention_variant(attention_type).cross_attention_rpe:
+            raise ValueError(f"`cross_attention_rpe` does not apply to attention_type {attention_type!r}")
+        return attention_type
     return "softmax" if get_attention_variant(attention_type).softmax else "kernelized"
 
 
@@ -348,6 +423,7 @@ __all__ = [
     "ParameterSpec",
     "SOFTMAX_TYPES",
     "cross_attention_type",
+    "decay_spectrum",
     "get_attention_variant",
     "rotary_spectrum",
 ]

@@ -73,6 +73,59 @@ def test_seq2seq_cached_decoding_equals_teacher_forcing(attention_type, padding,
         torch.testing.assert_close(torch.cat(logits, 1), full, rtol=0, atol=1e-9)
 
 
+CROSS_RPE_TYPES = [pytest.param(t, id=t) for t, v in ATTENTION_VARIANTS.items() if v.cross_attention_rpe]
+
+
+@pytest.mark.parametrize("attention_type", CROSS_RPE_TYPES)
+def test_cross_attention_rpe_cached_decoding_equals_teacher_forcing(attention_type, tiny_config, batch):
+    """With `cross_attention_rpe` the decoder's cross attention is the variant itself, relative positions
+    included: its summary and steps match the full forward, and the positions change the output."""
+    torch.manual_seed(0)
+    model = ScaleformerForConditionalGeneration(tiny_config(attention_type, cross_attention_rpe=True)).double().eval()
+    randomise_variant_parameters(model)
+    assert model.model.decoder.layers[0].encoder_attn.attention_type == attention_type
+    src, src_mask = batch(padding="left")
+    tgt, tgt_mask = batch(ls=9, padding="right", seed=1)
+    full = model(input_ids=src, attention_mask=src_mask, decoder_input_ids=tgt, decoder_attention_mask=tgt_mask).logits
+    cache, logits = None, []
+    for t in range(9):
+        out = model(input_ids=src, attention_mask=src_mask, decoder_input_ids=tgt[:, t : t + 1],
+                    decoder_attention_mask=tgt_mask[:, : t + 1], past_key_values=cache, use_cache=True)
+        cache = out.past_key_values
+        logits.append(out.logits)
+    torch.testing.assert_close(torch.cat(logits, 1), full, rtol=0, atol=1e-9)
+    with torch.no_grad():
+        model.model.decoder.layers[0].encoder_attn.rel.add_(1.0)
+    moved = model(input_ids=src, attention_mask=src_mask, decoder_input_ids=tgt, decoder_attention_mask=tgt_mask).logits
+    assert (moved - full).abs().max() > 1e-4
+
+
+@pytest.mark.parametrize("attention_type", TYPES)
+def test_unnormalised_variants_get_an_output_norm_and_gate(attention_type, tiny_config, batch):
+    model = ScaleformerForConditionalGeneration(tiny_config(attention_type)).double().eval()
+    attn = model.model.encoder.layers[0].self_attn
+    if ATTENTION_VARIANTS[attention_type].normalised:
+        assert attn.out_norm is None and attn.g_proj is None
+        return
+    assert bool((attn.out_norm.weight == 1).all()) and tuple(attn.g_proj.weight.shape) == (16, 16)
+    src, src_mask = batch()
+    tgt, _ = batch(ls=9, padding="right", seed=1)
+    before = model(input_ids=src, attention_mask=src_mask, decoder_input_ids=tgt).logits
+    with torch.no_grad():
+        attn.out_norm.weight.mul_(2.0)
+    after = model(input_ids=src, attention_mask=src_mask, decoder_input_ids=tgt).logits
+    assert (after - before).abs().max() > 1e-4
+
+
+def test_decay_rates_are_initialised_from_fast_to_slow(tiny_config):
+    from modeling_scaleformer.ops_registry import decay_spectrum
+
+    attn = ScaleformerForConditionalGeneration(tiny_config("kernelized_decay")).model.decoder.layers[0].self_attn
+    rates = torch.nn.functional.softplus(attn.decay.detach())
+    torch.testing.assert_close(rates, decay_spectrum(attn.num_heads))
+    assert rates[0] == 0.25 and bool((rates[1:] < rates[:-1]).all())
+
+
 @pytest.mark.parametrize("attention_type", TYPES)
 def test_causal_lm_cached_decoding_equals_full_forward(attention_type, tiny_config, batch):
     torch.manual_seed(0)

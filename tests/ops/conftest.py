@@ -332,3 +332,50 @@ softmax_reference = _factory("softmax_loop", softmax_loop, softmax_loop.__doc__)
 case_splitter = _factory("split_case", split_case, split_case.__doc__)
 comparison = _factory("assert_matches", assert_matches, assert_matches.__doc__)
 precision = _factory("assert_low_precision", assert_low_precision, assert_low_precision.__doc__)
+
+
+def decay_loop(q, k, v, rel, decay, causal, key_mask, offset, horizon):
+    """Kernelized RPE scores times exp(-decay[h] max(|p_i - j| - horizon, 0)), summed without a normaliser,
+    with Python loops."""
+    b, h, lq, _ = q.shape
+    out = torch.zeros(b, h, lq, v.shape[-1], dtype=q.dtype)
+    for bi in range(b):
+        for hi in range(h):
+            for i in range(lq):
+                for j in range(k.shape[2]):
+                    if _hidden(bi, i, j, causal, key_mask, offset):
+                        continue
+                    s = _phi(q[bi, hi, i]) @ _phi(k[bi, hi, j])
+                    t = i + offset - j
+                    if rel is not None:
+                        table = rel if rel.dim() == 2 else rel[hi]
+                        s = s + _phi(q[bi, hi, i]) @ _phi(table[min(max(t, -horizon), horizon) + horizon])
+                    out[bi, hi, i] += s * math.exp(-decay[hi].item() * max(abs(t) - horizon, 0)) * v[bi, hi, j]
+    return out
+
+
+def make_decay_inputs(b=2, h=3, lq=9, lk=9, d=5, dv=4, horizon=3, shared=False, mask=None, no_rel=False,
+                      dtype=F64, seed=0):
+    """q, k, v, rel (None when no_rel), decay rates (H,) in [0.05, 1), key_mask and the horizon."""
+    q, k, v, rel, key_mask = make_kernelized_inputs(b, h, lq, lk, d, dv, horizon, shared, mask, dtype, seed)
+    decay = 0.05 + 0.95 * torch.rand(h, generator=torch.Generator().manual_seed(seed + 1), dtype=dtype)
+    return q, k, v, None if no_rel else rel, decay, key_mask, horizon
+
+
+# decay attention: the relative cases with long enough sequences to reach the tails on both sides
+DECAY_CASES = RELATIVE_CASES + [
+    pytest.param(dict(lq=17, lk=17, shared=True), id="shared-rel"),
+    pytest.param(dict(lq=13, lk=13, no_rel=True), id="no-rel"),
+    pytest.param(dict(lq=40, lk=40, horizon=2, mask="padding"), id="long-tails"),
+    pytest.param(dict(lq=9, lk=33, horizon=2, offset=11), id="cross-offset-both-tails"),
+]
+
+
+@pytest.fixture(params=DECAY_CASES)
+def decay_case(request):
+    """A case of `make_decay_inputs` keyword arguments, with an optional "offset"."""
+    return request.param
+
+
+decay_inputs = _factory("decay_inputs", make_decay_inputs, make_decay_inputs.__doc__)
+decay_reference = _factory("decay_loop", decay_loop, decay_loop.__doc__)

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from modeling_scaleformer.ops_naive import (
+    naive_kernelized_decay_attention,
     naive_fourier_attention,
     naive_kernelized_rpe_attention,
     naive_shaw_softmax_attention,
@@ -30,6 +31,16 @@ def test_kernelized_rpe_matches_loop_formula(kernelized_case, kernelized_inputs,
 def test_toeplitz_matches_loop_formula(toeplitz_case, toeplitz_inputs, toeplitz_loop, split_case):
     inputs, offset = split_case(toeplitz_inputs, toeplitz_case)
     check_both_directions(naive_toeplitz_attention, toeplitz_loop, inputs, offset)
+
+
+def test_kernelized_decay_matches_loop_formula(decay_case, decay_inputs, decay_loop, split_case):
+    (q, k, v, rel, decay, key_mask, horizon), offset = split_case(decay_inputs, decay_case)
+    for causal in (False, True):
+        expected = decay_loop(q, k, v, rel, decay, causal, key_mask, offset, horizon)
+        got = naive_kernelized_decay_attention(
+            q, k, v, rel, decay, causal=causal, key_mask=key_mask, query_offset=offset, horizon=horizon
+        )
+        torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-12)
 
 
 FOURIER_CASES = [

@@ -1,0 +1,424 @@
+"""Kernelized attention with clipped relative positions and a per-head geometric decay beyond the horizon.
+
+With phi(x) = elu(x) + 1, horizon h, p_i = i + query_offset and a decay rate lambda >= 0 per head:
+
+    S_ij  = (phi(q_i).phi(k_j) + phi(q_i).phi(rel[r(i, j)])) * exp(-lambda max(|p_i - j| - h, 0))
+    out_i = sum_j S_ij v_j
+
+over the visible keys (j <= p_i when causal, key_mask[j] == 1), with r(i, j) = clip(p_i - j, -h, h) + h as
+in `kernelized_rpe_attention`. Inside the horizon the score is that of `kernelized_rpe_attention`; beyond it
+the score fades geometrically instead of adding one more equal term per key, so distant keys do not dilute
+near ones as inputs grow. The sum is not divided by a row normaliser: `ScaleformerAttention` puts a per-head
+RMSNorm and an output gate on it (variant fact `normalised=False`).
+
+The multiplier exp(-lambda max(|t| - h, 0)) of the offset t = p_i - j is a band plus a semiseparable tail,
+so the op is exact and linear in length:
+
+- the band |t| <= h is a local attention over 2h+1 keys per query, computed by blocks of queries;
+- the tail t > h (and t < -h when bidirectional) is a decayed linear attention with queries
+  [phi(q_i), phi(q_i).phi(rel[edge])] and keys [phi(k_j), 1] whose query i sees the keys up to p_i - h - 1
+  with weight exp(-lambda (p_i - h - j)); it runs by chunks with a (D+1, Dv) state per head. The anticausal
+  tail is the causal one of the reversed sequences.
+
+Time O(L (C + h) (D + Dv) + L D Dv) and memory O(L (D + Dv) + (L / C) D Dv) per head, C the chunk size. The
+decoding state (`KernelizedDecayState`) keeps the last h keys and values and the decayed tail sum: constant
+size.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from .ops_common import (
+    DEFAULT_CHUNK_SIZE,
+    check_attention_inputs,
+    check_new_tokens,
+    check_state,
+    compute_dtype,
+    describe,
+    elu_feature_map,
+    horizon_of,
+)
+from .ops_naive import naive_kernelized_decay_attention
+
+
+def check_decay(decay: Tensor, heads: int, dtype: torch.dtype) -> None:
+    """Raise ValueError naming `decay` unless it is a (heads,) tensor of non-negative rates in q's dtype."""
+    if not isinstance(decay, Tensor) or tuple(decay.shape) != (heads,):
+        raise ValueError(f"`decay` must be a tensor of shape (heads,) = ({heads},), got {describe(decay)}")
+    if decay.dtype != dtype:
+        raise ValueError(f"`decay` must have the dtype of `q` ({dtype}), got {decay.dtype}")
+    if bool((decay < 0).any()):
+        raise ValueError("`decay` must hold non-negative decay rates (lambda >= 0)")
+
+
+def _mask_values(v: Tensor, key_mask: Tensor | None) -> Tensor:
+    return v if key_mask is None else v * key_mask.to(v.dtype)[:, None, :, None]
+
+
+def _rel_features(rel: Tensor | None, heads: int, dtype: torch.dtype) -> Tensor | None:
+    """phi(rel) as (H, 2h+1, D), a shared table expanded over the heads."""
+    if rel is None:
+        return None
+    rf = elu_feature_map(rel.to(dtype))
+    return rf if rf.dim() == 3 else rf.unsqueeze(0).expand(heads, -1, -1)
+
+
+def _band(qf: Tensor, kf: Tensor, vm: Tensor, rf: Tensor | None, horizon: int, offset: int, causal: bool,
+          chunk: int) -> Tensor:
+    """sum over |p_i - j| <= h (j <= p_i when causal) of (phi(q_i).phi(k_j) + phi(q_i).phi(rel[r])) v_j.
+
+    Queries in blocks of `chunk`; block b sees the keys p_{bC} - h .. p_{bC} + C - 1 + h (clamped, with zero
+    values outside 0..Lk-1).
+    """
+    b, heads, lq, d = qf.shape
+    lk = kf.shape[2]
+    n_blocks = -(-lq // chunk)
+    width = chunk + 2 * horizon
+    qb = torch.nn.functional.pad(qf, (0, 0, 0, n_blocks * chunk - lq)).view(b, heads, n_blocks, chunk, d)
+    starts = torch.arange(n_blocks, device=qf.device) * chunk + offset - horizon
+    index = starts[:, None] + torch.arange(width, device=qf.device)  # (n_blocks, width)
+    inside = (index >= 0) & (index < lk)
+    index = index.clamp(0, lk - 1).reshape(-1)
+    kw = kf.index_select(2, index).view(b, heads, n_blocks, width, d)
+    vw = vm.index_select(2, index).view(b, heads, n_blocks, width, -1) * inside[..., None].to(vm.dtype)
+    scores = qb @ kw.transpose(-1, -2)  # (B, H, n_blocks, C, W)
+    # query c, key w of a block: offset p_i - j = c + h - w, in the band for c <= w <= c + 2h
+    c = torch.arange(chunk, device=qf.device)[:, None]
+    w = torch.arange(width, device=qf.device)[None, :]
+    t = c + horizon - w
+    keep = (t.abs() <= horizon) & ((t >= 0) if causal else True)
+    if rf is not None:
+        weights = qb @ rf[None, :, None].transpose(-1, -2)  # (B, H, n_blocks, C, 2h+1)
+        rel_index = (t.clamp(-horizon, horizon) + horizon).expand(b, heads, n_blocks, chunk, width)
+        scores = scores + weights.gather(-1, rel_index)
+    scores = scores * keep.to(scores.dtype)
+    return (scores @ vw).reshape(b, heads, n_blocks * chunk, -1)[:, :, :lq]
+
+
+def _decayed_prefix(x: Tensor, y: Tensor, v: Tensor, rate: Tensor, chunk: int) -> Tensor:
+    """out_m = sum_{j <= m} exp(-rate (m + 1 - j)) x_m.y_j v_j for m = 0..L-1, by chunks of keys.
+
+    x, y (B, H, L, E), v (B, H, L, Dv), rate (H,). Within a chunk the (C, C) decayed scores; across chunks a
+    state S_c = sum_{j < cC} exp(-rate (cC - 1 - j)) y_j v_j^T of shape (E, Dv).
+    """
+    b, heads, length, e = x.shape
+    dv = v.shape[-1]
+    n = -(-length // chunk)
+    pad = n * chunk - length
+    xc = torch.nn.functional.pad(x, (0, 0, 0, pad)).view(b, heads, n, chunk, e)
+    yc = torch.nn.functional.pad(y, (0, 0, 0, pad)).view(b, heads, n, chunk, e)
+    vc = torch.nn.functional.pad(v, (0, 0, 0, pad)).view(b, heads, n, chunk, dv)
+    pos = torch.arange(chunk, device=x.device, dtype=x.dtype)
+    rate = rate.to(x.dtype)[:, None, None]  # (H, 1, 1)
+    gap = pos[:, None] - pos[None, :]  # a - b
+    intra_decay = torch.where(gap >= 0, torch.exp(-rate * (gap + 1).clamp(min=0)), torch.zeros((), dtype=x.dtype,
+                                                                                                  device=x.device))
+    out = ((xc @ yc.transpose(-1, -2)) * intra_decay[None, :, None]) @ vc  # (B, H, n, C, Dv)
+    if n > 1:
+        to_end = torch.exp(-rate[..., 0] * (chunk - 1 - pos))  # (H, C): key b of a chunk to the chunk's end
+        local = (yc * to_end[None, :, None, :, None]).transpose(-1, -2) @ vc  # (B, H, n, E, Dv)
+        carry = torch.exp(-rate[:, 0, 0] * chunk)[None, :, None, None]
+        states = [torch.zeros_like(local[:, :, 0])]
+        for i in range(n - 1):
+            states.append(carry * states[-1] + local[:, :, i])
+        states = torch.stack(states, dim=2)  # (B, H, n, E, Dv): the state before each chunk
+        from_start = torch.exp(-rate[..., 0] * (pos + 2))  # (H, C): query a of a chunk from the state
+        out = out + (xc * from_start[None, :, None, :, None]) @ states
+    return out.reshape(b, heads, n * chunk, dv)[:, :, :length]
+
+
+def _tail(xq: Tensor, y: Tensor, vm: Tensor, rate: Tensor, horizon: int, offset: int, chunk: int) -> Tensor:
+    """sum over j <= p_i - h - 1 of exp(-rate (p_i - h - j)) x_i.y_j v_j, p_i = i + offset (any integer offset).
+
+    The query with cutoff m = p_i - h - 1 is placed at key position m, so that one causal pass
+    (`_decayed_prefix`) serves all queries; queries with m < 0 see no key.
+    """
+    b, heads, lq, e = xq.shape
+    lk = y.shape[2]
+    cutoff = torch.arange(lq, device=xq.device) + offset - horizon - 1
+    first, last = int(cutoff[0]), int(cutoff[-1])
+    if last < 0:
+        return xq.new_zeros(b, heads, lq, vm.shape[-1])
+    length = max(lk, last + 1)
+    # queries at their cutoff positions (those with a negative cutoff are dropped)
+    lead = max(first, 0)
+    xs = xq[:, :, lead - first:]
+    xs = torch.nn.functional.pad(xs, (0, 0, lead, length - lead - xs.shape[2]))
+    y = torch.nn.functional.pad(y, (0, 0, 0, length - lk))
+    vm = torch.nn.functional.pad(vm, (0, 0, 0, length - lk))
+    out = _decayed_prefix(xs, y, vm, rate, chunk)[:, :, lead:last + 1]
+    return torch.nn.functional.pad(out, (0, 0, lq - out.shape[2], 0))
+
+
+def _tail_features(qf: Tensor, kf: Tensor, rf: Tensor | None, edge: int) -> tuple[Tensor, Tensor]:
+    """x_i = [phi(q_i), phi(q_i).phi(rel[edge])], y_j = [phi(k_j), 1]; without a table x = phi(q), y = phi(k)."""
+    if rf is None:
+        return qf, kf
+    x = torch.cat([qf, qf @ rf[None, :, edge, :, None]], dim=-1)
+    y = torch.cat([kf, torch.ones_like(kf[..., :1])], dim=-1)
+    return x, y
+
+
+def chunk_kernelized_decay_attention(
+    q: Tensor, k: Tensor, v: Tensor, rel: Tensor | None, decay: Tensor,
+    *, causal: bool = False, key_mask: Tensor | None = None, query_offset: int = 0, horizon: int | None = None,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+) -> Tensor:
+    """The linear algorithm of `kernelized_decay_attention` (band + decayed tails, see the module docstring).
+
+    Differentiable by autograd. `horizon` is read from `rel` unless given (needed when `rel` is None).
+    """
+    dtype = compute_dtype(q.dtype)
+    h = horizon_of(rel) if horizon is None else horizon
+    qf, kf = elu_feature_map(q.to(dtype)), elu_feature_map(k.to(dtype))
+    vm = _mask_values(v.to(dtype), key_mask)
+    rf = _rel_features(rel, q.shape[1], dtype)
+    rate = decay.to(dtype)
+    chunk = max(chunk_size, 1)
+    out = _band(qf, kf, vm, rf, h, query_offset, causal, chunk)
+    x, y = _tail_features(qf, kf, rf, 2 * h)
+    out = out + _tail(x, y, vm, rate, h, query_offset, chunk)
+    if not causal:
+        # keys j >= p_i + h + 1 of the reversed sequences: j' = Lk-1-j, query i' = Lq-1-i at p' = i' + Lk-Lq-off
+        lq, lk = q.shape[2], k.shape[2]
+        x, y = _tail_features(qf.flip(2), kf.flip(2), rf, 0)
+        out = out + _tail(x, y, vm.flip(2), rate, h, lk - lq - query_offset, chunk).flip(2)
+    return out.to(q.dtype)
+
+
+# Fixed cost of the linear path per call, in multiply-adds (Python and launch overhead).
+LINEAR_OVERHEAD = 15_000_000
+
+
+def kernelized_decay_choose_mode(
+    lq: int, lk: int, dim: int, value_dim: int, horizon: int, *, causal: bool, batch_heads: int = 1,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+) -> str:
+    """The cheaper algorithm for one call, "naive" or "linear", from a cost model in multiply-adds.
+
+    Quadratic: about (D + Dv + 8) per score. Linear: the band (C + 2h keys per query), the tail's chunk
+    scores (C per query and direction) and its chunk states ((D+1) Dv per key and direction).
+    """
+    c = max(chunk_size, 1)
+    directions = 1 if causal else 2
+    per_score = dim + value_dim + 8
+    naive = batch_heads * lq * lk * per_score
+    linear = batch_heads * (
+        lq * (c + 2 * horizon) * per_score
+        + directions * ((lq + lk) * c * per_score // 2 + 2 * max(lq, lk) * (dim + 1) * value_dim)
+    ) + LINEAR_OVERHEAD
+    return "linear" if linear < naive else "naive"
+
+
+def kernelized_decay_attention(
+    q: Tensor, k: Tensor, v: Tensor, rel: Tensor | None, decay: Tensor,
+    *, causal: bool = False, key_mask: Tensor | None = None, query_offset: int = 0, mode: str = "auto",
+    horizon: int | None = None,
+) -> Tensor:
+    """Kernelized attention with clipped relative positions and a geometric decay beyond the horizon, exact,
+    linear in length, without a row normaliser (see the module docstring for the formula).
+
+    Args:
+        q (`Tensor` of shape `(B, H, Lq, D)`): queries.
+        k (`Tensor` of shape `(B, H, Lk, D)`): keys; Lk may differ from Lq (cross attention).
+        v (`Tensor` of shape `(B, H, Lk, Dv)`): values.
+        rel (`Tensor` of shape `(H, 2h+1, D)` or `(2h+1, D)`, *optional*): relative embeddings, row r for
+            relative position r - h. Without it the score is phi(q_i).phi(k_j) times the decay, and
+            `horizon` must be given.
+        decay (`Tensor` of shape `(H,)`): decay rate lambda >= 0 per head, per position beyond the horizon.
+        causal (`bool`, defaults to `False`): key j is visible to query i only if j <= p_i.
+        key_mask (`Tensor` of shape `(B, Lk)`, *optional*): 1 (or True) for keys to attend to.
+        query_offset (`int`, defaults to 0): absolute position of the first query.
+        mode (`str`, defaults to `"auto"`): `"naive"` (quadratic reference), `"linear"` (band plus chunked
+            decayed tails, O(L) time and memory) or `"auto"` (the cheaper, see `kernelized_decay_choose_mode`).
+        horizon (`int`, *optional*): h; read from `rel` when omitted.
+
+    Returns:
+        `Tensor` of shape `(B, H, Lq, Dv)` in q's dtype; a row with no visible key is 0. Half precision
+        accumulates in float32.
+    """
+    check_attention_inputs(q, k, v, rel, key_mask, query_offset, mode)
+    check_decay(decay, q.shape[1], q.dtype)
+    h = _resolve_horizon(rel, horizon)
+    if mode == "auto":
+        mode = kernelized_decay_choose_mode(
+            q.shape[2], k.shape[2], q.shape[-1], v.shape[-1], h, causal=causal, batch_heads=q.shape[0] * q.shape[1]
+        )
+    if mode == "naive":
+        return naive_kernelized_decay_attention(
+            q, k, v, rel, decay, causal=causal, key_mask=key_mask, query_offset=query_offset, horizon=h
+        )
+    return chunk_kernelized_decay_attention(
+        q, k, v, rel, decay, causal=causal, key_mask=key_mask, query_offset=query_offset, horizon=h
+    )
+
+
+def _resolve_horizon(rel: Tensor | None, horizon: int | None) -> int:
+    if horizon is None:
+        if rel is None:
+            raise ValueError("`horizon` must be given when `rel` is None")
+        return horizon_of(rel)
+    if isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 0:
+        raise ValueError(f"`horizon` must be a non-negative int, got {horizon!r}")
+    if rel is not None and horizon != horizon_of(rel):
+        raise ValueError(f"`horizon` ({horizon}) must match `rel`, whose {rel.shape[-2]} rows give {horizon_of(rel)}")
+    return horizon
+
+
+# ------------------------------------------------------------------------------------------------ decoding
+
+
+class KernelizedDecayState(NamedTuple):
+    """Recurrent state of causal kernelized decay attention after `seen` tokens (positions 0..seen-1).
+
+    Fields:
+        keys (`Tensor` of shape `(B, H, h, D)`): phi(k_j) of the last h tokens, oldest first; zero rows stand
+            for positions before the start.
+        values (`Tensor` of shape `(B, H, h, Dv)`): m_j v_j of the same tokens (key mask applied).
+        tail (`Tensor` of shape `(B, H, D+1, Dv)`): sum over j <= seen - h - 1 of
+            exp(-lambda (seen - h - 1 - j)) [phi(k_j), 1] (m_j v_j)^T.
+        seen (`int`): number of tokens seen, the position of the next token.
+    """
+
+    keys: Tensor
+    values: Tensor
+    tail: Tensor
+    seen: int
+
+
+def kernelized_decay_initial_state(
+    batch: int, heads: int, dim: int, value_dim: int, horizon: int, *, dtype: torch.dtype, device=None
+) -> KernelizedDecayState:
+    """The empty state (no token seen); accumulates in `compute_dtype(dtype)`."""
+    dtype = compute_dtype(dtype)
+    return KernelizedDecayState(
+        keys=torch.zeros(batch, heads, horizon, dim, dtype=dtype, device=device),
+        values=torch.zeros(batch, heads, horizon, value_dim, dtype=dtype, device=device),
+        tail=torch.zeros(batch, heads, dim + 1, value_dim, dtype=dtype, device=device),
+        seen=0,
+    )
+
+
+def kernelized_decay_prefill_state(
+    k: Tensor, v: Tensor, decay: Tensor, *, horizon: int, key_mask: Tensor | None = None
+) -> KernelizedDecayState:
+    """The state after the tokens k, v (B, H, L, .) at positions 0..L-1, in O(L D Dv) time."""
+    dtype = compute_dtype(k.dtype)
+    kf = elu_feature_map(k.to(dtype))
+    vm = _mask_values(v.to(dtype), key_mask)
+    b, heads, length, d = kf.shape
+    old = max(length - horizon, 0)  # tokens 0..old-1 are in the tail
+    y = torch.cat([kf[:, :, :old], torch.ones_like(kf[:, :, :old, :1])], dim=-1)
+    weight = torch.exp(-decay.to(dtype)[:, None] * (old - 1 - torch.arange(old, device=k.device, dtype=dtype)))
+    tail = (y * weight[None, :, :, None]).transpose(-1, -2) @ vm[:, :, :old]
+    pad = horizon - (length - old)
+    keys = torch.nn.functional.pad(kf[:, :, old:], (0, 0, pad, 0))
+    values = torch.nn.functional.pad(vm[:, :, old:], (0, 0, pad, 0))
+    return KernelizedDecayState(keys=keys, values=values, tail=tail, seen=length)
+
+
+def kernelized_decay_step(
+    q: Tensor, k: Tensor, v: Tensor, rel: Tensor | None, decay: Tensor, state: KernelizedDecayState,
+    *, key_mask: Tensor | None = None, horizon: int | None = None,
+) -> tuple[Tensor, KernelizedDecayState]:
+    """Causal attention of n new tokens on the past summarised by `state`, and the updated state.
+
+    q, k, v have shape (B, H, n, .) and sit at positions state.seen .. state.seen + n - 1; `key_mask` (B, n)
+    masks new tokens only. The result equals the matching rows of
+    `kernelized_decay_attention(..., causal=True)` over the whole sequence; the state keeps its size.
+    """
+    check_state(state, KernelizedDecayState)
+    check_attention_inputs(q, k, v, rel, key_mask, state.seen, "linear")
+    check_new_tokens(q, k)
+    check_decay(decay, q.shape[1], q.dtype)
+    h = _resolve_horizon(rel, horizon)
+    b, heads, _, d = q.shape
+    expected = (b, heads, h, d)
+    if tuple(state.keys.shape) != expected or tuple(state.tail.shape) != (b, heads, d + 1, v.shape[-1]):
+        raise ValueError(
+            f"`state` does not fit these inputs: expected keys of shape {expected} (horizon {h}) and a tail of "
+            f"shape {(b, heads, d + 1, v.shape[-1])}, got {tuple(state.keys.shape)} and {tuple(state.tail.shape)}"
+        )
+    dtype = state.tail.dtype
+    rf = _rel_features(rel, heads, dtype)
+    rate = decay.to(dtype)[None, :, None, None]
+    gamma = torch.exp(-rate)
+    qf, kf = elu_feature_map(q.to(dtype)), elu_feature_map(k.to(dtype))
+    vm = _mask_values(v.to(dtype), key_mask)
+    keys, values, tail = state.keys, state.values, state.tail
+    outs = []
+    for s in range(q.shape[2]):
+        qi = qf[:, :, s:s + 1]  # (B, H, 1, D)
+        keys = torch.cat([keys, kf[:, :, s:s + 1]], dim=2)  # the h + 1 keys at offsets h .. 0
+        values = torch.cat([values, vm[:, :, s:s + 1]], dim=2)
+        scores = qi @ keys.transpose(-1, -2)
+        x = qi
+        if rf is not None:
+            weights = qi @ rf.transpose(-1, -2)[None]  # (B, H, 1, 2h+1); window key w at offset h - w: row 2h - w
+            scores = scores + weights[..., h:].flip(-1)
+            x = torch.cat([qi, weights[..., -1:]], dim=-1)
+        out = scores @ values + gamma * (x @ tail[:, :, :x.shape[-1]])
+        outs.append(out)
+        # the oldest key of the window (offset h) moves to the tail for the next position
+        oldest = torch.cat([keys[:, :, :1], torch.ones_like(keys[:, :, :1, :1])], dim=-1)
+        tail = gamma * tail + oldest.transpose(-1, -2) @ values[:, :, :1]
+        keys, values = keys[:, :, 1:], values[:, :, 1:]
+    out = torch.cat(outs, dim=2).to(q.dtype)
+    return out, KernelizedDecayState(keys=keys, values=values, tail=tail, seen=state.seen + q.shape[2])
+
+
+class KernelizedDecayCrossSummary(NamedTuple):
+    """The fixed keys of cross attention, kept for `kernelized_decay_cross_step`.
+
+    Fields:
+        keys (`Tensor` of shape `(B, H, Lk, D)`): the keys.
+        values (`Tensor` of shape `(B, H, Lk, Dv)`): m_j v_j, the values with the key mask applied (without a
+            row normaliser a masked key is a zero value).
+    """
+
+    keys: Tensor
+    values: Tensor
+
+
+def kernelized_decay_cross_summary(k: Tensor, v: Tensor, *, key_mask: Tensor | None = None) -> KernelizedDecayCrossSummary:
+    """Keep keys and masked values (B, H, Lk, .) for `kernelized_decay_cross_step`."""
+    dtype = compute_dtype(k.dtype)
+    return KernelizedDecayCrossSummary(keys=k.to(dtype), values=_mask_values(v.to(dtype), key_mask))
+
+
+def kernelized_decay_cross_step(
+    q: Tensor, rel: Tensor | None, decay: Tensor, summary: KernelizedDecayCrossSummary, *, query_offset: int,
+    horizon: int | None = None,
+) -> Tensor:
+    """Bidirectional attention of queries (B, H, n, D) at positions query_offset.. on the summarised keys.
+
+    Equals `kernelized_decay_attention(q, k, v, rel, decay, query_offset=query_offset)` for the keys the
+    summary was built from. Each query reads every key once: O(n Lk (D + Dv)), like softmax cross attention.
+    """
+    if not isinstance(summary, KernelizedDecayCrossSummary):
+        raise ValueError(f"`summary` must be a KernelizedDecayCrossSummary, got {type(summary).__name__}")
+    dtype = summary.keys.dtype
+    h = _resolve_horizon(rel, horizon)
+    out = naive_kernelized_decay_attention(
+        q.to(dtype), summary.keys, summary.values, None if rel is None else rel.to(dtype), decay.to(dtype),
+        query_offset=query_offset, horizon=h,
+    )
+    return out.to(q.dtype)
+
+
+__all__ = [
+    "KernelizedDecayCrossSummary",
+    "KernelizedDecayState",
+    "chunk_kernelized_decay_attention",
+    "kernelized_decay_attention",
+    "kernelized_decay_choose_mode",
+    "kernelized_decay_cross_step",
+    "kernelized_decay_cross_summary",
+    "kernelized_decay_initial_state",
+    "kernelized_decay_prefill_state",
+    "kernelized_decay_step",
+]

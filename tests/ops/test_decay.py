@@ -1,0 +1,195 @@
+"""Kernelized attention with a decay beyond the horizon: every fast path against the quadratic reference in
+float64, forward and gradients, and the recurrent state against the full causal forward."""
+
+import functools
+
+import pytest
+import torch
+
+from modeling_scaleformer import ops_decay
+from modeling_scaleformer.ops_decay import (
+    KernelizedDecayState,
+    chunk_kernelized_decay_attention,
+    kernelized_decay_attention,
+    kernelized_decay_choose_mode,
+    kernelized_decay_initial_state,
+    kernelized_decay_prefill_state,
+    kernelized_decay_step,
+)
+from modeling_scaleformer.ops_naive import naive_kernelized_decay_attention, naive_kernelized_rpe_scores
+
+
+F64 = torch.float64
+TOLERANCES = dict(rtol=1e-10, atol=1e-12, grad_rtol=1e-9, grad_atol=1e-11)
+
+
+def check_against_naive(assert_matches, fn, inputs, causal, offset):
+    """fn against the float64 reference: outputs and the gradients of q, k, v, rel and the decay rates."""
+    q, k, v, rel, decay, key_mask, horizon = inputs
+    tensors, names = ((q, k, v, decay), "q k v decay") if rel is None else ((q, k, v, decay, rel), "q k v decay rel")
+
+    def call(op):
+        def run(q, k, v, decay, rel=None):
+            return op(q, k, v, rel, decay, causal=causal, key_mask=key_mask, query_offset=offset, horizon=horizon)
+        return run
+
+    assert_matches(call(fn), call(naive_kernelized_decay_attention), tensors, names.split(), allow_unused=True, **TOLERANCES)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
+@pytest.mark.parametrize("chunk", [1, 4, 64])
+def test_chunk(decay_case, causal, chunk, decay_inputs, split_case, assert_matches):
+    inputs, offset = split_case(decay_inputs, decay_case)
+    fn = functools.partial(chunk_kernelized_decay_attention, chunk_size=chunk)
+    check_against_naive(assert_matches, fn, inputs, causal, offset)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
+def test_linear_mode_default_chunk(causal, decay_inputs, assert_matches):
+    inputs = decay_inputs(b=1, h=2, lq=150, lk=140, d=8, dv=6, horizon=5, mask="padding")
+    check_against_naive(assert_matches, functools.partial(kernelized_decay_attention, mode="linear"), inputs, causal, 3)
+
+
+def test_chunk_gradcheck(decay_inputs):
+    q, k, v, rel, decay, key_mask, horizon = decay_inputs(b=1, h=2, lq=9, lk=8, d=3, dv=2, horizon=1, mask="padding")
+    leaves = tuple(t.requires_grad_(True) for t in (q, k, v, rel, decay))
+    for causal in (False, True):
+        torch.autograd.gradcheck(
+            lambda q, k, v, rel, decay: chunk_kernelized_decay_attention(
+                q, k, v, rel, decay, causal=causal, key_mask=key_mask, query_offset=1, chunk_size=2
+            ),
+            leaves,
+        )
+
+
+def test_zero_decay_is_the_unnormalised_kernelized_rpe_sum(decay_inputs):
+    q, k, v, rel, _, key_mask, _ = decay_inputs(lq=20, lk=20, horizon=2, mask="padding")
+    for causal in (False, True):
+        got = chunk_kernelized_decay_attention(q, k, v, rel, torch.zeros(3, dtype=F64), causal=causal,
+                                               key_mask=key_mask, chunk_size=4)
+        expected = naive_kernelized_rpe_scores(q, k, rel, causal=causal, key_mask=key_mask) @ v
+        torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-12)
+
+
+def test_fast_decay_leaves_only_the_band(decay_inputs):
+    """With lambda = 60 the keys beyond the horizon weigh exp(-60) or less: the output is the band alone."""
+    q, k, v, rel, _, _, horizon = decay_inputs(lq=30, lk=30, horizon=2)
+    got = chunk_kernelized_decay_attention(q, k, v, rel, torch.full((3,), 60.0, dtype=F64), chunk_size=4)
+    scores = naive_kernelized_rpe_scores(q, k, rel)
+    band = (torch.arange(30)[:, None] - torch.arange(30)[None, :]).abs() <= horizon
+    torch.testing.assert_close(got, (scores * band) @ v, rtol=1e-10, atol=1e-12)
+    assert (got - scores @ v).abs().max() > 1.0  # without the decay the far keys change the output
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_accumulates_in_float32(dtype, decay_inputs, assert_low_precision):
+    q, k, v, rel, decay, key_mask, horizon = decay_inputs(b=1, h=2, lq=70, lk=70, d=8, dv=8, horizon=3,
+                                                          mask="padding", dtype=dtype)
+    leaves = [t.requires_grad_(True) for t in (q, k, v, rel)]
+    kwargs = dict(causal=True, key_mask=key_mask, horizon=horizon)
+
+    def call(op, decay_dtype):
+        return lambda q, k, v, rel, **kw: op(q, k, v, rel, decay.to(q.dtype), **kw)
+
+    assert_low_precision(call(functools.partial(chunk_kernelized_decay_attention, chunk_size=16), dtype),
+                         call(naive_kernelized_decay_attention, F64), leaves, kwargs, tolerance=0.05,
+                         names="q k v rel".split())
+
+
+def test_auto_mode_follows_choose_mode(monkeypatch, decay_inputs):
+    q, k, v, rel, decay, _, _ = decay_inputs(lq=12, lk=12)
+    calls = []
+    monkeypatch.setattr(ops_decay, "kernelized_decay_choose_mode", lambda *a, **kw: calls.append((a, kw)) or "linear")
+    monkeypatch.setattr(ops_decay, "chunk_kernelized_decay_attention", lambda *a, **kw: torch.full((2, 3, 12, 4), 7.0))
+    out = kernelized_decay_attention(q, k, v, rel, decay, causal=True, mode="auto")
+    assert calls == [((12, 12, 5, 4, 3), dict(causal=True, batch_heads=6))] and bool((out == 7.0).all())
+
+
+def test_choose_mode():
+    assert kernelized_decay_choose_mode(64, 64, 64, 64, 16, causal=True) == "naive"
+    assert kernelized_decay_choose_mode(96, 96, 64, 64, 16, causal=False, batch_heads=128) == "naive"
+    assert kernelized_decay_choose_mode(8192, 8192, 64, 64, 16, causal=True) == "linear"
+    assert kernelized_decay_choose_mode(8192, 8192, 64, 64, 16, causal=False) == "linear"
+    assert kernelized_decay_choose_mode(1, 100_000, 64, 64, 16, causal=False) == "naive"
+    picks = [kernelized_decay_choose_mode(n, n, 64, 64, 16, causal=c) for c in (True, False)
+             for n in (2**i for i in range(4, 16))]
+    assert picks[:12] == sorted(picks[:12], key=lambda m: m == "linear")
+    assert picks[12:] == sorted(picks[12:], key=lambda m: m == "linear")
+
+
+@pytest.mark.parametrize("horizon", [0, 1, 3])
+@pytest.mark.parametrize("no_rel", [False, True], ids=["rel", "no-rel"])
+@pytest.mark.parametrize("mask", [None, "padding"])
+def test_step_token_by_token_and_in_pieces(horizon, no_rel, mask, decay_inputs):
+    q, k, v, rel, decay, key_mask, _ = decay_inputs(b=2, h=2, lq=13, lk=13, horizon=horizon, mask=mask, no_rel=no_rel)
+    full = naive_kernelized_decay_attention(q, k, v, rel, decay, causal=True, key_mask=key_mask, horizon=horizon)
+    for pieces in ([1] * 13, [3, 1, 5, 4], [13]):
+        state = kernelized_decay_initial_state(2, 2, 5, 4, horizon, dtype=F64)
+        outs, start = [], 0
+        for n in pieces:
+            sl = slice(start, start + n)
+            m = None if key_mask is None else key_mask[:, sl]
+            o, state = kernelized_decay_step(q[:, :, sl], k[:, :, sl], v[:, :, sl], rel, decay, state, key_mask=m,
+                                             horizon=horizon)
+            outs.append(o)
+            start += n
+        torch.testing.assert_close(torch.cat(outs, dim=2), full, rtol=1e-10, atol=1e-12)
+        assert state.seen == 13
+        assert tuple(state.keys.shape) == (2, 2, horizon, 5) and tuple(state.tail.shape) == (2, 2, 6, 4)
+
+
+@pytest.mark.parametrize("prompt", [1, 2, 3, 9])
+def test_prefill_state_then_steps(prompt, decay_inputs):
+    q, k, v, rel, decay, key_mask, horizon = decay_inputs(b=2, h=2, lq=12, lk=12, horizon=3, mask="padding")
+    full = naive_kernelized_decay_attention(q, k, v, rel, decay, causal=True, key_mask=key_mask)
+    state = kernelized_decay_prefill_state(k[:, :, :prompt], v[:, :, :prompt], decay, horizon=horizon,
+                                           key_mask=key_mask[:, :prompt])
+    assert state.seen == prompt
+    out, state = kernelized_decay_step(q[:, :, prompt:], k[:, :, prompt:], v[:, :, prompt:], rel, decay, state,
+                                       key_mask=key_mask[:, prompt:])
+    torch.testing.assert_close(out, full[:, :, prompt:], rtol=1e-10, atol=1e-12)
+
+
+def test_state_size_is_constant(decay_inputs):
+    q, k, v, rel, decay, _, horizon = decay_inputs(b=1, h=2, lq=40, lk=40, horizon=3)
+    sizes = set()
+    state = kernelized_decay_initial_state(1, 2, 5, 4, horizon, dtype=F64)
+    for i in range(40):
+        _, state = kernelized_decay_step(q[:, :, i:i + 1], k[:, :, i:i + 1], v[:, :, i:i + 1], rel, decay, state)
+        sizes.add(sum(t.numel() for t in state[:3]))
+    assert len(sizes) == 1
+
+
+def test_errors_name_the_argument(decay_inputs):
+    q, k, v, rel, decay, _, horizon = decay_inputs()
+    with pytest.raises(ValueError, match="`decay` must be a tensor of shape \\(heads,\\)"):
+        kernelized_decay_attention(q, k, v, rel, decay[:2])
+    with pytest.raises(ValueError, match="`decay` must hold non-negative"):
+        kernelized_decay_attention(q, k, v, rel, -decay)
+    with pytest.raises(ValueError, match="`decay` must have the dtype of `q`"):
+        kernelized_decay_attention(q, k, v, rel, decay.float())
+    with pytest.raises(ValueError, match="`horizon` must be given"):
+        kernelized_decay_attention(q, k, v, None, decay)
+    with pytest.raises(ValueError, match="`horizon` \\(2\\) must match `rel`"):
+        kernelized_decay_attention(q, k, v, rel, decay, horizon=2)
+    with pytest.raises(ValueError, match="`mode` must be one of"):
+        kernelized_decay_attention(q, k, v, rel, decay, mode="fast")
+    with pytest.raises(ValueError, match="`state` must be a KernelizedDecayState"):
+        kernelized_decay_step(q[:, :, :1], k[:, :, :1], v[:, :, :1], rel, decay, None)
+    wrong = kernelized_decay_initial_state(2, 3, 5, 4, horizon + 1, dtype=F64)
+    with pytest.raises(ValueError, match="`state` does not fit these inputs"):
+        kernelized_decay_step(q[:, :, :1], k[:, :, :1], v[:, :, :1], rel, decay, wrong)
+    assert isinstance(wrong, KernelizedDecayState)
+
+
+@pytest.mark.parametrize("mask", [None, "random"])
+def test_cross_summary_and_steps_match_the_full_attention(mask, decay_inputs):
+    from modeling_scaleformer.ops_decay import kernelized_decay_cross_step, kernelized_decay_cross_summary
+
+    q, k, v, rel, decay, key_mask, horizon = decay_inputs(b=2, h=2, lq=12, lk=30, horizon=2, mask=mask)
+    full = naive_kernelized_decay_attention(q, k, v, rel, decay, key_mask=key_mask)
+    summary = kernelized_decay_cross_summary(k, v, key_mask=key_mask)
+    steps = [kernelized_decay_cross_step(q[:, :, i:i + 1], rel, decay, summary, query_offset=i) for i in range(12)]
+    torch.testing.assert_close(torch.cat(steps, dim=2), full, rtol=1e-10, atol=1e-12)
+    with pytest.raises(ValueError, match="`summary` must be a KernelizedDecayCrossSummary"):
+        kernelized_decay_cross_step(q, rel, decay, (k, v), query_offset=0)
