@@ -57,7 +57,7 @@ from common import (
 )
 from modeling_scaleformer.ops_kernelized import choose_mode, kernelized_rpe_attention
 from modeling_scaleformer.ops_naive import naive_kernelized_rpe_attention
-from modeling_scaleformer.ops_registry import ATTENTION_VARIANTS, rotary_spectrum
+from modeling_scaleformer.ops_registry import ATTENTION_VARIANTS, decay_spectrum, inverse_softplus, rotary_spectrum
 
 
 BATCH = 1
@@ -70,8 +70,9 @@ QUICK_LENGTHS = (256, 512, 1024, 2048)
 AUTO_LENGTHS = tuple(64 * 2**i for i in range(10))  # 64 ... 32768
 METHODS = ("linear", "naive", "sdpa")
 # the other attention_type variants, each through its fast path (the op the model calls)
-VARIANTS = ("kernelized", "fourier", "toeplitz", "shaw_softmax", "xl_relative")
-VARIANT_MODE = {"kernelized": "linear", "fourier": "linear", "toeplitz": "linear",
+VARIANTS = ("kernelized", "kernelized_decay", "kernelized_decay_gated", "fourier", "toeplitz", "shaw_softmax", "xl_relative")
+VARIANT_MODE = {"kernelized": "linear", "kernelized_decay": "linear", "kernelized_decay_gated": "linear",
+                "fourier": "linear", "toeplitz": "linear",
                 "shaw_softmax": "auto", "xl_relative": "auto"}
 QUADRATIC_VARIANTS = ("shaw_softmax", "xl_relative")  # an L x L float bias goes to SDPA
 ALL_METHODS = METHODS + VARIANTS
@@ -188,6 +189,8 @@ def variant_parameters(variant: str, g: torch.Generator, dtype: torch.dtype) -> 
             noise += 1
         elif spec.init == "frequencies":
             noise = rotary_spectrum(DIM, dtype)[None, :, None].expand(spec.shape).clone()
+        elif spec.init == "decay_rates":
+            noise += inverse_softplus(decay_spectrum(spec.shape[0], dtype))
         params[name] = noise
     return params
 

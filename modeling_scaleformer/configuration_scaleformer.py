@@ -69,7 +69,9 @@ class ScaleformerConfig(PreTrainedConfig):
             `"kernelized_rpe"`: kernelized attention with clipped relative positions, linear;
             `"kernelized"`: plain kernelized attention (no position information at all), linear;
             `"kernelized_decay"`: kernelized_rpe's scores times a learned per-head geometric decay beyond
-            the horizon, without a row normaliser, then a per-head RMSNorm and a SiLU output gate, linear;
+            the horizon, row-normalised, linear;
+            `"kernelized_decay_gated"`: the same decayed scores without a row normaliser, then a per-head
+            RMSNorm and a SiLU output gate, linear;
             `"fourier"`: kernelized attention with a learned cosine relative-position kernel, linear;
             `"toeplitz"`: kernelized attention times exp(b_{j-i}) (clipped at `rpe_horizon`), by FFT;
             `"xl_relative"`: Transformer-XL relative softmax attention, quadratic;
@@ -82,15 +84,15 @@ class ScaleformerConfig(PreTrainedConfig):
             `"naive"` (quadratic) or `"auto"` (the cheaper per call). Results are equal up to rounding. The
             softmax variants accept `"auto"` (fused SDPA) and `"naive"`.
         rpe_horizon (`int`, *optional*, defaults to 16):
-            Horizon h of the relative variants (`"kernelized_rpe"`, `"kernelized_decay"`, `"toeplitz"`,
-            `"xl_relative"`, `"shaw_softmax"`): relative positions are clipped to [-h, h], giving 2h+1 learned
+            Horizon h of the relative variants (`"kernelized_rpe"`, `"kernelized_decay"`,
+            `"kernelized_decay_gated"`, `"toeplitz"`, `"xl_relative"`, `"shaw_softmax"`): relative positions are clipped to [-h, h], giving 2h+1 learned
             entries.
         rpe_shared_across_heads (`bool`, *optional*, defaults to `False`):
             One relative table shared by the heads of a layer instead of one per head (`"kernelized_rpe"`,
-            `"kernelized_decay"` and `"shaw_softmax"`).
+            the two `"kernelized_decay"` types and `"shaw_softmax"`).
         cross_attention_rpe (`bool`, *optional*, defaults to `False`):
             Whether cross-attention uses the self-attention variant with its relative positions (decoder
-            position minus encoder position); with `"kernelized_rpe"` and `"kernelized_decay"` only.
+            position minus encoder position); with `"kernelized_rpe"` and the two `"kernelized_decay"` types only.
         absolute_positions (`str`, *optional*):
             `None` (default): no absolute positions, the model sees order only through its attention.
             `"sinusoidal"`: fixed sine/cosine position encodings (Vaswani et al.) added to the token embeddings

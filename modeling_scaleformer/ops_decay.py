@@ -38,10 +38,12 @@ from .ops_common import (
     check_new_tokens,
     check_state,
     compute_dtype,
+    augment_values,
     describe,
     elu_feature_map,
     horizon_of,
 )
+from .ops_common import normalise as normalise_rows
 from .ops_naive import naive_kernelized_decay_attention
 
 
@@ -55,8 +57,16 @@ def check_decay(decay: Tensor, heads: int, dtype: torch.dtype) -> None:
         raise ValueError("`decay` must hold non-negative decay rates (lambda >= 0)")
 
 
-def _mask_values(v: Tensor, key_mask: Tensor | None) -> Tensor:
+def _mask_values(v: Tensor, key_mask: Tensor | None, normalise: bool = False) -> Tensor:
+    """m_j v_j, or [m_j v_j, m_j] when `normalise` (the last channel then sums to the row normaliser)."""
+    if normalise:
+        return augment_values(v, key_mask)
     return v if key_mask is None else v * key_mask.to(v.dtype)[:, None, :, None]
+
+
+def _finish(out: Tensor, normalise: bool) -> Tensor:
+    """The attention from the sums over [m v] (as is) or [m v, m] (divided by the last channel)."""
+    return normalise_rows(out[..., :-1], out[..., -1:]) if normalise else out
 
 
 def _rel_features(rel: Tensor | None, heads: int, dtype: torch.dtype) -> Tensor | None:
@@ -166,7 +176,7 @@ def _tail_features(qf: Tensor, kf: Tensor, rf: Tensor | None, edge: int) -> tupl
 def chunk_kernelized_decay_attention(
     q: Tensor, k: Tensor, v: Tensor, rel: Tensor | None, decay: Tensor,
     *, causal: bool = False, key_mask: Tensor | None = None, query_offset: int = 0, horizon: int | None = None,
-    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    normalise: bool = False, chunk_size: int = DEFAULT_CHUNK_SIZE,
 ) -> Tensor:
     """The linear algorithm of `kernelized_decay_attention` (band + decayed tails, see the module docstring).
 
@@ -175,7 +185,7 @@ def chunk_kernelized_decay_attention(
     dtype = compute_dtype(q.dtype)
     h = horizon_of(rel) if horizon is None else horizon
     qf, kf = elu_feature_map(q.to(dtype)), elu_feature_map(k.to(dtype))
-    vm = _mask_values(v.to(dtype), key_mask)
+    vm = _mask_values(v.to(dtype), key_mask, normalise)
     rf = _rel_features(rel, q.shape[1], dtype)
     rate = decay.to(dtype)
     chunk = max(chunk_size, 1)
@@ -187,7 +197,7 @@ def chunk_kernelized_decay_attention(
         lq, lk = q.shape[2], k.shape[2]
         x, y = _tail_features(qf.flip(2), kf.flip(2), rf, 0)
         out = out + _tail(x, y, vm.flip(2), rate, h, lk - lq - query_offset, chunk).flip(2)
-    return out.to(q.dtype)
+    return _finish(out, normalise).to(q.dtype)
 
 
 # Fixed cost of the linear path per call, in multiply-adds (Python and launch overhead).
@@ -217,7 +227,7 @@ def kernelized_decay_choose_mode(
 def kernelized_decay_attention(
     q: Tensor, k: Tensor, v: Tensor, rel: Tensor | None, decay: Tensor,
     *, causal: bool = False, key_mask: Tensor | None = None, query_offset: int = 0, mode: str = "auto",
-    horizon: int | None = None,
+    horizon: int | None = None, normalise: bool = False,
 ) -> Tensor:
     """Kernelized attention with clipped relative positions and a geometric decay beyond the horizon, exact,
     linear in length, without a row normaliser (see the module docstring for the formula).
@@ -236,6 +246,8 @@ def kernelized_decay_attention(
         mode (`str`, defaults to `"auto"`): `"naive"` (quadratic reference), `"linear"` (band plus chunked
             decayed tails, O(L) time and memory) or `"auto"` (the cheaper, see `kernelized_decay_choose_mode`).
         horizon (`int`, *optional*): h; read from `rel` when omitted.
+        normalise (`bool`, defaults to `False`): divide each row by sum_j S_ij (the decayed scores are
+            positive), as `kernelized_rpe_attention` does, instead of returning the plain sum.
 
     Returns:
         `Tensor` of shape `(B, H, Lq, Dv)` in q's dtype; a row with no visible key is 0. Half precision
@@ -250,10 +262,12 @@ def kernelized_decay_attention(
         )
     if mode == "naive":
         return naive_kernelized_decay_attention(
-            q, k, v, rel, decay, causal=causal, key_mask=key_mask, query_offset=query_offset, horizon=h
+            q, k, v, rel, decay, causal=causal, key_mask=key_mask, query_offset=query_offset, horizon=h,
+            normalise=normalise,
         )
     return chunk_kernelized_decay_attention(
-        q, k, v, rel, decay, causal=causal, key_mask=key_mask, query_offset=query_offset, horizon=h
+        q, k, v, rel, decay, causal=causal, key_mask=key_mask, query_offset=query_offset, horizon=h,
+        normalise=normalise,
     )
 
 
@@ -278,9 +292,10 @@ class KernelizedDecayState(NamedTuple):
     Fields:
         keys (`Tensor` of shape `(B, H, h, D)`): phi(k_j) of the last h tokens, oldest first; zero rows stand
             for positions before the start.
-        values (`Tensor` of shape `(B, H, h, Dv)`): m_j v_j of the same tokens (key mask applied).
-        tail (`Tensor` of shape `(B, H, D+1, Dv)`): sum over j <= seen - h - 1 of
-            exp(-lambda (seen - h - 1 - j)) [phi(k_j), 1] (m_j v_j)^T.
+        values (`Tensor` of shape `(B, H, h, Dv')`): m_j v_j of the same tokens (key mask applied), with m_j
+            as a last channel when the attention is normalised (Dv' = Dv + 1, else Dv' = Dv).
+        tail (`Tensor` of shape `(B, H, D+1, Dv')`): sum over j <= seen - h - 1 of
+            exp(-lambda (seen - h - 1 - j)) [phi(k_j), 1] values_j^T.
         seen (`int`): number of tokens seen, the position of the next token.
     """
 
@@ -291,10 +306,12 @@ class KernelizedDecayState(NamedTuple):
 
 
 def kernelized_decay_initial_state(
-    batch: int, heads: int, dim: int, value_dim: int, horizon: int, *, dtype: torch.dtype, device=None
+    batch: int, heads: int, dim: int, value_dim: int, horizon: int, *, dtype: torch.dtype, device=None,
+    normalise: bool = False,
 ) -> KernelizedDecayState:
     """The empty state (no token seen); accumulates in `compute_dtype(dtype)`."""
     dtype = compute_dtype(dtype)
+    value_dim += int(normalise)
     return KernelizedDecayState(
         keys=torch.zeros(batch, heads, horizon, dim, dtype=dtype, device=device),
         values=torch.zeros(batch, heads, horizon, value_dim, dtype=dtype, device=device),
@@ -304,12 +321,12 @@ def kernelized_decay_initial_state(
 
 
 def kernelized_decay_prefill_state(
-    k: Tensor, v: Tensor, decay: Tensor, *, horizon: int, key_mask: Tensor | None = None
+    k: Tensor, v: Tensor, decay: Tensor, *, horizon: int, key_mask: Tensor | None = None, normalise: bool = False
 ) -> KernelizedDecayState:
     """The state after the tokens k, v (B, H, L, .) at positions 0..L-1, in O(L D Dv) time."""
     dtype = compute_dtype(k.dtype)
     kf = elu_feature_map(k.to(dtype))
-    vm = _mask_values(v.to(dtype), key_mask)
+    vm = _mask_values(v.to(dtype), key_mask, normalise)
     b, heads, length, d = kf.shape
     old = max(length - horizon, 0)  # tokens 0..old-1 are in the tail
     y = torch.cat([kf[:, :, :old], torch.ones_like(kf[:, :, :old, :1])], dim=-1)
@@ -323,7 +340,7 @@ def kernelized_decay_prefill_state(
 
 def kernelized_decay_step(
     q: Tensor, k: Tensor, v: Tensor, rel: Tensor | None, decay: Tensor, state: KernelizedDecayState,
-    *, key_mask: Tensor | None = None, horizon: int | None = None,
+    *, key_mask: Tensor | None = None, horizon: int | None = None, normalise: bool = False,
 ) -> tuple[Tensor, KernelizedDecayState]:
     """Causal attention of n new tokens on the past summarised by `state`, and the updated state.
 
@@ -337,18 +354,18 @@ def kernelized_decay_step(
     check_decay(decay, q.shape[1], q.dtype)
     h = _resolve_horizon(rel, horizon)
     b, heads, _, d = q.shape
-    expected = (b, heads, h, d)
-    if tuple(state.keys.shape) != expected or tuple(state.tail.shape) != (b, heads, d + 1, v.shape[-1]):
+    expected, tail_shape = (b, heads, h, d), (b, heads, d + 1, v.shape[-1] + int(normalise))
+    if tuple(state.keys.shape) != expected or tuple(state.tail.shape) != tail_shape:
         raise ValueError(
             f"`state` does not fit these inputs: expected keys of shape {expected} (horizon {h}) and a tail of "
-            f"shape {(b, heads, d + 1, v.shape[-1])}, got {tuple(state.keys.shape)} and {tuple(state.tail.shape)}"
+            f"shape {tail_shape}, got {tuple(state.keys.shape)} and {tuple(state.tail.shape)}"
         )
     dtype = state.tail.dtype
     rf = _rel_features(rel, heads, dtype)
     rate = decay.to(dtype)[None, :, None, None]
     gamma = torch.exp(-rate)
     qf, kf = elu_feature_map(q.to(dtype)), elu_feature_map(k.to(dtype))
-    vm = _mask_values(v.to(dtype), key_mask)
+    vm = _mask_values(v.to(dtype), key_mask, normalise)
     keys, values, tail = state.keys, state.values, state.tail
     outs = []
     for s in range(q.shape[2]):
@@ -367,7 +384,7 @@ def kernelized_decay_step(
         oldest = torch.cat([keys[:, :, :1], torch.ones_like(keys[:, :, :1, :1])], dim=-1)
         tail = gamma * tail + oldest.transpose(-1, -2) @ values[:, :, :1]
         keys, values = keys[:, :, 1:], values[:, :, 1:]
-    out = torch.cat(outs, dim=2).to(q.dtype)
+    out = _finish(torch.cat(outs, dim=2), normalise).to(q.dtype)
     return out, KernelizedDecayState(keys=keys, values=values, tail=tail, seen=state.seen + q.shape[2])
 
 
@@ -376,23 +393,25 @@ class KernelizedDecayCrossSummary(NamedTuple):
 
     Fields:
         keys (`Tensor` of shape `(B, H, Lk, D)`): the keys.
-        values (`Tensor` of shape `(B, H, Lk, Dv)`): m_j v_j, the values with the key mask applied (without a
-            row normaliser a masked key is a zero value).
+        values (`Tensor` of shape `(B, H, Lk, Dv)`): m_j v_j, the values with the key mask applied.
+        mask (`Tensor` of shape `(B, H, Lk, 1)`): m_j, for the row normaliser.
     """
 
     keys: Tensor
     values: Tensor
+    mask: Tensor
 
 
 def kernelized_decay_cross_summary(k: Tensor, v: Tensor, *, key_mask: Tensor | None = None) -> KernelizedDecayCrossSummary:
     """Keep keys and masked values (B, H, Lk, .) for `kernelized_decay_cross_step`."""
     dtype = compute_dtype(k.dtype)
-    return KernelizedDecayCrossSummary(keys=k.to(dtype), values=_mask_values(v.to(dtype), key_mask))
+    va = augment_values(v.to(dtype), key_mask)
+    return KernelizedDecayCrossSummary(keys=k.to(dtype), values=va[..., :-1], mask=va[..., -1:])
 
 
 def kernelized_decay_cross_step(
     q: Tensor, rel: Tensor | None, decay: Tensor, summary: KernelizedDecayCrossSummary, *, query_offset: int,
-    horizon: int | None = None,
+    horizon: int | None = None, normalise: bool = False,
 ) -> Tensor:
     """Bidirectional attention of queries (B, H, n, D) at positions query_offset.. on the summarised keys.
 
@@ -403,11 +422,14 @@ def kernelized_decay_cross_step(
         raise ValueError(f"`summary` must be a KernelizedDecayCrossSummary, got {type(summary).__name__}")
     dtype = summary.keys.dtype
     h = _resolve_horizon(rel, horizon)
+    values = summary.values
+    if normalise:  # the key mask is the values' zero rows only: keep it as a last channel
+        values = torch.cat([values, summary.mask], dim=-1)
     out = naive_kernelized_decay_attention(
-        q.to(dtype), summary.keys, summary.values, None if rel is None else rel.to(dtype), decay.to(dtype),
+        q.to(dtype), summary.keys, values, None if rel is None else rel.to(dtype), decay.to(dtype),
         query_offset=query_offset, horizon=h,
     )
-    return out.to(q.dtype)
+    return _finish(out, normalise).to(q.dtype)
 
 
 __all__ = [

@@ -150,9 +150,10 @@ def naive_toeplitz_attention(
 def naive_kernelized_decay_attention(
     q: Tensor, k: Tensor, v: Tensor, rel: Tensor | None, decay: Tensor,
     *, causal: bool = False, key_mask: Tensor | None = None, query_offset: int = 0, horizon: int | None = None,
+    normalise: bool = False,
 ) -> Tensor:
-    """Reference of `kernelized_decay_attention`: out_i = sum_j S_ij exp(-lambda max(|p_i - j| - h, 0)) v_j,
-    S from `naive_kernelized_rpe_scores`, with no row normaliser.
+    """Reference of `kernelized_decay_attention`: out_i = sum_j W_ij v_j with W_ij = S_ij exp(-lambda
+    max(|p_i - j| - h, 0)), S from `naive_kernelized_rpe_scores`; divided by sum_j W_ij when `normalise`.
 
     Shapes: q (B, H, Lq, D), k (B, H, Lk, D), v (B, H, Lk, Dv), rel (H, 2h+1, D) or (2h+1, D) or None (then
     `horizon` gives h), decay (H,) of rates lambda >= 0, key_mask (B, Lk). Returns (B, H, Lq, Dv) in q's
@@ -164,6 +165,8 @@ def naive_kernelized_decay_attention(
     pq, pk = _positions(q.shape[2], k.shape[2], query_offset, q.device)
     beyond = ((pq[:, None] - pk[None, :]).abs() - h).clamp(min=0).to(dtype)  # (Lq, Lk)
     weight = torch.exp(-decay.to(dtype)[:, None, None] * beyond)  # (H, Lq, Lk)
+    if normalise:
+        return _normalised_rows(scores * weight, v).to(q.dtype)
     return ((scores * weight) @ v.to(dtype)).to(q.dtype)
 
 

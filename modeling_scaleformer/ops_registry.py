@@ -18,7 +18,7 @@ a named function of this module, `<family>_forward`, `_prefill`, `_decode`, `_cr
 transformers' `eager_attention_forward` in `ALL_ATTENTION_FUNCTIONS`. Cross attention uses the variant
 named by `cross_attention_type`: the self-attention family without its position term (kernelized or
 softmax), or, when `config.cross_attention_rpe` is set, the self-attention variant with its relative
-positions (kernelized_rpe, kernelized_decay).
+positions (kernelized_rpe and the kernelized_decay pair).
 """
 
 from __future__ import annotations
@@ -190,7 +190,8 @@ KERNELIZED = AttentionVariant(
 )
 
 
-# kernelized attention with clipped relative positions and a per-head decay beyond the horizon, unnormalised
+# kernelized attention with clipped relative positions and a per-head decay beyond the horizon, row-normalised
+# ("kernelized_decay") or not, with a per-head RMSNorm and an output gate ("kernelized_decay_gated")
 
 
 def decay_parameters(heads: int, head_dim: int, horizon: int, shared: bool) -> dict[str, ParameterSpec]:
@@ -205,18 +206,18 @@ def _decay_rates(params: dict[str, Tensor]) -> Tensor:
 def kernelized_decay_forward(q, k, v, params, *, causal, key_mask, query_offset, mode):
     return kernelized_decay_attention(
         q, k, v, _rel(params), _decay_rates(params), causal=causal, key_mask=key_mask, query_offset=query_offset,
-        mode=mode,
+        mode=mode, normalise=True,
     )
 
 
 def kernelized_decay_prefill(k, v, params, *, key_mask):
     return kernelized_decay_prefill_state(
-        k, v, _decay_rates(params), horizon=horizon_of(_rel(params)), key_mask=key_mask
+        k, v, _decay_rates(params), horizon=horizon_of(_rel(params)), key_mask=key_mask, normalise=True
     )
 
 
 def kernelized_decay_decode(q, k, v, params, state, *, key_mask):
-    return kernelized_decay_step(q, k, v, _rel(params), _decay_rates(params), state, key_mask=key_mask)
+    return kernelized_decay_step(q, k, v, _rel(params), _decay_rates(params), state, key_mask=key_mask, normalise=True)
 
 
 def kernelized_decay_cross_prefill(k, v, *, key_mask):
@@ -224,16 +225,44 @@ def kernelized_decay_cross_prefill(k, v, *, key_mask):
 
 
 def kernelized_decay_cross_decode(q, params, summary, *, query_offset):
+    return kernelized_decay_cross_step(
+        q, _rel(params), _decay_rates(params), summary, query_offset=query_offset, normalise=True
+    )
+
+
+def kernelized_decay_gated_forward(q, k, v, params, *, causal, key_mask, query_offset, mode):
+    return kernelized_decay_attention(
+        q, k, v, _rel(params), _decay_rates(params), causal=causal, key_mask=key_mask, query_offset=query_offset,
+        mode=mode,
+    )
+
+
+def kernelized_decay_gated_prefill(k, v, params, *, key_mask):
+    return kernelized_decay_prefill_state(k, v, _decay_rates(params), horizon=horizon_of(_rel(params)), key_mask=key_mask)
+
+
+def kernelized_decay_gated_decode(q, k, v, params, state, *, key_mask):
+    return kernelized_decay_step(q, k, v, _rel(params), _decay_rates(params), state, key_mask=key_mask)
+
+
+def kernelized_decay_gated_cross_decode(q, params, summary, *, query_offset):
     return kernelized_decay_cross_step(q, _rel(params), _decay_rates(params), summary, query_offset=query_offset)
 
 
 KERNELIZED_DECAY = AttentionVariant(
+    description="(phi(q_i).phi(k_j) + phi(q_i).phi(rel[r(i, j)])) exp(-lambda max(|i - j| - h, 0)) over its row "
+    "sum: relative positions that fade beyond the horizon, linear",
+    softmax=False, modes=LINEAR_MODES, constant_state=True, rpe_shareable=True, cross_attention_rpe=True,
+    parameters=decay_parameters, attention=kernelized_decay_forward, prefill_state=kernelized_decay_prefill,
+    step=kernelized_decay_decode, cross_summary=kernelized_decay_cross_prefill, cross_step=kernelized_decay_cross_decode,
+)
+KERNELIZED_DECAY_GATED = AttentionVariant(
     description="(phi(q_i).phi(k_j) + phi(q_i).phi(rel[r(i, j)])) exp(-lambda max(|i - j| - h, 0)), no row "
     "normaliser (per-head RMSNorm and output gate): linear",
     softmax=False, modes=LINEAR_MODES, constant_state=True, rpe_shareable=True, cross_attention_rpe=True,
-    normalised=False, parameters=decay_parameters, attention=kernelized_decay_forward,
-    prefill_state=kernelized_decay_prefill, step=kernelized_decay_decode,
-    cross_summary=kernelized_decay_cross_prefill, cross_step=kernelized_decay_cross_decode,
+    normalised=False, parameters=decay_parameters, attention=kernelized_decay_gated_forward,
+    prefill_state=kernelized_decay_gated_prefill, step=kernelized_decay_gated_decode,
+    cross_summary=kernelized_decay_cross_prefill, cross_step=kernelized_decay_gated_cross_decode,
 )
 
 
@@ -388,6 +417,7 @@ ATTENTION_VARIANTS: dict[str, AttentionVariant] = {
     "kernelized_rpe": KERNELIZED_RPE,
     "kernelized": KERNELIZED,
     "kernelized_decay": KERNELIZED_DECAY,
+    "kernelized_decay_gated": KERNELIZED_DECAY_GATED,
     "fourier": FOURIER,
     "toeplitz": TOEPLITZ,
     "xl_relative": XL_RELATIVE,

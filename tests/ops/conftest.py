@@ -334,14 +334,15 @@ comparison = _factory("assert_matches", assert_matches, assert_matches.__doc__)
 precision = _factory("assert_low_precision", assert_low_precision, assert_low_precision.__doc__)
 
 
-def decay_loop(q, k, v, rel, decay, causal, key_mask, offset, horizon):
-    """Kernelized RPE scores times exp(-decay[h] max(|p_i - j| - horizon, 0)), summed without a normaliser,
-    with Python loops."""
+def decay_loop(q, k, v, rel, decay, causal, key_mask, offset, horizon, normalise=False):
+    """Kernelized RPE scores times exp(-decay[h] max(|p_i - j| - horizon, 0)), summed, divided by the sum of
+    the weights when `normalise`, with Python loops."""
     b, h, lq, _ = q.shape
     out = torch.zeros(b, h, lq, v.shape[-1], dtype=q.dtype)
     for bi in range(b):
         for hi in range(h):
             for i in range(lq):
+                den = 0.0
                 for j in range(k.shape[2]):
                     if _hidden(bi, i, j, causal, key_mask, offset):
                         continue
@@ -350,7 +351,11 @@ def decay_loop(q, k, v, rel, decay, causal, key_mask, offset, horizon):
                     if rel is not None:
                         table = rel if rel.dim() == 2 else rel[hi]
                         s = s + _phi(q[bi, hi, i]) @ _phi(table[min(max(t, -horizon), horizon) + horizon])
-                    out[bi, hi, i] += s * math.exp(-decay[hi].item() * max(abs(t) - horizon, 0)) * v[bi, hi, j]
+                    w = s * math.exp(-decay[hi].item() * max(abs(t) - horizon, 0))
+                    out[bi, hi, i] += w * v[bi, hi, j]
+                    den += w
+                if normalise and den > 0:
+                    out[bi, hi, i] /= den
     return out
 
 

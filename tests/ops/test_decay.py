@@ -23,43 +23,63 @@ F64 = torch.float64
 TOLERANCES = dict(rtol=1e-10, atol=1e-12, grad_rtol=1e-9, grad_atol=1e-11)
 
 
-def check_against_naive(assert_matches, fn, inputs, causal, offset):
+NORMALISE = pytest.mark.parametrize("normalise", [False, True], ids=["sum", "normalised"])
+
+
+def check_against_naive(assert_matches, fn, inputs, causal, offset, normalise=False):
     """fn against the float64 reference: outputs and the gradients of q, k, v, rel and the decay rates."""
     q, k, v, rel, decay, key_mask, horizon = inputs
     tensors, names = ((q, k, v, decay), "q k v decay") if rel is None else ((q, k, v, decay, rel), "q k v decay rel")
 
     def call(op):
         def run(q, k, v, decay, rel=None):
-            return op(q, k, v, rel, decay, causal=causal, key_mask=key_mask, query_offset=offset, horizon=horizon)
+            return op(q, k, v, rel, decay, causal=causal, key_mask=key_mask, query_offset=offset, horizon=horizon,
+                      normalise=normalise)
         return run
 
     assert_matches(call(fn), call(naive_kernelized_decay_attention), tensors, names.split(), allow_unused=True, **TOLERANCES)
 
 
+@NORMALISE
 @pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
 @pytest.mark.parametrize("chunk", [1, 4, 64])
-def test_chunk(decay_case, causal, chunk, decay_inputs, split_case, assert_matches):
+def test_chunk(decay_case, causal, chunk, normalise, decay_inputs, split_case, assert_matches):
     inputs, offset = split_case(decay_inputs, decay_case)
     fn = functools.partial(chunk_kernelized_decay_attention, chunk_size=chunk)
-    check_against_naive(assert_matches, fn, inputs, causal, offset)
+    check_against_naive(assert_matches, fn, inputs, causal, offset, normalise)
 
 
+@NORMALISE
 @pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
-def test_linear_mode_default_chunk(causal, decay_inputs, assert_matches):
+def test_linear_mode_default_chunk(causal, normalise, decay_inputs, assert_matches):
     inputs = decay_inputs(b=1, h=2, lq=150, lk=140, d=8, dv=6, horizon=5, mask="padding")
-    check_against_naive(assert_matches, functools.partial(kernelized_decay_attention, mode="linear"), inputs, causal, 3)
+    fn = functools.partial(kernelized_decay_attention, mode="linear")
+    check_against_naive(assert_matches, fn, inputs, causal, 3, normalise)
 
 
-def test_chunk_gradcheck(decay_inputs):
+@NORMALISE
+def test_chunk_gradcheck(normalise, decay_inputs):
     q, k, v, rel, decay, key_mask, horizon = decay_inputs(b=1, h=2, lq=9, lk=8, d=3, dv=2, horizon=1, mask="padding")
     leaves = tuple(t.requires_grad_(True) for t in (q, k, v, rel, decay))
     for causal in (False, True):
         torch.autograd.gradcheck(
             lambda q, k, v, rel, decay: chunk_kernelized_decay_attention(
-                q, k, v, rel, decay, causal=causal, key_mask=key_mask, query_offset=1, chunk_size=2
+                q, k, v, rel, decay, causal=causal, key_mask=key_mask, query_offset=1, chunk_size=2,
+                normalise=normalise,
             ),
             leaves,
         )
+
+
+def test_normalised_with_zero_decay_is_kernelized_rpe(decay_inputs):
+    from modeling_scaleformer.ops_naive import naive_kernelized_rpe_attention
+
+    q, k, v, rel, _, key_mask, _ = decay_inputs(lq=20, lk=20, horizon=2, mask="random")
+    for causal in (False, True):
+        got = chunk_kernelized_decay_attention(q, k, v, rel, torch.zeros(3, dtype=F64), causal=causal,
+                                               key_mask=key_mask, chunk_size=4, normalise=True)
+        expected = naive_kernelized_rpe_attention(q, k, v, rel, causal=causal, key_mask=key_mask)
+        torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-12)
 
 
 def test_zero_decay_is_the_unnormalised_kernelized_rpe_sum(decay_inputs):
@@ -81,12 +101,13 @@ def test_fast_decay_leaves_only_the_band(decay_inputs):
     assert (got - scores @ v).abs().max() > 1.0  # without the decay the far keys change the output
 
 
+@NORMALISE
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_half_precision_accumulates_in_float32(dtype, decay_inputs, assert_low_precision):
+def test_half_precision_accumulates_in_float32(dtype, normalise, decay_inputs, assert_low_precision):
     q, k, v, rel, decay, key_mask, horizon = decay_inputs(b=1, h=2, lq=70, lk=70, d=8, dv=8, horizon=3,
                                                           mask="padding", dtype=dtype)
     leaves = [t.requires_grad_(True) for t in (q, k, v, rel)]
-    kwargs = dict(causal=True, key_mask=key_mask, horizon=horizon)
+    kwargs = dict(causal=True, key_mask=key_mask, horizon=horizon, normalise=normalise)
 
     def call(op, decay_dtype):
         return lambda q, k, v, rel, **kw: op(q, k, v, rel, decay.to(q.dtype), **kw)
@@ -117,36 +138,40 @@ def test_choose_mode():
     assert picks[12:] == sorted(picks[12:], key=lambda m: m == "linear")
 
 
+@NORMALISE
 @pytest.mark.parametrize("horizon", [0, 1, 3])
 @pytest.mark.parametrize("no_rel", [False, True], ids=["rel", "no-rel"])
 @pytest.mark.parametrize("mask", [None, "padding"])
-def test_step_token_by_token_and_in_pieces(horizon, no_rel, mask, decay_inputs):
+def test_step_token_by_token_and_in_pieces(horizon, no_rel, mask, normalise, decay_inputs):
     q, k, v, rel, decay, key_mask, _ = decay_inputs(b=2, h=2, lq=13, lk=13, horizon=horizon, mask=mask, no_rel=no_rel)
-    full = naive_kernelized_decay_attention(q, k, v, rel, decay, causal=True, key_mask=key_mask, horizon=horizon)
+    full = naive_kernelized_decay_attention(q, k, v, rel, decay, causal=True, key_mask=key_mask, horizon=horizon,
+                                            normalise=normalise)
     for pieces in ([1] * 13, [3, 1, 5, 4], [13]):
-        state = kernelized_decay_initial_state(2, 2, 5, 4, horizon, dtype=F64)
+        state = kernelized_decay_initial_state(2, 2, 5, 4, horizon, dtype=F64, normalise=normalise)
         outs, start = [], 0
         for n in pieces:
             sl = slice(start, start + n)
             m = None if key_mask is None else key_mask[:, sl]
             o, state = kernelized_decay_step(q[:, :, sl], k[:, :, sl], v[:, :, sl], rel, decay, state, key_mask=m,
-                                             horizon=horizon)
+                                             horizon=horizon, normalise=normalise)
             outs.append(o)
             start += n
         torch.testing.assert_close(torch.cat(outs, dim=2), full, rtol=1e-10, atol=1e-12)
         assert state.seen == 13
-        assert tuple(state.keys.shape) == (2, 2, horizon, 5) and tuple(state.tail.shape) == (2, 2, 6, 4)
+        dv = 4 + int(normalise)
+        assert tuple(state.keys.shape) == (2, 2, horizon, 5) and tuple(state.tail.shape) == (2, 2, 6, dv)
 
 
+@NORMALISE
 @pytest.mark.parametrize("prompt", [1, 2, 3, 9])
-def test_prefill_state_then_steps(prompt, decay_inputs):
+def test_prefill_state_then_steps(prompt, normalise, decay_inputs):
     q, k, v, rel, decay, key_mask, horizon = decay_inputs(b=2, h=2, lq=12, lk=12, horizon=3, mask="padding")
-    full = naive_kernelized_decay_attention(q, k, v, rel, decay, causal=True, key_mask=key_mask)
+    full = naive_kernelized_decay_attention(q, k, v, rel, decay, causal=True, key_mask=key_mask, normalise=normalise)
     state = kernelized_decay_prefill_state(k[:, :, :prompt], v[:, :, :prompt], decay, horizon=horizon,
-                                           key_mask=key_mask[:, :prompt])
+                                           key_mask=key_mask[:, :prompt], normalise=normalise)
     assert state.seen == prompt
     out, state = kernelized_decay_step(q[:, :, prompt:], k[:, :, prompt:], v[:, :, prompt:], rel, decay, state,
-                                       key_mask=key_mask[:, prompt:])
+                                       key_mask=key_mask[:, prompt:], normalise=normalise)
     torch.testing.assert_close(out, full[:, :, prompt:], rtol=1e-10, atol=1e-12)
 
 
@@ -182,14 +207,16 @@ def test_errors_name_the_argument(decay_inputs):
     assert isinstance(wrong, KernelizedDecayState)
 
 
+@NORMALISE
 @pytest.mark.parametrize("mask", [None, "random"])
-def test_cross_summary_and_steps_match_the_full_attention(mask, decay_inputs):
+def test_cross_summary_and_steps_match_the_full_attention(mask, normalise, decay_inputs):
     from modeling_scaleformer.ops_decay import kernelized_decay_cross_step, kernelized_decay_cross_summary
 
     q, k, v, rel, decay, key_mask, horizon = decay_inputs(b=2, h=2, lq=12, lk=30, horizon=2, mask=mask)
-    full = naive_kernelized_decay_attention(q, k, v, rel, decay, key_mask=key_mask)
+    full = naive_kernelized_decay_attention(q, k, v, rel, decay, key_mask=key_mask, normalise=normalise)
     summary = kernelized_decay_cross_summary(k, v, key_mask=key_mask)
-    steps = [kernelized_decay_cross_step(q[:, :, i:i + 1], rel, decay, summary, query_offset=i) for i in range(12)]
+    steps = [kernelized_decay_cross_step(q[:, :, i:i + 1], rel, decay, summary, query_offset=i, normalise=normalise)
+             for i in range(12)]
     torch.testing.assert_close(torch.cat(steps, dim=2), full, rtol=1e-10, atol=1e-12)
     with pytest.raises(ValueError, match="`summary` must be a KernelizedDecayCrossSummary"):
         kernelized_decay_cross_step(q, rel, decay, (k, v), query_offset=0)

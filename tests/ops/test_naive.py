@@ -33,12 +33,14 @@ def test_toeplitz_matches_loop_formula(toeplitz_case, toeplitz_inputs, toeplitz_
     check_both_directions(naive_toeplitz_attention, toeplitz_loop, inputs, offset)
 
 
-def test_kernelized_decay_matches_loop_formula(decay_case, decay_inputs, decay_loop, split_case):
+@pytest.mark.parametrize("normalise", [False, True], ids=["sum", "normalised"])
+def test_kernelized_decay_matches_loop_formula(normalise, decay_case, decay_inputs, decay_loop, split_case):
     (q, k, v, rel, decay, key_mask, horizon), offset = split_case(decay_inputs, decay_case)
     for causal in (False, True):
-        expected = decay_loop(q, k, v, rel, decay, causal, key_mask, offset, horizon)
+        expected = decay_loop(q, k, v, rel, decay, causal, key_mask, offset, horizon, normalise)
         got = naive_kernelized_decay_attention(
-            q, k, v, rel, decay, causal=causal, key_mask=key_mask, query_offset=offset, horizon=horizon
+            q, k, v, rel, decay, causal=causal, key_mask=key_mask, query_offset=offset, horizon=horizon,
+            normalise=normalise,
         )
         torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-12)
 

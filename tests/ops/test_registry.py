@@ -40,6 +40,15 @@ def test_facts_and_what_is_derived_from_them():
         assert variant.constant_state != variant.softmax, name
         cross = ATTENTION_VARIANTS[cross_attention_type(name, False)]
         assert cross.softmax == variant.softmax and cross.parameters(2, 4, 3, False) == {}, name
-        assert cross_attention_type(name, True) == "kernelized_rpe"
+        if variant.cross_attention_rpe:  # cross attention is the variant itself, relative positions included
+            assert cross_attention_type(name, True) == name and variant.cross_step is not None, name
+        else:
+            with pytest.raises(ValueError, match="`cross_attention_rpe` does not apply"):
+                cross_attention_type(name, True)
+        assert variant.normalised or not variant.softmax, name
+    assert [n for n, v in ATTENTION_VARIANTS.items() if v.cross_attention_rpe] == [
+        "kernelized_rpe", "kernelized_decay", "kernelized_decay_gated"
+    ]
+    assert [n for n, v in ATTENTION_VARIANTS.items() if not v.normalised] == ["kernelized_decay_gated"]
     with pytest.raises(ValueError, match="`attention_type`"):
         get_attention_variant("linear")
