@@ -51,6 +51,11 @@ KERNELIZED = "kernelized (scores phi(q).phi(k) with phi(x) = elu(x) + 1, normali
 ATTENTION_WORDS = {
     "kernelized_rpe": KERNELIZED + " plus a relative-position term with positions clipped to [-{h}, {h}]",
     "kernelized": KERNELIZED + " with no relative-position term",
+    "kernelized_decay": KERNELIZED + " plus a relative-position term with positions clipped to [-{h}, {h}], each "
+    "weight times a learned per-head geometric decay beyond the horizon",
+    "kernelized_decay_gated": "kernelized attention with relative positions clipped to [-{h}, {h}] and a learned "
+    "per-head geometric decay beyond the horizon, summed without a row normaliser, then a per-head RMSNorm and a "
+    "SiLU output gate",
     "fourier": KERNELIZED + " with a learned cosine kernel of the relative position",
     "toeplitz": KERNELIZED + " times a learned relative bias exp(b), offsets clipped to [-{h}, {h}], by FFT",
     "xl_relative": "Transformer-XL relative softmax attention, offsets clipped to [-{h}, {h}]",
@@ -234,9 +239,11 @@ def architecture_limitations(config: Mapping) -> list[str]:
     if clips_positions(variant):
         beyond = (" except through the absolute positions added to the embeddings" if config["absolute_positions"]
                   else "")
+        fade = (", and their weights fade geometrically with distance at a learned rate per head"
+                if "decay" in variant.parameters(1, 1, 1, False) else "")
         items.append(f"Relative positions are clipped at a horizon of {horizon} tokens: keys farther away than that "
-                     f"share one relative embedding, so one attention layer cannot tell positions beyond the horizon "
-                     f"apart{beyond}.")
+                     f"share one relative embedding{fade}, so one attention layer cannot tell positions beyond the "
+                     f"horizon apart{beyond}.")
     elif not sees_relative_positions(variant) and not config["absolute_positions"]:
         items.append(f"This model uses no position information (`attention_type={name!r}` without absolute "
                      "positions): its encoder sees the input as a bag of tokens.")
