@@ -190,7 +190,7 @@ def variant_parameters(variant: str, g: torch.Generator, dtype: torch.dtype) -> 
         elif spec.init == "frequencies":
             noise = rotary_spectrum(DIM, dtype)[None, :, None].expand(spec.shape).clone()
         elif spec.init == "decay_rates":
-            noise += inverse_softplus(decay_spectrum(spec.shape[0], dtype))
+            noise += inverse_softplus(decay_spectrum(spec.shape[0], dtype=dtype))
         params[name] = noise
     return params
 

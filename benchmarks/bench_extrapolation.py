@@ -217,8 +217,10 @@ def describe(name: str, model: PreTrainedModel, args: argparse.Namespace) -> str
     if name.startswith("scaleformer"):
         positions = ("none (no relative or absolute positions)" if config.attention_type == "kernelized" else
                      f"relative, horizon {config.rpe_horizon}")
-        return (f"attention_type {config.attention_type}, positions {positions}, cross_attention_rpe "
-                f"{config.cross_attention_rpe}")
+        decay = (f", decay rates from {config.decay_rate_range[0]:g} to {config.decay_rate_range[1]:g} beyond the "
+                 f"horizon" if config.attention_type.startswith("kernelized_decay") else "")
+        return (f"attention_type {config.attention_type}, positions {positions}{decay}, cross_attention_rpe "
+                f"{config.cross_attention_rpe}, layer_norm_position {config.layer_norm_position}")
     if name == "t5":
         return (f"relative attention buckets: {config.relative_attention_num_buckets}, max distance "
                 f"{config.relative_attention_max_distance}")

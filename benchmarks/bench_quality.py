@@ -473,7 +473,9 @@ def describe_model(name: str, model: PreTrainedModel, args: argparse.Namespace, 
     if name.startswith("scaleformer"):
         return (f"attention_type {config.attention_type}, rpe_horizon {config.rpe_horizon}, cross_attention_rpe "
                 f"{config.cross_attention_rpe}, absolute_positions {config.absolute_positions}, layer_norm_position "
-                f"{config.layer_norm_position}, attention_mode {config.attention_mode}; full sources")
+                f"{config.layer_norm_position}, attention_mode {config.attention_mode}"
+                + (f", decay_rate_range {tuple(config.decay_rate_range)}" if "decay" in config.attention_type else "")
+                + "; full sources")
     if name == "led":
         return (f"encoder attention window {'/'.join(map(str, sorted(set(config.attention_window))))} per layer, no "
                 f"global tokens (sources padded to a multiple of the window), max_encoder_position_embeddings "

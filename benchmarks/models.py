@@ -260,29 +260,33 @@ def add_model_size_arguments(parser: argparse.ArgumentParser, defaults: dict):
 
 
 class ModelSpec(NamedTuple):
-    """What a `--models` name asks for; the last three are Scaleformer config fields."""
+    """What a `--models` name asks for; the last four are Scaleformer config fields."""
 
     kind: str  # scaleformer, bart, t5, led or longt5
     attention_type: str | None  # None: the default (scaleformer) or not a Scaleformer
     cross_attention_rpe: bool = False
     absolute_positions: str | None = None
     layer_norm_position: str = "pre"
+    decay_rate_range: tuple[float, float] | None = None  # None: the config's default
 
 
-MODEL_SUFFIXES = ("cross_rpe", "sinusoidal", "post_ln")
+MODEL_SUFFIXES = ("cross_rpe", "fast_decay", "sinusoidal", "post_ln")
+FAST_DECAY_RATE_RANGE = (0.5, 0.0625)  # `+fast_decay`: half-lives of 1.4 to 11 positions beyond the horizon
+DECAY_TYPES = tuple(name for name in ATTENTION_TYPES if name.startswith("kernelized_decay"))
 CROSS_RPE_TYPES = tuple(name for name, variant in ATTENTION_VARIANTS.items() if variant.cross_attention_rpe)
 
 
 def parse_model_name(name: str, baselines: Sequence[str] = BASELINES) -> ModelSpec:
     """A name of `baselines` (by default `bart`, `t5`; `ALL_BASELINES` adds `led`, `longt5`), or `scaleformer` /
     `scaleformer:TYPE` followed by any of `+cross_rpe` (relative positions in cross-attention too, for the types
-    whose `cross_attention_rpe` fact is set), `+sinusoidal` (absolute positions) and `+post_ln` (post-norm blocks),
-    in that order."""
+    whose `cross_attention_rpe` fact is set), `+fast_decay` (decay types: `decay_rate_range`
+    `FAST_DECAY_RATE_RANGE`), `+sinusoidal` (absolute positions) and `+post_ln` (post-norm blocks), in that order."""
     base, *suffixes = name.split("+")
     kind, _, attention_type = base.partition(":")
     usage = (f"unknown model {name!r}; use {', '.join(baselines)}, or scaleformer or scaleformer:TYPE with TYPE in "
              f"{', '.join(ATTENTION_TYPES)}, followed by any of " + ", ".join(f"+{x}" for x in MODEL_SUFFIXES)
-             + " in that order (+cross_rpe with " + ", ".join(CROSS_RPE_TYPES) + " only)")
+             + " in that order (+cross_rpe with " + ", ".join(CROSS_RPE_TYPES) + " only, +fast_decay with "
+             + ", ".join(DECAY_TYPES) + " only)")
     if kind in baselines and not attention_type and not suffixes:
         return ModelSpec(kind, None)
     if kind != "scaleformer" or (attention_type and attention_type not in ATTENTION_TYPES):
@@ -291,8 +295,11 @@ def parse_model_name(name: str, baselines: Sequence[str] = BASELINES) -> ModelSp
         raise ValueError(usage)
     if "cross_rpe" in suffixes and (attention_type or DEFAULT_ATTENTION_TYPE) not in CROSS_RPE_TYPES:
         raise ValueError(usage)
+    if "fast_decay" in suffixes and (attention_type or DEFAULT_ATTENTION_TYPE) not in DECAY_TYPES:
+        raise ValueError(usage)
     return ModelSpec(kind, attention_type or None, "cross_rpe" in suffixes,
-                     "sinusoidal" if "sinusoidal" in suffixes else None, "post" if "post_ln" in suffixes else "pre")
+                     "sinusoidal" if "sinusoidal" in suffixes else None, "post" if "post_ln" in suffixes else "pre",
+                     FAST_DECAY_RATE_RANGE if "fast_decay" in suffixes else None)
 
 
 def build_seq2seq(name: str, seed: int, size: ModelSize, dropout: float, bart_max_positions: int, *,
@@ -313,6 +320,7 @@ def build_seq2seq(name: str, seed: int, size: ModelSize, dropout: float, bart_ma
         **config_shape(size), dropout=dropout, attention_type=spec.attention_type or DEFAULT_ATTENTION_TYPE,
         cross_attention_rpe=spec.cross_attention_rpe, absolute_positions=spec.absolute_positions,
         layer_norm_position=spec.layer_norm_position, **ids,
+        **({} if spec.decay_rate_range is None else {"decay_rate_range": spec.decay_rate_range}),
     )
     return build_model("scaleformer", config, seed)
 

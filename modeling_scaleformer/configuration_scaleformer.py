@@ -93,6 +93,10 @@ class ScaleformerConfig(PreTrainedConfig):
         cross_attention_rpe (`bool`, *optional*, defaults to `False`):
             Whether cross-attention uses the self-attention variant with its relative positions (decoder
             position minus encoder position); with `"kernelized_rpe"` and the two `"kernelized_decay"` types only.
+        decay_rate_range (`tuple[float, float]`, *optional*, defaults to `(0.25, 0.00390625)`):
+            The two `"kernelized_decay"` types: the initial decay rates per position beyond the horizon of the
+            fastest and the slowest head, spread geometrically over the heads (1/4 to 1/256: half-lives from
+            under 3 to 177 positions). The rates are learned from there.
         absolute_positions (`str`, *optional*):
             `None` (default): no absolute positions, the model sees order only through its attention.
             `"sinusoidal"`: fixed sine/cosine position encodings (Vaswani et al.) added to the token embeddings
@@ -151,6 +155,7 @@ class ScaleformerConfig(PreTrainedConfig):
     rpe_horizon: int = 16
     rpe_shared_across_heads: bool = False
     cross_attention_rpe: bool = False
+    decay_rate_range: tuple[float, float] | list[float] = (0.25, 0.00390625)
     absolute_positions: Literal["sinusoidal"] | None = None
     use_cache: bool = True
     pad_token_id: int | None = 0
@@ -210,6 +215,13 @@ class ScaleformerConfig(PreTrainedConfig):
                 raise ValueError(f"`{name}` must be in [0, 1), got {getattr(self, name)}")
         if self.rpe_horizon < 0:
             raise ValueError(f"`rpe_horizon` must be >= 0, got {self.rpe_horizon}")
+        rates = self.decay_rate_range
+        if not (isinstance(rates, (list, tuple)) and len(rates) == 2 and all(
+            isinstance(r, (int, float)) and not isinstance(r, bool) for r in rates
+        ) and rates[0] >= rates[1] > 0):
+            raise ValueError(
+                f"`decay_rate_range` must be (fastest, slowest) with fastest >= slowest > 0, got {rates!r}"
+            )
         variant = get_attention_variant(self.attention_type)
         if self.rpe_shared_across_heads and not variant.rpe_shareable:
             allowed = [name for name, v in ATTENTION_VARIANTS.items() if v.rpe_shareable]

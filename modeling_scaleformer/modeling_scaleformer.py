@@ -198,7 +198,8 @@ class ScaleformerPreTrainedModel(PreTrainedModel):
                 elif spec.init == "ones":
                     init.ones_(param)
                 elif spec.init == "decay_rates":
-                    init.copy_(param, inverse_softplus(decay_spectrum(param.shape[0], param.dtype)))
+                    rates = decay_spectrum(param.shape[0], self.config.decay_rate_range, param.dtype)
+                    init.copy_(param, inverse_softplus(rates))
                 else:  # "frequencies": the rotary spectrum along the head dimension
                     spectrum = rotary_spectrum(param.shape[1], param.dtype)
                     init.copy_(param, spectrum[None, :, None].expand(param.shape))

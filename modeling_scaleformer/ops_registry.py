@@ -23,6 +23,7 @@ positions (kernelized_rpe and the kernelized_decay pair).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Literal, NamedTuple
 
@@ -77,10 +78,19 @@ def rotary_spectrum(head_dim: int, dtype: torch.dtype = torch.float32) -> Tensor
     return 10000.0 ** (-torch.arange(head_dim, dtype=torch.float64) / head_dim).to(dtype)
 
 
-def decay_spectrum(heads: int, dtype: torch.dtype = torch.float32) -> Tensor:
-    """lambda_h = 2^(-2 - 6 h / (H - 1)), h = 0..H-1 (2^-5 for one head): decay rates per position beyond the
-    horizon from 1/4 (half-life under 3 positions) to 1/256 (half-life 177), so that heads read near and far."""
-    exponents = torch.linspace(-2.0, -8.0, heads, dtype=torch.float64) if heads > 1 else torch.tensor([-5.0])
+DEFAULT_DECAY_RATE_RANGE = (0.25, 2.0**-8)
+
+
+def decay_spectrum(
+    heads: int, rate_range: tuple[float, float] = DEFAULT_DECAY_RATE_RANGE, dtype: torch.dtype = torch.float32
+) -> Tensor:
+    """Decay rates per position beyond the horizon, geometric from the fastest to the slowest of `rate_range`
+    over the heads (their geometric mean for one head). The default, 1/4 to 1/256, gives half-lives from under
+    3 to 177 positions, so that heads read near and far."""
+    fastest, slowest = (float(r) for r in rate_range)
+    exponents = torch.linspace(math.log2(fastest), math.log2(slowest), heads, dtype=torch.float64)
+    if heads == 1:
+        exponents = torch.tensor([(math.log2(fastest) + math.log2(slowest)) / 2], dtype=torch.float64)
     return (2.0 ** exponents).to(dtype)
 
 

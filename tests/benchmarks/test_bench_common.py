@@ -92,7 +92,11 @@ def test_bench_quality_model_names(import_benchmark):
         "scaleformer", "softmax", False, "sinusoidal", "post")
     assert parse_model_name("scaleformer+post_ln").layer_norm_position == "post"
     assert parse_model_name("t5") == ModelSpec("t5", None)
+    assert parse_model_name("scaleformer:kernelized_decay+cross_rpe+fast_decay+post_ln") == ModelSpec(
+        "scaleformer", "kernelized_decay", True, None, "post", models.FAST_DECAY_RATE_RANGE)
+    assert parse_model_name("scaleformer:kernelized_decay_gated+cross_rpe").cross_attention_rpe
     for bad in ("scaleformer+sinusoidal+cross_rpe", "scaleformer:softmax+cross_rpe", "bart+sinusoidal",
+                "scaleformer+fast_decay", "scaleformer:kernelized_decay+fast_decay+cross_rpe",
                 "scaleformer:nope", "scaleformer+cross_rpe+cross_rpe", "scaleformer+post_ln+sinusoidal",
                 "scaleformer+", "t5+post_ln"):
         with pytest.raises(ValueError, match="unknown model"):

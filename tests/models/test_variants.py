@@ -118,12 +118,17 @@ def test_unnormalised_variants_get_an_output_norm_and_gate(attention_type, tiny_
 
 
 def test_decay_rates_are_initialised_from_fast_to_slow(tiny_config):
-    from modeling_scaleformer.ops_registry import decay_spectrum
-
     attn = ScaleformerForConditionalGeneration(tiny_config("kernelized_decay")).model.decoder.layers[0].self_attn
-    rates = torch.nn.functional.softplus(attn.decay.detach())
-    torch.testing.assert_close(rates, decay_spectrum(attn.num_heads))
-    assert rates[0] == 0.25 and bool((rates[1:] < rates[:-1]).all())
+    torch.testing.assert_close(torch.nn.functional.softplus(attn.decay.detach()), torch.tensor([0.25, 2.0**-8]))
+    config = tiny_config("kernelized_decay_gated", decoder_attention_heads=4, decay_rate_range=[0.5, 0.0625])
+    attn = ScaleformerForConditionalGeneration(config).model.decoder.layers[0].self_attn
+    torch.testing.assert_close(torch.nn.functional.softplus(attn.decay.detach()), torch.tensor([0.5, 0.25, 0.125, 0.0625]))
+
+
+@pytest.mark.parametrize("rates", [(0.1, 0.2), (0.5, 0.0), [0.5], "fast", (True, 0.1)])
+def test_config_rejects_a_bad_decay_rate_range(rates, tiny_config):
+    with pytest.raises(Exception, match="decay_rate_range"):
+        tiny_config("kernelized_decay", decay_rate_range=rates)
 
 
 @pytest.mark.parametrize("attention_type", TYPES)
