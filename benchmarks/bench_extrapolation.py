@@ -70,7 +70,7 @@ from common import (
     print_targets, pyplot, save_figure, start_report,
 )
 from models import (
-    BOS_ID, EOS_ID, PAD_ID, ModelSize, add_model_size_arguments, bart_table_size, build_seq2seq, collate,
+    BOS_ID, DECAY_TYPES, EOS_ID, PAD_ID, ModelSize, add_model_size_arguments, bart_table_size, build_seq2seq, collate,
     count_parameters, parse_model_name,
 )
 
@@ -218,7 +218,7 @@ def describe(name: str, model: PreTrainedModel, args: argparse.Namespace) -> str
         positions = ("none (no relative or absolute positions)" if config.attention_type == "kernelized" else
                      f"relative, horizon {config.rpe_horizon}")
         decay = (f", decay rates from {config.decay_rate_range[0]:g} to {config.decay_rate_range[1]:g} beyond the "
-                 f"horizon" if config.attention_type.startswith("kernelized_decay") else "")
+                 f"horizon" if config.attention_type in DECAY_TYPES else "")
         return (f"attention_type {config.attention_type}, positions {positions}{decay}, cross_attention_rpe "
                 f"{config.cross_attention_rpe}, layer_norm_position {config.layer_norm_position}")
     if name == "t5":

@@ -137,8 +137,8 @@ from common import (
     machine_info, optimizer_step, print_machine, print_targets, pyplot, save_figure, start_report,
 )
 from models import (
-    ALL_BASELINES, BART_DEFAULT_POSITIONS, BASELINES, BOS_ID, EOS_ID, PAD_ID, ModelSize, add_model_size_arguments,
-    bart_table_size, build_seq2seq, collate, count_parameters, parse_model_name,
+    ALL_BASELINES, BART_DEFAULT_POSITIONS, BASELINES, BOS_ID, DECAY_TYPES, EOS_ID, PAD_ID, ModelSize,
+    add_model_size_arguments, bart_table_size, build_seq2seq, collate, count_parameters, parse_model_name,
 )
 
 
@@ -474,7 +474,7 @@ def describe_model(name: str, model: PreTrainedModel, args: argparse.Namespace, 
         return (f"attention_type {config.attention_type}, rpe_horizon {config.rpe_horizon}, cross_attention_rpe "
                 f"{config.cross_attention_rpe}, absolute_positions {config.absolute_positions}, layer_norm_position "
                 f"{config.layer_norm_position}, attention_mode {config.attention_mode}"
-                + (f", decay_rate_range {tuple(config.decay_rate_range)}" if "decay" in config.attention_type else "")
+                + (f", decay_rate_range {tuple(config.decay_rate_range)}" if config.attention_type in DECAY_TYPES else "")
                 + "; full sources")
     if name == "led":
         return (f"encoder attention window {'/'.join(map(str, sorted(set(config.attention_window))))} per layer, no "

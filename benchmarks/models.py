@@ -38,7 +38,7 @@ from transformers import (
 )
 
 from modeling_scaleformer import ScaleformerConfig, ScaleformerForConditionalGeneration
-from modeling_scaleformer.ops_registry import ATTENTION_TYPES, ATTENTION_VARIANTS
+from modeling_scaleformer.ops_registry import ATTENTION_TYPES, ATTENTION_VARIANTS, DECAY_TYPES
 
 
 DEFAULT_ATTENTION_TYPE = "kernelized_rpe"  # what `scaleformer` alone runs: ScaleformerConfig's default
@@ -272,7 +272,6 @@ class ModelSpec(NamedTuple):
 
 MODEL_SUFFIXES = ("cross_rpe", "fast_decay", "sinusoidal", "post_ln")
 FAST_DECAY_RATE_RANGE = (0.5, 0.0625)  # `+fast_decay`: half-lives of 1.4 to 11 positions beyond the horizon
-DECAY_TYPES = tuple(name for name in ATTENTION_TYPES if name.startswith("kernelized_decay"))
 CROSS_RPE_TYPES = tuple(name for name, variant in ATTENTION_VARIANTS.items() if variant.cross_attention_rpe)
 
 

@@ -9,7 +9,7 @@ from huggingface_hub.dataclasses import strict
 from transformers import PreTrainedConfig
 from transformers.activations import ACT2FN
 
-from .ops_registry import ATTENTION_TYPES, ATTENTION_VARIANTS, get_attention_variant
+from .ops_registry import ATTENTION_TYPES, ATTENTION_VARIANTS, DEFAULT_DECAY_RATE_RANGE, get_attention_variant
 
 
 AUTO_MAP = {
@@ -155,7 +155,7 @@ class ScaleformerConfig(PreTrainedConfig):
     rpe_horizon: int = 16
     rpe_shared_across_heads: bool = False
     cross_attention_rpe: bool = False
-    decay_rate_range: tuple[float, float] | list[float] = (0.25, 0.00390625)
+    decay_rate_range: tuple[float, float] | list[float] = DEFAULT_DECAY_RATE_RANGE
     absolute_positions: Literal["sinusoidal"] | None = None
     use_cache: bool = True
     pad_token_id: int | None = 0

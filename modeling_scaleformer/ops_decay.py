@@ -8,8 +8,9 @@ With phi(x) = elu(x) + 1, horizon h, p_i = i + query_offset and a decay rate lam
 over the visible keys (j <= p_i when causal, key_mask[j] == 1), with r(i, j) = clip(p_i - j, -h, h) + h as
 in `kernelized_rpe_attention`. Inside the horizon the score is that of `kernelized_rpe_attention`; beyond it
 the score fades geometrically instead of adding one more equal term per key, so distant keys do not dilute
-near ones as inputs grow. The sum is not divided by a row normaliser: `ScaleformerAttention` puts a per-head
-RMSNorm and an output gate on it (variant fact `normalised=False`).
+near ones as inputs grow. With `normalise=True` each row is divided by sum_j S_ij (registry type
+`kernelized_decay`); without it the plain sum is returned and `ScaleformerAttention` puts a per-head RMSNorm
+and an output gate on it (`kernelized_decay_gated`, variant fact `normalised=False`).
 
 The multiplier exp(-lambda max(|t| - h, 0)) of the offset t = p_i - j is a band plus a semiseparable tail,
 so the op is exact and linear in length:
@@ -35,6 +36,7 @@ from torch import Tensor
 from .ops_common import (
     DEFAULT_CHUNK_SIZE,
     check_attention_inputs,
+    check_horizon,
     check_new_tokens,
     check_state,
     compute_dtype,
@@ -183,7 +185,7 @@ def chunk_kernelized_decay_attention(
     Differentiable by autograd. `horizon` is read from `rel` unless given (needed when `rel` is None).
     """
     dtype = compute_dtype(q.dtype)
-    h = horizon_of(rel) if horizon is None else horizon
+    h = _resolve_horizon(rel, horizon)
     qf, kf = elu_feature_map(q.to(dtype)), elu_feature_map(k.to(dtype))
     vm = _mask_values(v.to(dtype), key_mask, normalise)
     rf = _rel_features(rel, q.shape[1], dtype)
@@ -230,7 +232,7 @@ def kernelized_decay_attention(
     horizon: int | None = None, normalise: bool = False,
 ) -> Tensor:
     """Kernelized attention with clipped relative positions and a geometric decay beyond the horizon, exact,
-    linear in length, without a row normaliser (see the module docstring for the formula).
+    linear in length, as a plain sum or row-normalised (see the module docstring for the formula).
 
     Args:
         q (`Tensor` of shape `(B, H, Lq, D)`): queries.
@@ -276,8 +278,7 @@ def _resolve_horizon(rel: Tensor | None, horizon: int | None) -> int:
         if rel is None:
             raise ValueError("`horizon` must be given when `rel` is None")
         return horizon_of(rel)
-    if isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 0:
-        raise ValueError(f"`horizon` must be a non-negative int, got {horizon!r}")
+    check_horizon(horizon)
     if rel is not None and horizon != horizon_of(rel):
         raise ValueError(f"`horizon` ({horizon}) must match `rel`, whose {rel.shape[-2]} rows give {horizon_of(rel)}")
     return horizon
@@ -393,20 +394,18 @@ class KernelizedDecayCrossSummary(NamedTuple):
 
     Fields:
         keys (`Tensor` of shape `(B, H, Lk, D)`): the keys.
-        values (`Tensor` of shape `(B, H, Lk, Dv)`): m_j v_j, the values with the key mask applied.
-        mask (`Tensor` of shape `(B, H, Lk, 1)`): m_j, for the row normaliser.
+        values (`Tensor` of shape `(B, H, Lk, Dv+1)`): [m_j v_j, m_j], the values with the key mask applied
+            and the mask as a last channel (the row normaliser's sum; a plain sum leaves it out).
     """
 
     keys: Tensor
     values: Tensor
-    mask: Tensor
 
 
 def kernelized_decay_cross_summary(k: Tensor, v: Tensor, *, key_mask: Tensor | None = None) -> KernelizedDecayCrossSummary:
     """Keep keys and masked values (B, H, Lk, .) for `kernelized_decay_cross_step`."""
     dtype = compute_dtype(k.dtype)
-    va = augment_values(v.to(dtype), key_mask)
-    return KernelizedDecayCrossSummary(keys=k.to(dtype), values=va[..., :-1], mask=va[..., -1:])
+    return KernelizedDecayCrossSummary(keys=k.to(dtype), values=augment_values(v.to(dtype), key_mask))
 
 
 def kernelized_decay_cross_step(
@@ -422,9 +421,7 @@ def kernelized_decay_cross_step(
         raise ValueError(f"`summary` must be a KernelizedDecayCrossSummary, got {type(summary).__name__}")
     dtype = summary.keys.dtype
     h = _resolve_horizon(rel, horizon)
-    values = summary.values
-    if normalise:  # the key mask is the values' zero rows only: keep it as a last channel
-        values = torch.cat([values, summary.mask], dim=-1)
+    values = summary.values if normalise else summary.values[..., :-1]
     out = naive_kernelized_decay_attention(
         q.to(dtype), summary.keys, values, None if rel is None else rel.to(dtype), decay.to(dtype),
         query_offset=query_offset, horizon=h,

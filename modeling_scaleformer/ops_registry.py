@@ -87,10 +87,11 @@ def decay_spectrum(
     """Decay rates per position beyond the horizon, geometric from the fastest to the slowest of `rate_range`
     over the heads (their geometric mean for one head). The default, 1/4 to 1/256, gives half-lives from under
     3 to 177 positions, so that heads read near and far."""
-    fastest, slowest = (float(r) for r in rate_range)
-    exponents = torch.linspace(math.log2(fastest), math.log2(slowest), heads, dtype=torch.float64)
+    fastest, slowest = (math.log2(float(r)) for r in rate_range)
     if heads == 1:
-        exponents = torch.tensor([(math.log2(fastest) + math.log2(slowest)) / 2], dtype=torch.float64)
+        exponents = torch.tensor([(fastest + slowest) / 2], dtype=torch.float64)
+    else:
+        exponents = torch.linspace(fastest, slowest, heads, dtype=torch.float64)
     return (2.0 ** exponents).to(dtype)
 
 
@@ -437,6 +438,10 @@ ATTENTION_VARIANTS: dict[str, AttentionVariant] = {
 
 ATTENTION_TYPES = tuple(ATTENTION_VARIANTS)
 SOFTMAX_TYPES = tuple(name for name, variant in ATTENTION_VARIANTS.items() if variant.softmax)
+# the types with a learned decay beyond the horizon (`config.decay_rate_range` applies to them)
+DECAY_TYPES = tuple(
+    name for name, variant in ATTENTION_VARIANTS.items() if "decay" in variant.parameters(1, 1, 1, False)
+)
 
 
 def get_attention_variant(attention_type: str) -> AttentionVariant:
@@ -463,6 +468,8 @@ __all__ = [
     "ParameterSpec",
     "SOFTMAX_TYPES",
     "cross_attention_type",
+    "DECAY_TYPES",
+    "DEFAULT_DECAY_RATE_RANGE",
     "decay_spectrum",
     "get_attention_variant",
     "rotary_spectrum",

@@ -50,5 +50,6 @@ def test_facts_and_what_is_derived_from_them():
         "kernelized_rpe", "kernelized_decay", "kernelized_decay_gated"
     ]
     assert [n for n, v in ATTENTION_VARIANTS.items() if not v.normalised] == ["kernelized_decay_gated"]
+    assert ops_registry.DECAY_TYPES == ("kernelized_decay", "kernelized_decay_gated")
     with pytest.raises(ValueError, match="`attention_type`"):
         get_attention_variant("linear")
