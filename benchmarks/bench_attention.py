@@ -70,9 +70,10 @@ QUICK_LENGTHS = (256, 512, 1024, 2048)
 AUTO_LENGTHS = tuple(64 * 2**i for i in range(10))  # 64 ... 32768
 METHODS = ("linear", "naive", "sdpa")
 # the other attention_type variants, each through its fast path (the op the model calls)
-VARIANTS = ("kernelized", "kernelized_decay", "kernelized_decay_gated", "fourier", "toeplitz", "shaw_softmax", "xl_relative")
+VARIANTS = ("kernelized", "kernelized_decay", "kernelized_decay_gated", "local_softmax_decay", "fourier", "toeplitz",
+            "shaw_softmax", "xl_relative")
 VARIANT_MODE = {"kernelized": "linear", "kernelized_decay": "linear", "kernelized_decay_gated": "linear",
-                "fourier": "linear", "toeplitz": "linear",
+                "local_softmax_decay": "linear", "fourier": "linear", "toeplitz": "linear",
                 "shaw_softmax": "auto", "xl_relative": "auto"}
 QUADRATIC_VARIANTS = ("shaw_softmax", "xl_relative")  # an L x L float bias goes to SDPA
 ALL_METHODS = METHODS + VARIANTS

@@ -3,10 +3,9 @@
 What is measured, for batch 1, fp32, eval mode, random weights (`torch.manual_seed`), for each model of
 `--models` (default: `scaleformer bart`):
 
-* `scaleformer`: `ScaleformerForConditionalGeneration`, default attention (`kernelized_rpe`, horizon 16),
-  decoding from its constant-size `ScaleformerCache`;
-* `scaleformer:TYPE`: the same with another `attention_type` (kernelized_rpe, kernelized, fourier, toeplitz,
-  xl_relative, shaw_softmax, softmax). The softmax types (softmax, shaw_softmax, xl_relative) keep every key
+* `scaleformer`: `ScaleformerForConditionalGeneration`, default configuration (`local_softmax_decay`, horizon 16;
+  figures recorded before 2026-11-23 ran `kernelized_rpe`), decoding from its constant-size `ScaleformerCache`;
+* `scaleformer:TYPE`: the same with another `attention_type` (`ops_registry.ATTENTION_TYPES`). The softmax types (softmax, shaw_softmax, xl_relative) keep every key
   and value in their `ScaleformerCache`, so their cache grows by one token a step, as BART's does;
 * `bart`: `transformers.BartForConditionalGeneration` with its default attention implementation,
   decoding from its key/value `EncoderDecoderCache` (self-attention keys and values grow by one

@@ -4,10 +4,10 @@ against source length.
 What is measured, for batch 1, fp32, train mode (dropout on), random weights (`torch.manual_seed`), for each
 model of `--models` (default: `scaleformer bart`; the builders of `models.py`, as in `bench_generate.py`):
 
-* `scaleformer`: `ScaleformerForConditionalGeneration`, default attention (`kernelized_rpe`, horizon 16,
-  `attention_mode="auto"`);
-* `scaleformer:TYPE`: the same with another `attention_type` (kernelized_rpe, kernelized, fourier, toeplitz,
-  xl_relative, shaw_softmax, softmax); the softmax types are quadratic in L;
+* `scaleformer`: `ScaleformerForConditionalGeneration`, default configuration (`local_softmax_decay`, horizon 16,
+  `attention_mode="auto"`; figures recorded before 2026-11-23 ran `kernelized_rpe`);
+* `scaleformer:TYPE`: the same with another `attention_type` (`ops_registry.ATTENTION_TYPES`); the softmax types
+  are quadratic in L;
 * `bart`: `transformers.BartForConditionalGeneration` with its default attention implementation;
 * `t5`: `transformers.T5ForConditionalGeneration`, d_kv = d_model / heads, ReLU FFN, tied embeddings,
   relative attention buckets at their defaults (32 buckets, max distance 128). Its attention is quadratic:

@@ -56,6 +56,9 @@ ATTENTION_WORDS = {
     "kernelized_decay_gated": "kernelized attention with relative positions clipped to [-{h}, {h}] and a learned "
     "per-head geometric decay beyond the horizon, summed without a row normaliser, then a per-head RMSNorm and a "
     "SiLU output gate",
+    "local_softmax_decay": "softmax attention over the nearest keys, with relative keys clipped to [-{h}, {h}] (Shaw "
+    "et al. 2018), and kernelized attention (phi(x) = elu(x) + 1) with a learned per-head geometric decay beyond "
+    "them, under one row normaliser",
     "fourier": KERNELIZED + " with a learned cosine kernel of the relative position",
     "toeplitz": KERNELIZED + " times a learned relative bias exp(b), offsets clipped to [-{h}, {h}], by FFT",
     "xl_relative": "Transformer-XL relative softmax attention, offsets clipped to [-{h}, {h}]",
@@ -232,6 +235,10 @@ def architecture_limitations(config: Mapping) -> list[str]:
     if variant.softmax:
         items = [f"`attention_type={name!r}` is softmax attention: its time and memory grow quadratically with the "
                  "input length, and so does its key/value cache during generation."]
+    elif name == "local_softmax_decay":
+        items = [f"The softmax decides only among the keys within {horizon} positions; farther keys enter through "
+                 "kernelized weights phi(q).phi(k) / d that fade with distance, which cannot single out one distant key, "
+                 "and the weights of softmax-attention models do not carry over."]
     else:
         items = ["Kernelized attention is not softmax attention: a weight is phi(q).phi(k) over its row sum, with no "
                  "exponential, so sharply focused (near one-hot) attention is harder to express, and the weights of "

@@ -120,6 +120,23 @@ def normalise(num: Tensor, den: Tensor, visible: Tensor | None = None) -> Tensor
     return torch.where(visible, num / torch.where(visible, den, torch.ones_like(den)), torch.zeros_like(num))
 
 
+def row_shift(band_logits: Tensor, tail_sum: Tensor) -> Tensor:
+    """m_i = max(max_j band_logits_ij, log tail_sum_i), detached, 0 for a row with neither.
+
+    `band_logits` (..., W) holds -inf for hidden keys, `tail_sum` (..., 1) is the row's total weight from
+    other keys (>= 0). exp(l - m) and tail_sum exp(-m) are then at most 1, and at least one of them is 1:
+    a row of softmax weights mixed with other positive weights neither overflows nor underflows to 0/0.
+    """
+    m = torch.maximum(band_logits.amax(-1, keepdim=True), torch.log(tail_sum))
+    return torch.where(torch.isfinite(m), m, torch.zeros_like(m)).detach()
+
+
+def shift_scale(m: Tensor) -> Tensor:
+    """exp(-m) for the weights outside the band, capped at the largest finite value: a row whose shift m is
+    below -709 (float64) has no weight outside the band, and 0 times the cap stays 0 instead of NaN."""
+    return torch.exp(-m).clamp(max=torch.finfo(m.dtype).max)
+
+
 def guarded_normalise(num: Tensor, den: Tensor, big: Tensor, eps: float) -> Tensor:
     """num / den_safe row by row, with den_safe = den if |den| >= eps M, and sign(den) eps M otherwise
     (sign(0) = +1); 0 where M == 0 (no visible key). M = `big` bounds |den|.

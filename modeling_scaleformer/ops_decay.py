@@ -143,7 +143,7 @@ def _decayed_prefix(x: Tensor, y: Tensor, v: Tensor, rate: Tensor, chunk: int) -
     return out.reshape(b, heads, n * chunk, dv)[:, :, :length]
 
 
-def _tail(xq: Tensor, y: Tensor, vm: Tensor, rate: Tensor, horizon: int, offset: int, chunk: int) -> Tensor:
+def decayed_tail(xq: Tensor, y: Tensor, vm: Tensor, rate: Tensor, horizon: int, offset: int, chunk: int) -> Tensor:
     """sum over j <= p_i - h - 1 of exp(-rate (p_i - h - j)) x_i.y_j v_j, p_i = i + offset (any integer offset).
 
     The query with cutoff m = p_i - h - 1 is placed at key position m, so that one causal pass
@@ -185,7 +185,7 @@ def chunk_kernelized_decay_attention(
     Differentiable by autograd. `horizon` is read from `rel` unless given (needed when `rel` is None).
     """
     dtype = compute_dtype(q.dtype)
-    h = _resolve_horizon(rel, horizon)
+    h = resolve_horizon(rel, horizon)
     qf, kf = elu_feature_map(q.to(dtype)), elu_feature_map(k.to(dtype))
     vm = _mask_values(v.to(dtype), key_mask, normalise)
     rf = _rel_features(rel, q.shape[1], dtype)
@@ -193,12 +193,12 @@ def chunk_kernelized_decay_attention(
     chunk = max(chunk_size, 1)
     out = _band(qf, kf, vm, rf, h, query_offset, causal, chunk)
     x, y = _tail_features(qf, kf, rf, 2 * h)
-    out = out + _tail(x, y, vm, rate, h, query_offset, chunk)
+    out = out + decayed_tail(x, y, vm, rate, h, query_offset, chunk)
     if not causal:
         # keys j >= p_i + h + 1 of the reversed sequences: j' = Lk-1-j, query i' = Lq-1-i at p' = i' + Lk-Lq-off
         lq, lk = q.shape[2], k.shape[2]
         x, y = _tail_features(qf.flip(2), kf.flip(2), rf, 0)
-        out = out + _tail(x, y, vm.flip(2), rate, h, lk - lq - query_offset, chunk).flip(2)
+        out = out + decayed_tail(x, y, vm.flip(2), rate, h, lk - lq - query_offset, chunk).flip(2)
     return _finish(out, normalise).to(q.dtype)
 
 
@@ -257,7 +257,7 @@ def kernelized_decay_attention(
     """
     check_attention_inputs(q, k, v, rel, key_mask, query_offset, mode)
     check_decay(decay, q.shape[1], q.dtype)
-    h = _resolve_horizon(rel, horizon)
+    h = resolve_horizon(rel, horizon)
     if mode == "auto":
         mode = kernelized_decay_choose_mode(
             q.shape[2], k.shape[2], q.shape[-1], v.shape[-1], h, causal=causal, batch_heads=q.shape[0] * q.shape[1]
@@ -273,7 +273,8 @@ def kernelized_decay_attention(
     )
 
 
-def _resolve_horizon(rel: Tensor | None, horizon: int | None) -> int:
+def resolve_horizon(rel: Tensor | None, horizon: int | None) -> int:
+    """h from `horizon`, or from `rel` when it is None; ValueError when neither gives it or they disagree."""
     if horizon is None:
         if rel is None:
             raise ValueError("`horizon` must be given when `rel` is None")
@@ -353,7 +354,7 @@ def kernelized_decay_step(
     check_attention_inputs(q, k, v, rel, key_mask, state.seen, "linear")
     check_new_tokens(q, k)
     check_decay(decay, q.shape[1], q.dtype)
-    h = _resolve_horizon(rel, horizon)
+    h = resolve_horizon(rel, horizon)
     b, heads, _, d = q.shape
     expected, tail_shape = (b, heads, h, d), (b, heads, d + 1, v.shape[-1] + int(normalise))
     if tuple(state.keys.shape) != expected or tuple(state.tail.shape) != tail_shape:
@@ -420,7 +421,7 @@ def kernelized_decay_cross_step(
     if not isinstance(summary, KernelizedDecayCrossSummary):
         raise ValueError(f"`summary` must be a KernelizedDecayCrossSummary, got {type(summary).__name__}")
     dtype = summary.keys.dtype
-    h = _resolve_horizon(rel, horizon)
+    h = resolve_horizon(rel, horizon)
     values = summary.values if normalise else summary.values[..., :-1]
     out = naive_kernelized_decay_attention(
         q.to(dtype), summary.keys, values, None if rel is None else rel.to(dtype), decay.to(dtype),

@@ -31,7 +31,9 @@ from .ops_common import (
     horizon_of,
     normalise,
     relative_index,
+    row_shift,
     rows_by_distance,
+    shift_scale,
     token_positions,
     visible_keys,
 )
@@ -170,6 +172,58 @@ def naive_kernelized_decay_attention(
     return ((scores * weight) @ v.to(dtype)).to(q.dtype)
 
 
+def naive_local_softmax_decay_weights(
+    q: Tensor, k: Tensor, rel: Tensor | None, decay: Tensor,
+    *, causal: bool = False, key_mask: Tensor | None = None, query_offset: int = 0, horizon: int | None = None,
+) -> Tensor:
+    """The weights W (B, H, Lq, Lk) of `local_softmax_decay_attention`, each row times exp(-m_i), 0 on hidden keys.
+
+    W_ij = exp(q_i.(k_j + rel[r(i, j)]) / sqrt(D)) for |p_i - j| <= h, W_ij = phi(q_i).phi(k_j) / D
+    exp(-lambda (|p_i - j| - h)) beyond; m_i = max(max of row i's visible band logits, log of the sum of its
+    weights beyond the band) (`ops_common.row_shift`), so that every weight is at most 1 and the largest
+    part is 1 (the attention, a ratio of sums over the row, does not depend on m).
+    """
+    dtype = compute_dtype(q.dtype)
+    h = horizon_of(rel) if horizon is None else horizon
+    lq, lk = q.shape[2], k.shape[2]
+    qc, kc = q.to(dtype), k.to(dtype)
+    pq, pk = _positions(lq, lk, query_offset, q.device)
+    logits = qc @ kc.transpose(-1, -2)
+    if rel is not None:
+        weights = qc @ _per_head(rel, dtype).transpose(-1, -2)  # (B, H, Lq, 2h+1)
+        r = relative_index(pq, pk, h)
+        logits = logits + weights.gather(-1, r.expand(*weights.shape[:2], lq, lk))
+    logits = logits / math.sqrt(q.shape[-1])
+    distance = (pq[:, None] - pk[None, :]).abs()
+    band = distance <= h
+    keep = visible_keys(lq, lk, causal=causal, key_mask=key_mask, query_offset=query_offset, device=q.device)
+    linear = (elu_feature_map(qc) @ elu_feature_map(kc).transpose(-1, -2)) / q.shape[-1] * torch.exp(
+        -decay.to(dtype)[:, None, None] * (distance - h).clamp(min=0).to(dtype)
+    )
+    linear = linear * (keep & ~band).to(dtype)
+    in_band = band & keep
+    m = row_shift(torch.where(in_band, logits, torch.full_like(logits, float("-inf"))), linear.sum(-1, keepdim=True))
+    # hidden keys get the exponent 0, so that no exponential overflows before the mask zeroes them
+    weights = torch.where(in_band, torch.exp(torch.where(in_band, logits, m) - m), linear * shift_scale(m))
+    return weights * keep.to(dtype)
+
+
+def naive_local_softmax_decay_attention(
+    q: Tensor, k: Tensor, v: Tensor, rel: Tensor | None, decay: Tensor,
+    *, causal: bool = False, key_mask: Tensor | None = None, query_offset: int = 0, horizon: int | None = None,
+) -> Tensor:
+    """Reference of `local_softmax_decay_attention`: out_i = sum_j W_ij v_j / sum_j W_ij, W from
+    `naive_local_softmax_decay_weights`.
+
+    Shapes as `naive_kernelized_decay_attention`. Returns (B, H, Lq, Dv) in q's dtype; a row with no visible
+    key is 0. Cost: O(Lq Lk (D + Dv)) time and O(Lq Lk) memory per head.
+    """
+    weights = naive_local_softmax_decay_weights(
+        q, k, rel, decay, causal=causal, key_mask=key_mask, query_offset=query_offset, horizon=horizon
+    )
+    return _normalised_rows(weights, v).to(q.dtype)
+
+
 # softmax baselines: plain, Shaw et al. (2018) relative keys, Transformer-XL relative attention
 
 
@@ -247,8 +301,11 @@ def naive_xl_relative_attention(
 
 __all__ = [
     "naive_fourier_attention",
+    "naive_kernelized_decay_attention",
     "naive_kernelized_rpe_attention",
     "naive_kernelized_rpe_scores",
+    "naive_local_softmax_decay_attention",
+    "naive_local_softmax_decay_weights",
     "naive_shaw_softmax_attention",
     "naive_softmax_attention",
     "naive_toeplitz_attention",

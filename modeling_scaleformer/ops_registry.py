@@ -18,7 +18,7 @@ a named function of this module, `<family>_forward`, `_prefill`, `_decode`, `_cr
 transformers' `eager_attention_forward` in `ALL_ATTENTION_FUNCTIONS`. Cross attention uses the variant
 named by `cross_attention_type`: the self-attention family without its position term (kernelized or
 softmax), or, when `config.cross_attention_rpe` is set, the self-attention variant with its relative
-positions (kernelized_rpe and the kernelized_decay pair).
+positions (kernelized_rpe and the three decay types).
 """
 
 from __future__ import annotations
@@ -36,6 +36,12 @@ from .ops_decay import (
     kernelized_decay_cross_summary,
     kernelized_decay_prefill_state,
     kernelized_decay_step,
+)
+from .ops_local_softmax import (
+    local_softmax_decay_attention,
+    local_softmax_decay_cross_step,
+    local_softmax_decay_prefill_state,
+    local_softmax_decay_step,
 )
 from .ops_fourier import fourier_attention, fourier_prefill_state, fourier_step
 from .ops_kernelized import (
@@ -277,6 +283,39 @@ KERNELIZED_DECAY_GATED = AttentionVariant(
 )
 
 
+# softmax over the 2h+1 nearest keys (Shaw relative keys), kernelized attention with a per-head decay beyond
+# them, one row normaliser ("local_softmax_decay")
+
+
+def local_softmax_decay_forward(q, k, v, params, *, causal, key_mask, query_offset, mode):
+    return local_softmax_decay_attention(
+        q, k, v, _rel(params), _decay_rates(params), causal=causal, key_mask=key_mask, query_offset=query_offset,
+        mode=mode,
+    )
+
+
+def local_softmax_decay_prefill(k, v, params, *, key_mask):
+    return local_softmax_decay_prefill_state(k, v, _decay_rates(params), horizon=horizon_of(_rel(params)), key_mask=key_mask)
+
+
+def local_softmax_decay_decode(q, k, v, params, state, *, key_mask):
+    return local_softmax_decay_step(q, k, v, _rel(params), _decay_rates(params), state, key_mask=key_mask)
+
+
+def local_softmax_decay_cross_decode(q, params, summary, *, query_offset):
+    return local_softmax_decay_cross_step(q, _rel(params), _decay_rates(params), summary, query_offset=query_offset)
+
+
+LOCAL_SOFTMAX_DECAY = AttentionVariant(
+    description="exp(q_i.(k_j + rel[r(i, j)]) / sqrt(d)) within the horizon, phi(q_i).phi(k_j) / d exp(-lambda "
+    "(|i - j| - h)) beyond, over its row sum: a local softmax with a fading linear tail, linear",
+    softmax=False, modes=LINEAR_MODES, constant_state=True, rpe_shareable=True, cross_attention_rpe=True,
+    parameters=decay_parameters, attention=local_softmax_decay_forward, prefill_state=local_softmax_decay_prefill,
+    step=local_softmax_decay_decode, cross_summary=kernelized_decay_cross_prefill,
+    cross_step=local_softmax_decay_cross_decode,
+)
+
+
 # kernelized attention with a Fourier (cosine) relative-position kernel
 
 
@@ -429,6 +468,7 @@ ATTENTION_VARIANTS: dict[str, AttentionVariant] = {
     "kernelized": KERNELIZED,
     "kernelized_decay": KERNELIZED_DECAY,
     "kernelized_decay_gated": KERNELIZED_DECAY_GATED,
+    "local_softmax_decay": LOCAL_SOFTMAX_DECAY,
     "fourier": FOURIER,
     "toeplitz": TOEPLITZ,
     "xl_relative": XL_RELATIVE,

@@ -48,11 +48,12 @@ def test_model_configs_load_and_build():
             model = ScaleformerForConditionalGeneration(config)
         sizes[name] = sum(p.numel() for p in model.parameters())
     assert 7e6 < sizes["tiny"] < 8e6 and sizes["tiny"] < sizes["small"] < sizes["base"]
-    # the main job's translation config: tiny with post-norm blocks and sinusoidal positions, nothing else
-    tiny = ScaleformerConfig.from_pretrained(ROOT / "configs" / "scaleformer-tiny.json").to_dict()
-    short = ScaleformerConfig.from_pretrained(ROOT / "configs" / "scaleformer-tiny-post-sinusoidal.json").to_dict()
-    assert {k for k in tiny if tiny[k] != short[k]} == {"layer_norm_position", "absolute_positions"}
-    assert (short["layer_norm_position"], short["absolute_positions"]) == ("post", "sinusoidal")
+    # the shipped configurations are the default configuration at three sizes
+    default = ScaleformerConfig()
+    for name in ("tiny", "small", "base"):
+        config = ScaleformerConfig.from_pretrained(ROOT / "configs" / f"scaleformer-{name}.json")
+        for field in ("attention_type", "cross_attention_rpe", "layer_norm_position", "absolute_positions"):
+            assert getattr(config, field) == getattr(default, field), (name, field)
 
 
 def test_readme_quick_start_runs_as_written(tmp_path):

@@ -15,11 +15,12 @@ ROOT = Path(__file__).resolve().parents[2]
     "task, extra, expected",
     [
         pytest.param("translation", [],
-                     dict(layer_norm_position="post", absolute_positions="sinusoidal", rpe_horizon=16),
+                     dict(attention_type="local_softmax_decay", cross_attention_rpe=True, layer_norm_position="post",
+                          absolute_positions=None, rpe_horizon=16),
                      id="translation-defaults"),
         pytest.param("docstrings",
-                     ["--config_overrides", "layer_norm_position=post,rpe_horizon=8,absolute_positions=sinusoidal"],
-                     dict(layer_norm_position="post", absolute_positions="sinusoidal", rpe_horizon=8),
+                     ["--config_overrides", "layer_norm_position=pre,rpe_horizon=8,absolute_positions=sinusoidal"],
+                     dict(layer_norm_position="pre", absolute_positions="sinusoidal", rpe_horizon=8),
                      id="docstrings-shipped-tokenizer-overrides"),
     ],
 )

@@ -66,9 +66,14 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, ScaleformerFo
 @pytest.mark.parametrize(
     "changes, present, absent",
     [
-        pytest.param({}, ["(pre-norm)", "clipped to [-16, 16]", "linear in the sequence length",
-                          "no absolute position embeddings", "not softmax attention", "clipped at a horizon of 16"],
-                     ["quadratic", "except through"], id="default"),
+        pytest.param({}, ["(post-norm)", "softmax attention over the nearest keys, with relative keys clipped to [-16, 16]", "linear in the sequence length",
+                          "no absolute position embeddings", "The softmax decides only among the keys within 16",
+                          "clipped at a horizon of 16", "fade geometrically"],
+                     ["quadratic", "except through", "not softmax attention"], id="default"),
+        pytest.param({"attention_type": "kernelized_rpe", "layer_norm_position": "pre"},
+                     ["(pre-norm)", "clipped to [-16, 16]", "linear in the sequence length",
+                      "no absolute position embeddings", "not softmax attention", "clipped at a horizon of 16"],
+                     ["quadratic", "except through", "fade"], id="kernelized_rpe-pre-norm"),
         pytest.param({"layer_norm_position": "post", "absolute_positions": "sinusoidal"},
                      ["(post-norm)", "Sinusoidal absolute positions are added", "linear in the sequence length",
                       "beyond the horizon apart except through the absolute positions"],
@@ -131,8 +136,8 @@ def test_card_sections_and_parameter_count(card_module, saved):
     assert "python examples/run_seq2seq.py --config_name tiny.json --max_steps 4" in text
     assert "| eval_bleu | 1.234 | 0.5000 |" in text and "| eval_chrf | 17.89 | 16.00 |" in text
     assert "| eval_samples | 16 | - |" in text
-    assert "| rpe_horizon | 4 |" in text and "| attention_type | kernelized_rpe |" in text
-    assert "clipped at a horizon of 4 tokens" in text and "not softmax attention" in text
+    assert "| rpe_horizon | 4 |" in text and "| attention_type | local_softmax_decay |" in text
+    assert "clipped at a horizon of 4 tokens" in text and "The softmax decides only among the keys within 4" in text
     assert "- Only 64 verses were seen." in text
     assert 'AutoTokenizer.from_pretrained("tiny", trust_remote_code=True)' in text
     assert 'AutoModelForSeq2SeqLM.from_pretrained("tiny", trust_remote_code=True)' in text

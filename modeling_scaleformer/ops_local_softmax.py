@@ -1,0 +1,305 @@
+"""Softmax attention inside the horizon, kernelized attention with a per-head geometric decay beyond it.
+
+With horizon h, p_i = i + query_offset, a decay rate lambda >= 0 per head and phi(x) = elu(x) + 1, the
+weight of key j for query i is
+
+    W_ij = exp(q_i.(k_j + rel[r(i, j)]) / sqrt(D))               for |p_i - j| <= h   (Shaw et al.)
+    W_ij = phi(q_i).phi(k_j) / D exp(-lambda (|p_i - j| - h))    for |p_i - j| > h
+
+and out_i = sum_j W_ij v_j / sum_j W_ij over the visible keys (j <= p_i when causal, key_mask[j] == 1),
+r(i, j) = clip(p_i - j, -h, h) + h. The 2h+1 nearest keys compete through a softmax, so one aligned key can
+take almost all the weight, as in softmax attention; distant keys enter through a kernel whose total weight
+is bounded by a geometric series, so it does not grow with the length of the input. The kernel is divided by
+D so that, at initialisation (q, k near 0), a distant key weighs about as much as a near one (phi(0) = 1,
+exp(0) = 1) rather than D times more. Every weight is positive and the row normaliser is exact.
+
+Each row is computed with all its weights multiplied by exp(-m_i), m_i the larger of the row's largest band
+logit and the log of its weight beyond the band (`ops_common.row_shift`): the ratio is unchanged, no term
+exceeds 1 and the largest is 1, so that rows neither overflow nor vanish.
+
+The algorithm is linear in length: the band is a local softmax over 2h+1 keys per query, by blocks of
+queries; the tail is `ops_decay.decayed_tail` (a decayed linear attention by chunks, anticausal by reversal),
+computed first, since its row sums enter m_i, and scaled by exp(-m_i). Time O(L (C + h) (D + Dv) + L D Dv), memory O(L (D + Dv) + (L / C) D Dv) per head, C the
+chunk size. The decoding state (`LocalSoftmaxDecayState`) keeps the last h keys and values and the decayed
+tail sum: constant size.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from .ops_common import (
+    DEFAULT_CHUNK_SIZE,
+    augment_values,
+    check_attention_inputs,
+    check_new_tokens,
+    check_state,
+    compute_dtype,
+    elu_feature_map,
+    row_shift,
+    shift_scale,
+)
+from .ops_common import normalise as normalise_rows
+from .ops_decay import (
+    KernelizedDecayCrossSummary,
+    check_decay,
+    decayed_tail,
+    kernelized_decay_choose_mode,
+    resolve_horizon,
+)
+from .ops_naive import naive_local_softmax_decay_attention, naive_local_softmax_decay_weights
+
+
+def _rel_table(rel: Tensor | None, heads: int, dtype: torch.dtype) -> Tensor | None:
+    """rel as (H, 2h+1, D), a shared table expanded over the heads."""
+    if rel is None:
+        return None
+    table = rel.to(dtype)
+    return table if table.dim() == 3 else table.unsqueeze(0).expand(heads, -1, -1)
+
+
+def _softmax_band(q: Tensor, k: Tensor, vm: Tensor, rel: Tensor | None, tail_sum: Tensor, horizon: int, offset: int,
+                  causal: bool, chunk: int) -> tuple[Tensor, Tensor]:
+    """(sum over visible |p_i - j| <= h of exp(l_ij - m_i) vm_j, m_i) with l_ij = q_i.(k_j + rel[r]) / sqrt(D) and
+    m_i = `ops_common.row_shift` of the band logits and `tail_sum` (B, H, Lq, 1), the row's weight beyond it.
+
+    Queries in blocks of `chunk`; block b sees the keys p_{bC} - h .. p_{bC} + C - 1 + h (clamped, with zero
+    values outside 0..Lk-1). A key is visible when it is in the band (and j <= p_i when causal), inside
+    0..Lk-1 and unmasked (the last channel of `vm`, [m v, m], is 1).
+    """
+    b, heads, lq, d = q.shape
+    lk = k.shape[2]
+    n_blocks = -(-lq // chunk)
+    width = chunk + 2 * horizon
+    qb = torch.nn.functional.pad(q, (0, 0, 0, n_blocks * chunk - lq)).view(b, heads, n_blocks, chunk, d)
+    starts = torch.arange(n_blocks, device=q.device) * chunk + offset - horizon
+    index = starts[:, None] + torch.arange(width, device=q.device)  # (n_blocks, width)
+    inside = (index >= 0) & (index < lk)
+    index = index.clamp(0, lk - 1).reshape(-1)
+    kw = k.index_select(2, index).view(b, heads, n_blocks, width, d)
+    vw = vm.index_select(2, index).view(b, heads, n_blocks, width, -1) * inside[..., None].to(vm.dtype)
+    logits = qb @ kw.transpose(-1, -2)  # (B, H, n_blocks, C, W)
+    # query c, key w of a block: offset p_i - j = c + h - w, in the band for c <= w <= c + 2h
+    c = torch.arange(chunk, device=q.device)[:, None]
+    w = torch.arange(width, device=q.device)[None, :]
+    t = c + horizon - w
+    keep = (t.abs() <= horizon) & ((t >= 0) if causal else True)  # (C, W)
+    keep = keep & (vw[..., -1] > 0)[..., None, :]  # (B, H, n_blocks, C, W)
+    if rel is not None:
+        weights = qb @ rel[None, :, None].transpose(-1, -2)  # (B, H, n_blocks, C, 2h+1)
+        rel_index = (t.clamp(-horizon, horizon) + horizon).expand(b, heads, n_blocks, chunk, width)
+        logits = logits + weights.gather(-1, rel_index)
+    logits = torch.where(keep, logits / math.sqrt(d), torch.full_like(logits, float("-inf")))
+    tail_sum = torch.nn.functional.pad(tail_sum, (0, 0, 0, n_blocks * chunk - lq)).view(b, heads, n_blocks, chunk, 1)
+    m = row_shift(logits, tail_sum)
+    out = torch.exp(logits - m) @ vw
+    return (out.reshape(b, heads, n_blocks * chunk, -1)[:, :, :lq],
+            m.reshape(b, heads, n_blocks * chunk, 1)[:, :, :lq])
+
+
+def chunk_local_softmax_decay_attention(
+    q: Tensor, k: Tensor, v: Tensor, rel: Tensor | None, decay: Tensor,
+    *, causal: bool = False, key_mask: Tensor | None = None, query_offset: int = 0, horizon: int | None = None,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+) -> Tensor:
+    """The linear algorithm of `local_softmax_decay_attention` (local softmax band plus decayed kernel tails,
+    see the module docstring). Differentiable by autograd."""
+    dtype = compute_dtype(q.dtype)
+    h = resolve_horizon(rel, horizon)
+    qc, kc = q.to(dtype), k.to(dtype)
+    vm = augment_values(v.to(dtype), key_mask)
+    chunk = max(chunk_size, 1)
+    qf, kf = elu_feature_map(qc) / q.shape[-1], elu_feature_map(kc)
+    rate = decay.to(dtype)
+    tail = decayed_tail(qf, kf, vm, rate, h, query_offset, chunk)
+    if not causal:
+        # keys j >= p_i + h + 1 of the reversed sequences: j' = Lk-1-j, query i' = Lq-1-i at p' = i' + Lk-Lq-off
+        lq, lk = q.shape[2], k.shape[2]
+        tail = tail + decayed_tail(qf.flip(2), kf.flip(2), vm.flip(2), rate, h, lk - lq - query_offset, chunk).flip(2)
+    band, m = _softmax_band(qc, kc, vm, _rel_table(rel, q.shape[1], dtype), tail[..., -1:], h, query_offset, causal,
+                            chunk)
+    out = band + shift_scale(m) * tail
+    return normalise_rows(out[..., :-1], out[..., -1:]).to(q.dtype)
+
+
+def local_softmax_decay_attention(
+    q: Tensor, k: Tensor, v: Tensor, rel: Tensor | None, decay: Tensor,
+    *, causal: bool = False, key_mask: Tensor | None = None, query_offset: int = 0, mode: str = "auto",
+    horizon: int | None = None,
+) -> Tensor:
+    """Softmax attention over the 2h+1 nearest keys, decayed kernelized attention beyond them, under one row
+    normaliser; exact and linear in length (see the module docstring for the formula).
+
+    Args:
+        q (`Tensor` of shape `(B, H, Lq, D)`): queries.
+        k (`Tensor` of shape `(B, H, Lk, D)`): keys; Lk may differ from Lq (cross attention).
+        v (`Tensor` of shape `(B, H, Lk, Dv)`): values.
+        rel (`Tensor` of shape `(H, 2h+1, D)` or `(2h+1, D)`, *optional*): relative key embeddings of the band,
+            row r for relative position r - h. Without it the band logits are q_i.k_j / sqrt(D), and
+            `horizon` must be given.
+        decay (`Tensor` of shape `(H,)`): decay rate lambda >= 0 per head, per position beyond the horizon.
+        causal (`bool`, defaults to `False`): key j is visible to query i only if j <= p_i.
+        key_mask (`Tensor` of shape `(B, Lk)`, *optional*): 1 (or True) for keys to attend to.
+        query_offset (`int`, defaults to 0): absolute position of the first query.
+        mode (`str`, defaults to `"auto"`): `"naive"` (quadratic reference), `"linear"` (local band plus
+            chunked decayed tails, O(L) time and memory) or `"auto"` (the cheaper, by the cost model of
+            `kernelized_decay_choose_mode`).
+        horizon (`int`, *optional*): h; read from `rel` when omitted.
+
+    Returns:
+        `Tensor` of shape `(B, H, Lq, Dv)` in q's dtype; a row with no visible key is 0. Half precision
+        accumulates in float32.
+    """
+    check_attention_inputs(q, k, v, rel, key_mask, query_offset, mode)
+    check_decay(decay, q.shape[1], q.dtype)
+    h = resolve_horizon(rel, horizon)
+    if mode == "auto":
+        mode = kernelized_decay_choose_mode(
+            q.shape[2], k.shape[2], q.shape[-1], v.shape[-1], h, causal=causal, batch_heads=q.shape[0] * q.shape[1]
+        )
+    if mode == "naive":
+        return naive_local_softmax_decay_attention(
+            q, k, v, rel, decay, causal=causal, key_mask=key_mask, query_offset=query_offset, horizon=h
+        )
+    return chunk_local_softmax_decay_attention(
+        q, k, v, rel, decay, causal=causal, key_mask=key_mask, query_offset=query_offset, horizon=h
+    )
+
+
+# ------------------------------------------------------------------------------------------------ decoding
+
+
+class LocalSoftmaxDecayState(NamedTuple):
+    """Recurrent state of causal local-softmax decay attention after `seen` tokens (positions 0..seen-1).
+
+    Fields:
+        keys (`Tensor` of shape `(B, H, h, D)`): the keys k_j of the last h tokens, oldest first; zero rows
+            stand for positions before the start (their values are zero, normaliser channel included).
+        values (`Tensor` of shape `(B, H, h, Dv+1)`): [m_j v_j, m_j] of the same tokens.
+        tail (`Tensor` of shape `(B, H, D, Dv+1)`): sum over j <= seen - h - 1 of
+            exp(-lambda (seen - h - 1 - j)) phi(k_j) values_j^T.
+        seen (`int`): number of tokens seen, the position of the next token.
+    """
+
+    keys: Tensor
+    values: Tensor
+    tail: Tensor
+    seen: int
+
+
+def local_softmax_decay_initial_state(
+    batch: int, heads: int, dim: int, value_dim: int, horizon: int, *, dtype: torch.dtype, device=None
+) -> LocalSoftmaxDecayState:
+    """The empty state (no token seen); accumulates in `compute_dtype(dtype)`."""
+    dtype = compute_dtype(dtype)
+    return LocalSoftmaxDecayState(
+        keys=torch.zeros(batch, heads, horizon, dim, dtype=dtype, device=device),
+        values=torch.zeros(batch, heads, horizon, value_dim + 1, dtype=dtype, device=device),
+        tail=torch.zeros(batch, heads, dim, value_dim + 1, dtype=dtype, device=device),
+        seen=0,
+    )
+
+
+def local_softmax_decay_prefill_state(
+    k: Tensor, v: Tensor, decay: Tensor, *, horizon: int, key_mask: Tensor | None = None
+) -> LocalSoftmaxDecayState:
+    """The state after the tokens k, v (B, H, L, .) at positions 0..L-1, in O(L D Dv) time."""
+    dtype = compute_dtype(k.dtype)
+    kc = k.to(dtype)
+    vm = augment_values(v.to(dtype), key_mask)
+    length = kc.shape[2]
+    old = max(length - horizon, 0)  # tokens 0..old-1 are in the tail
+    weight = torch.exp(-decay.to(dtype)[:, None] * (old - 1 - torch.arange(old, device=k.device, dtype=dtype)))
+    tail = (elu_feature_map(kc[:, :, :old]) * weight[None, :, :, None]).transpose(-1, -2) @ vm[:, :, :old]
+    pad = horizon - (length - old)
+    keys = torch.nn.functional.pad(kc[:, :, old:], (0, 0, pad, 0))
+    values = torch.nn.functional.pad(vm[:, :, old:], (0, 0, pad, 0))
+    return LocalSoftmaxDecayState(keys=keys, values=values, tail=tail, seen=length)
+
+
+def local_softmax_decay_step(
+    q: Tensor, k: Tensor, v: Tensor, rel: Tensor | None, decay: Tensor, state: LocalSoftmaxDecayState,
+    *, key_mask: Tensor | None = None, horizon: int | None = None,
+) -> tuple[Tensor, LocalSoftmaxDecayState]:
+    """Causal attention of n new tokens on the past summarised by `state`, and the updated state.
+
+    q, k, v have shape (B, H, n, .) and sit at positions state.seen .. state.seen + n - 1; `key_mask` (B, n)
+    masks new tokens only. The result equals the matching rows of
+    `local_softmax_decay_attention(..., causal=True)` over the whole sequence; the state keeps its size.
+    """
+    check_state(state, LocalSoftmaxDecayState)
+    check_attention_inputs(q, k, v, rel, key_mask, state.seen, "linear")
+    check_new_tokens(q, k)
+    check_decay(decay, q.shape[1], q.dtype)
+    h = resolve_horizon(rel, horizon)
+    b, heads, _, d = q.shape
+    expected, tail_shape = (b, heads, h, d), (b, heads, d, v.shape[-1] + 1)
+    if tuple(state.keys.shape) != expected or tuple(state.tail.shape) != tail_shape:
+        raise ValueError(
+            f"`state` does not fit these inputs: expected keys of shape {expected} (horizon {h}) and a tail of "
+            f"shape {tail_shape}, got {tuple(state.keys.shape)} and {tuple(state.tail.shape)}"
+        )
+    dtype = state.tail.dtype
+    table = _rel_table(rel, heads, dtype)
+    gamma = torch.exp(-decay.to(dtype)[None, :, None, None])
+    scale = 1.0 / math.sqrt(d)
+    qc, kc = q.to(dtype), k.to(dtype)
+    vm = augment_values(v.to(dtype), key_mask)
+    keys, values, tail = state.keys, state.values, state.tail
+    outs = []
+    for s in range(q.shape[2]):
+        qi = qc[:, :, s:s + 1]  # (B, H, 1, D)
+        keys = torch.cat([keys, kc[:, :, s:s + 1]], dim=2)  # the h + 1 keys at offsets h .. 0
+        values = torch.cat([values, vm[:, :, s:s + 1]], dim=2)
+        logits = qi @ keys.transpose(-1, -2)
+        if table is not None:
+            # window key w sits at offset h - w: table row 2h - w
+            logits = logits + (qi @ table.transpose(-1, -2)[None])[..., h:].flip(-1)
+        logits = torch.where(values[..., -1:].transpose(-1, -2) > 0, logits * scale, float("-inf"))
+        far = gamma * (elu_feature_map(qi) @ tail) / d
+        m = row_shift(logits, far[..., -1:])
+        out = torch.exp(logits - m) @ values + shift_scale(m) * far
+        outs.append(out)
+        # the oldest key of the window (offset h) moves to the tail for the next position
+        tail = gamma * tail + elu_feature_map(keys[:, :, :1]).transpose(-1, -2) @ values[:, :, :1]
+        keys, values = keys[:, :, 1:], values[:, :, 1:]
+    out = torch.cat(outs, dim=2)
+    out = normalise_rows(out[..., :-1], out[..., -1:]).to(q.dtype)
+    return out, LocalSoftmaxDecayState(keys=keys, values=values, tail=tail, seen=state.seen + q.shape[2])
+
+
+def local_softmax_decay_cross_step(
+    q: Tensor, rel: Tensor | None, decay: Tensor, summary: KernelizedDecayCrossSummary, *, query_offset: int,
+    horizon: int | None = None,
+) -> Tensor:
+    """Bidirectional attention of queries (B, H, n, D) at positions query_offset.. on the keys of `summary`
+    (`ops_decay.kernelized_decay_cross_summary`: the keys and [m v, m]).
+
+    Equals `local_softmax_decay_attention(q, k, v, rel, decay, query_offset=query_offset)` for the keys the
+    summary was built from. Each query reads every key once: O(n Lk (D + Dv)), like softmax cross attention.
+    """
+    if not isinstance(summary, KernelizedDecayCrossSummary):
+        raise ValueError(f"`summary` must be a KernelizedDecayCrossSummary, got {type(summary).__name__}")
+    dtype = summary.keys.dtype
+    h = resolve_horizon(rel, horizon)
+    weights = naive_local_softmax_decay_weights(
+        q.to(dtype), summary.keys, None if rel is None else rel.to(dtype), decay.to(dtype),
+        key_mask=summary.values[:, 0, :, -1], query_offset=query_offset, horizon=h,
+    )
+    out = weights @ summary.values
+    return normalise_rows(out[..., :-1], out[..., -1:]).to(q.dtype)
+
+
+__all__ = [
+    "LocalSoftmaxDecayState",
+    "chunk_local_softmax_decay_attention",
+    "local_softmax_decay_cross_step",
+    "local_softmax_decay_attention",
+    "local_softmax_decay_initial_state",
+    "local_softmax_decay_prefill_state",
+    "local_softmax_decay_step",
+]

@@ -1,0 +1,219 @@
+"""Local softmax within the horizon and a decayed kernel beyond it: every fast path against the quadratic
+reference in float64, forward and gradients, and the recurrent state against the full causal forward."""
+
+import functools
+import math
+
+import pytest
+import torch
+
+from modeling_scaleformer.ops_decay import kernelized_decay_cross_summary
+from modeling_scaleformer.ops_local_softmax import (
+    LocalSoftmaxDecayState,
+    chunk_local_softmax_decay_attention,
+    local_softmax_decay_attention,
+    local_softmax_decay_cross_step,
+    local_softmax_decay_initial_state,
+    local_softmax_decay_prefill_state,
+    local_softmax_decay_step,
+)
+from modeling_scaleformer.ops_naive import naive_local_softmax_decay_attention
+
+
+F64 = torch.float64
+TOLERANCES = dict(rtol=1e-10, atol=1e-12, grad_rtol=1e-9, grad_atol=1e-11)
+CAUSAL = pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
+
+
+def check_against_naive(assert_matches, fn, inputs, causal, offset):
+    """fn against the float64 reference: outputs and the gradients of q, k, v, rel and the decay rates."""
+    q, k, v, rel, decay, key_mask, horizon = inputs
+    tensors, names = ((q, k, v, decay), "q k v decay") if rel is None else ((q, k, v, decay, rel), "q k v decay rel")
+
+    def call(op):
+        def run(q, k, v, decay, rel=None):
+            return op(q, k, v, rel, decay, causal=causal, key_mask=key_mask, query_offset=offset, horizon=horizon)
+        return run
+
+    assert_matches(call(fn), call(naive_local_softmax_decay_attention), tensors, names.split(), allow_unused=True,
+                   **TOLERANCES)
+
+
+@CAUSAL
+@pytest.mark.parametrize("chunk", [1, 4, 64])
+def test_chunk(decay_case, causal, chunk, decay_inputs, split_case, assert_matches):
+    inputs, offset = split_case(decay_inputs, decay_case)
+    fn = functools.partial(chunk_local_softmax_decay_attention, chunk_size=chunk)
+    check_against_naive(assert_matches, fn, inputs, causal, offset)
+
+
+@CAUSAL
+def test_linear_mode_default_chunk(causal, decay_inputs, assert_matches):
+    inputs = decay_inputs(b=1, h=2, lq=150, lk=140, d=8, dv=6, horizon=5, mask="padding")
+    fn = functools.partial(local_softmax_decay_attention, mode="linear")
+    check_against_naive(assert_matches, fn, inputs, causal, 3)
+
+
+def test_large_logits_stay_finite(decay_inputs, assert_matches):
+    """Band logits far above and far below 0: the row stabiliser keeps every exponential in range."""
+    q, k, v, rel, decay, key_mask, horizon = decay_inputs(b=1, h=2, lq=30, lk=30, horizon=2, mask="padding")
+    for scale in (40.0, -40.0):
+        inputs = (q * abs(scale), k * scale, v, rel, decay, key_mask, horizon)
+        out = chunk_local_softmax_decay_attention(*inputs[:5], key_mask=key_mask, chunk_size=4)
+        assert bool(torch.isfinite(out).all())
+        check_against_naive(assert_matches, functools.partial(chunk_local_softmax_decay_attention, chunk_size=4),
+                            inputs, False, 0)
+
+
+def test_softmax_rows_are_shift_invariant(decay_inputs):
+    """Band logits shifted by -2000 (exp underflows to 0): the row is still the softmax, not 0/0, on every path."""
+    q, k, v, rel, decay, _, horizon = decay_inputs(b=1, h=2, lq=1, lk=4, horizon=3)
+    shift = -2000.0 * 5**0.5 * q / (q * q).sum(-1, keepdim=True)  # q.shift = -2000 sqrt(D)
+    expected = naive_local_softmax_decay_attention(q, k, v, rel, decay, query_offset=2)
+    for op in (naive_local_softmax_decay_attention, chunk_local_softmax_decay_attention):
+        got = op(q, k + shift, v, rel, decay, query_offset=2)
+        torch.testing.assert_close(got, expected, rtol=1e-9, atol=1e-12)
+    state = local_softmax_decay_prefill_state(k[:, :, :2] + shift, v[:, :, :2], decay, horizon=horizon)
+    got, _ = local_softmax_decay_step(q, k[:, :, 2:3] + shift, v[:, :, 2:3], rel, decay, state)
+    torch.testing.assert_close(got, naive_local_softmax_decay_attention(q, k[:, :, :3], v[:, :, :3], rel, decay,
+                                                                        query_offset=2), rtol=1e-9, atol=1e-12)
+
+
+def test_chunk_gradcheck(decay_inputs):
+    q, k, v, rel, decay, key_mask, horizon = decay_inputs(b=1, h=2, lq=9, lk=8, d=3, dv=2, horizon=1, mask="padding")
+    leaves = tuple(t.requires_grad_(True) for t in (q, k, v, rel, decay))
+    for causal in (False, True):
+        torch.autograd.gradcheck(
+            lambda q, k, v, rel, decay: chunk_local_softmax_decay_attention(
+                q, k, v, rel, decay, causal=causal, key_mask=key_mask, query_offset=1, chunk_size=2
+            ),
+            leaves,
+        )
+
+
+def test_reference_is_the_formula(decay_inputs):
+    """The reference against the weights written out pair by pair (no stabiliser)."""
+    q, k, v, rel, decay, key_mask, horizon = decay_inputs(b=1, h=2, lq=7, lk=11, horizon=2, mask="random")
+    for causal, offset in ((False, 0), (True, 4), (False, -3)):
+        expected = torch.zeros(1, 2, 7, 4, dtype=F64)
+        for hi in range(2):
+            for i in range(7):
+                num, den = torch.zeros(4, dtype=F64), 0.0
+                for j in range(11):
+                    t = i + offset - j
+                    if key_mask[0, j] == 0 or (causal and t < 0):
+                        continue
+                    if abs(t) <= horizon:
+                        w = torch.exp(q[0, hi, i] @ (k[0, hi, j] + rel[hi, t + horizon]) / math.sqrt(5))
+                    else:
+                        phi_q = torch.nn.functional.elu(q[0, hi, i]) + 1
+                        phi_k = torch.nn.functional.elu(k[0, hi, j]) + 1
+                        w = phi_q @ phi_k / 5 * math.exp(-decay[hi].item() * (abs(t) - horizon))
+                    num, den = num + w * v[0, hi, j], den + w
+                if den > 0:
+                    expected[0, hi, i] = num / den
+        got = naive_local_softmax_decay_attention(q, k, v, rel, decay, causal=causal, key_mask=key_mask,
+                                                  query_offset=offset)
+        torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-12)
+
+
+def test_fast_decay_leaves_the_shaw_softmax_band(decay_inputs):
+    """With lambda = 60 the keys beyond the horizon weigh exp(-60) or less: the output is Shaw's softmax
+    attention over the 2h+1 nearest keys, and without the decay the far keys change it."""
+    q, k, v, rel, _, _, horizon = decay_inputs(lq=30, lk=30, horizon=2)
+    band = (torch.arange(30)[:, None] - torch.arange(30)[None, :]).abs() <= horizon
+    logits = q @ k.transpose(-1, -2)
+    r = (torch.arange(30)[:, None] - torch.arange(30)[None, :]).clamp(-horizon, horizon) + horizon
+    logits = (logits + (q @ rel.transpose(-1, -2)).gather(-1, r.expand(2, 3, 30, 30))) / math.sqrt(5)
+    expected = torch.softmax(logits.masked_fill(~band, float("-inf")), -1) @ v
+    got = chunk_local_softmax_decay_attention(q, k, v, rel, torch.full((3,), 60.0, dtype=F64), chunk_size=4)
+    torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-12)
+    slow = chunk_local_softmax_decay_attention(q, k, v, rel, torch.zeros(3, dtype=F64), chunk_size=4)
+    assert (slow - expected).abs().max() > 0.1
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_accumulates_in_float32(dtype, decay_inputs, assert_low_precision):
+    q, k, v, rel, decay, key_mask, horizon = decay_inputs(b=1, h=2, lq=70, lk=70, d=8, dv=8, horizon=3,
+                                                          mask="padding", dtype=dtype)
+    leaves = [t.requires_grad_(True) for t in (q, k, v, rel)]
+    kwargs = dict(causal=True, key_mask=key_mask, horizon=horizon)
+
+    def call(op):
+        return lambda q, k, v, rel, **kw: op(q, k, v, rel, decay.to(q.dtype), **kw)
+
+    assert_low_precision(call(functools.partial(chunk_local_softmax_decay_attention, chunk_size=16)),
+                         call(naive_local_softmax_decay_attention), leaves, kwargs, tolerance=0.05,
+                         names="q k v rel".split())
+
+
+@pytest.mark.parametrize("horizon", [0, 1, 3])
+@pytest.mark.parametrize("no_rel", [False, True], ids=["rel", "no-rel"])
+@pytest.mark.parametrize("mask", [None, "padding"])
+def test_step_token_by_token_and_in_pieces(horizon, no_rel, mask, decay_inputs):
+    q, k, v, rel, decay, key_mask, _ = decay_inputs(b=2, h=2, lq=13, lk=13, horizon=horizon, mask=mask, no_rel=no_rel)
+    full = naive_local_softmax_decay_attention(q, k, v, rel, decay, causal=True, key_mask=key_mask, horizon=horizon)
+    for pieces in ([1] * 13, [3, 1, 5, 4], [13]):
+        state = local_softmax_decay_initial_state(2, 2, 5, 4, horizon, dtype=F64)
+        outs, start = [], 0
+        for n in pieces:
+            sl = slice(start, start + n)
+            m = None if key_mask is None else key_mask[:, sl]
+            o, state = local_softmax_decay_step(q[:, :, sl], k[:, :, sl], v[:, :, sl], rel, decay, state, key_mask=m,
+                                                horizon=horizon)
+            outs.append(o)
+            start += n
+        torch.testing.assert_close(torch.cat(outs, dim=2), full, rtol=1e-10, atol=1e-12)
+        assert state.seen == 13
+        assert tuple(state.keys.shape) == (2, 2, horizon, 5) and tuple(state.tail.shape) == (2, 2, 5, 5)
+
+
+@pytest.mark.parametrize("prompt", [1, 2, 3, 9])
+def test_prefill_state_then_steps(prompt, decay_inputs):
+    q, k, v, rel, decay, key_mask, horizon = decay_inputs(b=2, h=2, lq=12, lk=12, horizon=3, mask="padding")
+    full = naive_local_softmax_decay_attention(q, k, v, rel, decay, causal=True, key_mask=key_mask)
+    state = local_softmax_decay_prefill_state(k[:, :, :prompt], v[:, :, :prompt], decay, horizon=horizon,
+                                              key_mask=key_mask[:, :prompt])
+    assert state.seen == prompt
+    out, state = local_softmax_decay_step(q[:, :, prompt:], k[:, :, prompt:], v[:, :, prompt:], rel, decay, state,
+                                          key_mask=key_mask[:, prompt:])
+    torch.testing.assert_close(out, full[:, :, prompt:], rtol=1e-10, atol=1e-12)
+
+
+def test_state_size_is_constant(decay_inputs):
+    q, k, v, rel, decay, _, horizon = decay_inputs(b=1, h=2, lq=40, lk=40, horizon=3)
+    sizes = set()
+    state = local_softmax_decay_initial_state(1, 2, 5, 4, horizon, dtype=F64)
+    for i in range(40):
+        _, state = local_softmax_decay_step(q[:, :, i:i + 1], k[:, :, i:i + 1], v[:, :, i:i + 1], rel, decay, state)
+        sizes.add(sum(t.numel() for t in state[:3]))
+    assert len(sizes) == 1
+
+
+@pytest.mark.parametrize("mask", [None, "random"])
+def test_cross_summary_and_steps_match_the_full_attention(mask, decay_inputs):
+    q, k, v, rel, decay, key_mask, horizon = decay_inputs(b=2, h=2, lq=12, lk=30, horizon=2, mask=mask)
+    full = naive_local_softmax_decay_attention(q, k, v, rel, decay, key_mask=key_mask)
+    summary = kernelized_decay_cross_summary(k, v, key_mask=key_mask)
+    steps = [local_softmax_decay_cross_step(q[:, :, i:i + 1], rel, decay, summary, query_offset=i) for i in range(12)]
+    torch.testing.assert_close(torch.cat(steps, dim=2), full, rtol=1e-10, atol=1e-12)
+    with pytest.raises(ValueError, match="`summary` must be a KernelizedDecayCrossSummary"):
+        local_softmax_decay_cross_step(q, rel, decay, (k, v), query_offset=0)
+
+
+def test_errors_name_the_argument(decay_inputs):
+    q, k, v, rel, decay, _, horizon = decay_inputs()
+    with pytest.raises(ValueError, match="`decay` must be a tensor of shape \\(heads,\\)"):
+        local_softmax_decay_attention(q, k, v, rel, decay[:2])
+    with pytest.raises(ValueError, match="`decay` must hold non-negative"):
+        local_softmax_decay_attention(q, k, v, rel, -decay)
+    with pytest.raises(ValueError, match="`horizon` must be given"):
+        local_softmax_decay_attention(q, k, v, None, decay)
+    with pytest.raises(ValueError, match="`mode` must be one of"):
+        local_softmax_decay_attention(q, k, v, rel, decay, mode="fast")
+    with pytest.raises(ValueError, match="`state` must be a LocalSoftmaxDecayState"):
+        local_softmax_decay_step(q[:, :, :1], k[:, :, :1], v[:, :, :1], rel, decay, None)
+    wrong = local_softmax_decay_initial_state(2, 3, 5, 4, horizon + 1, dtype=F64)
+    with pytest.raises(ValueError, match="`state` does not fit these inputs"):
+        local_softmax_decay_step(q[:, :, :1], k[:, :, :1], v[:, :, :1], rel, decay, wrong)
+    assert isinstance(wrong, LocalSoftmaxDecayState)
