@@ -79,29 +79,40 @@ def _rel_features(rel: Tensor | None, heads: int, dtype: torch.dtype) -> Tensor 
     return rf if rf.dim() == 3 else rf.unsqueeze(0).expand(heads, -1, -1)
 
 
+def band_windows(q: Tensor, k: Tensor, vm: Tensor, horizon: int, offset: int, chunk: int
+                 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """The queries in blocks of `chunk` and the keys each block's band can reach.
+
+    Block b sees the keys p_{bC} - h .. p_{bC} + C - 1 + h (W = C + 2h of them, clamped to 0..Lk-1, with zero
+    values outside). Returns qb (B, H, n_blocks, C, D), kw (B, H, n_blocks, W, D), vw (B, H, n_blocks, W, .),
+    `inside` (n_blocks, W): whether the key exists, and t (C, W): the offset p_i - j = c + h - w of query c and
+    key w of a block, in the band for c <= w <= c + 2h.
+    """
+    b, heads, lq, d = q.shape
+    lk = k.shape[2]
+    n_blocks = -(-lq // chunk)
+    width = chunk + 2 * horizon
+    qb = torch.nn.functional.pad(q, (0, 0, 0, n_blocks * chunk - lq)).view(b, heads, n_blocks, chunk, d)
+    starts = torch.arange(n_blocks, device=q.device) * chunk + offset - horizon
+    index = starts[:, None] + torch.arange(width, device=q.device)  # (n_blocks, width)
+    inside = (index >= 0) & (index < lk)
+    index = index.clamp(0, lk - 1).reshape(-1)
+    kw = k.index_select(2, index).view(b, heads, n_blocks, width, -1)
+    vw = vm.index_select(2, index).view(b, heads, n_blocks, width, -1) * inside[..., None].to(vm.dtype)
+    t = torch.arange(chunk, device=q.device)[:, None] + horizon - torch.arange(width, device=q.device)[None, :]
+    return qb, kw, vw, inside, t
+
+
 def _band(qf: Tensor, kf: Tensor, vm: Tensor, rf: Tensor | None, horizon: int, offset: int, causal: bool,
           chunk: int) -> Tensor:
     """sum over |p_i - j| <= h (j <= p_i when causal) of (phi(q_i).phi(k_j) + phi(q_i).phi(rel[r])) v_j.
 
-    Queries in blocks of `chunk`; block b sees the keys p_{bC} - h .. p_{bC} + C - 1 + h (clamped, with zero
-    values outside 0..Lk-1).
+    Queries in blocks of `chunk` (`band_windows`).
     """
-    b, heads, lq, d = qf.shape
-    lk = kf.shape[2]
-    n_blocks = -(-lq // chunk)
-    width = chunk + 2 * horizon
-    qb = torch.nn.functional.pad(qf, (0, 0, 0, n_blocks * chunk - lq)).view(b, heads, n_blocks, chunk, d)
-    starts = torch.arange(n_blocks, device=qf.device) * chunk + offset - horizon
-    index = starts[:, None] + torch.arange(width, device=qf.device)  # (n_blocks, width)
-    inside = (index >= 0) & (index < lk)
-    index = index.clamp(0, lk - 1).reshape(-1)
-    kw = kf.index_select(2, index).view(b, heads, n_blocks, width, d)
-    vw = vm.index_select(2, index).view(b, heads, n_blocks, width, -1) * inside[..., None].to(vm.dtype)
+    b, heads, lq, _ = qf.shape
+    qb, kw, vw, _, t = band_windows(qf, kf, vm, horizon, offset, chunk)
+    n_blocks, width = kw.shape[2], kw.shape[3]
     scores = qb @ kw.transpose(-1, -2)  # (B, H, n_blocks, C, W)
-    # query c, key w of a block: offset p_i - j = c + h - w, in the band for c <= w <= c + 2h
-    c = torch.arange(chunk, device=qf.device)[:, None]
-    w = torch.arange(width, device=qf.device)[None, :]
-    t = c + horizon - w
     keep = (t.abs() <= horizon) & ((t >= 0) if causal else True)
     if rf is not None:
         weights = qb @ rf[None, :, None].transpose(-1, -2)  # (B, H, n_blocks, C, 2h+1)
@@ -322,21 +333,29 @@ def kernelized_decay_initial_state(
     )
 
 
+def decayed_prefill(window: Tensor, y: Tensor, vm: Tensor, decay: Tensor, horizon: int) -> tuple[Tensor, Tensor, Tensor]:
+    """The parts of a decay state after L tokens at positions 0..L-1: `window` and `vm` rows of the last h
+    tokens (zero rows in front when L < h) and the tail sum over j <= L - h - 1 of
+    exp(-lambda (L - h - 1 - j)) y_j vm_j^T, in O(L D Dv) time."""
+    length = window.shape[2]
+    old = max(length - horizon, 0)  # tokens 0..old-1 are in the tail
+    weight = torch.exp(-decay.to(y.dtype)[:, None] * (old - 1 - torch.arange(old, device=y.device, dtype=y.dtype)))
+    tail = (y[:, :, :old] * weight[None, :, :, None]).transpose(-1, -2) @ vm[:, :, :old]
+    pad = horizon - (length - old)
+    keys = torch.nn.functional.pad(window[:, :, old:], (0, 0, pad, 0))
+    values = torch.nn.functional.pad(vm[:, :, old:], (0, 0, pad, 0))
+    return keys, values, tail
+
+
 def kernelized_decay_prefill_state(
     k: Tensor, v: Tensor, decay: Tensor, *, horizon: int, key_mask: Tensor | None = None, normalise: bool = False
 ) -> KernelizedDecayState:
     """The state after the tokens k, v (B, H, L, .) at positions 0..L-1, in O(L D Dv) time."""
     dtype = compute_dtype(k.dtype)
     kf = elu_feature_map(k.to(dtype))
-    vm = _mask_values(v.to(dtype), key_mask, normalise)
-    b, heads, length, d = kf.shape
-    old = max(length - horizon, 0)  # tokens 0..old-1 are in the tail
-    y = torch.cat([kf[:, :, :old], torch.ones_like(kf[:, :, :old, :1])], dim=-1)
-    weight = torch.exp(-decay.to(dtype)[:, None] * (old - 1 - torch.arange(old, device=k.device, dtype=dtype)))
-    tail = (y * weight[None, :, :, None]).transpose(-1, -2) @ vm[:, :, :old]
-    pad = horizon - (length - old)
-    keys = torch.nn.functional.pad(kf[:, :, old:], (0, 0, pad, 0))
-    values = torch.nn.functional.pad(vm[:, :, old:], (0, 0, pad, 0))
+    y = torch.cat([kf, torch.ones_like(kf[..., :1])], dim=-1)
+    keys, values, tail = decayed_prefill(kf, y, _mask_values(v.to(dtype), key_mask, normalise), decay, horizon)
+    length = k.shape[2]
     return KernelizedDecayState(keys=keys, values=values, tail=tail, seen=length)
 
 

@@ -46,7 +46,9 @@ from .ops_common import (
 from .ops_common import normalise as normalise_rows
 from .ops_decay import (
     KernelizedDecayCrossSummary,
+    band_windows,
     check_decay,
+    decayed_prefill,
     decayed_tail,
     kernelized_decay_choose_mode,
     resolve_horizon,
@@ -67,26 +69,13 @@ def _softmax_band(q: Tensor, k: Tensor, vm: Tensor, rel: Tensor | None, tail_sum
     """(sum over visible |p_i - j| <= h of exp(l_ij - m_i) vm_j, m_i) with l_ij = q_i.(k_j + rel[r]) / sqrt(D) and
     m_i = `ops_common.row_shift` of the band logits and `tail_sum` (B, H, Lq, 1), the row's weight beyond it.
 
-    Queries in blocks of `chunk`; block b sees the keys p_{bC} - h .. p_{bC} + C - 1 + h (clamped, with zero
-    values outside 0..Lk-1). A key is visible when it is in the band (and j <= p_i when causal), inside
+    Queries in blocks of `chunk` (`ops_decay.band_windows`). A key is visible when it is in the band (and j <= p_i when causal), inside
     0..Lk-1 and unmasked (the last channel of `vm`, [m v, m], is 1).
     """
     b, heads, lq, d = q.shape
-    lk = k.shape[2]
-    n_blocks = -(-lq // chunk)
-    width = chunk + 2 * horizon
-    qb = torch.nn.functional.pad(q, (0, 0, 0, n_blocks * chunk - lq)).view(b, heads, n_blocks, chunk, d)
-    starts = torch.arange(n_blocks, device=q.device) * chunk + offset - horizon
-    index = starts[:, None] + torch.arange(width, device=q.device)  # (n_blocks, width)
-    inside = (index >= 0) & (index < lk)
-    index = index.clamp(0, lk - 1).reshape(-1)
-    kw = k.index_select(2, index).view(b, heads, n_blocks, width, d)
-    vw = vm.index_select(2, index).view(b, heads, n_blocks, width, -1) * inside[..., None].to(vm.dtype)
+    qb, kw, vw, _, t = band_windows(q, k, vm, horizon, offset, chunk)
+    n_blocks, width = kw.shape[2], kw.shape[3]
     logits = qb @ kw.transpose(-1, -2)  # (B, H, n_blocks, C, W)
-    # query c, key w of a block: offset p_i - j = c + h - w, in the band for c <= w <= c + 2h
-    c = torch.arange(chunk, device=q.device)[:, None]
-    w = torch.arange(width, device=q.device)[None, :]
-    t = c + horizon - w
     keep = (t.abs() <= horizon) & ((t >= 0) if causal else True)  # (C, W)
     keep = keep & (vw[..., -1] > 0)[..., None, :]  # (B, H, n_blocks, C, W)
     if rel is not None:
@@ -210,14 +199,8 @@ def local_softmax_decay_prefill_state(
     """The state after the tokens k, v (B, H, L, .) at positions 0..L-1, in O(L D Dv) time."""
     dtype = compute_dtype(k.dtype)
     kc = k.to(dtype)
-    vm = augment_values(v.to(dtype), key_mask)
-    length = kc.shape[2]
-    old = max(length - horizon, 0)  # tokens 0..old-1 are in the tail
-    weight = torch.exp(-decay.to(dtype)[:, None] * (old - 1 - torch.arange(old, device=k.device, dtype=dtype)))
-    tail = (elu_feature_map(kc[:, :, :old]) * weight[None, :, :, None]).transpose(-1, -2) @ vm[:, :, :old]
-    pad = horizon - (length - old)
-    keys = torch.nn.functional.pad(kc[:, :, old:], (0, 0, pad, 0))
-    values = torch.nn.functional.pad(vm[:, :, old:], (0, 0, pad, 0))
+    keys, values, tail = decayed_prefill(kc, elu_feature_map(kc), augment_values(v.to(dtype), key_mask), decay, horizon)
+    length = k.shape[2]
     return LocalSoftmaxDecayState(keys=keys, values=values, tail=tail, seen=length)
 
 
