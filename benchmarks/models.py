@@ -46,6 +46,7 @@ from modeling_scaleformer.ops_registry import ATTENTION_TYPES, ATTENTION_VARIANT
 # that every recorded row keeps its meaning; ScaleformerConfig's default is `scaleformer:local_softmax_decay+cross_rpe
 # +post_ln` there. The speed benchmarks' `scaleformer` is ScaleformerConfig's default (`model_configs`).
 DEFAULT_ATTENTION_TYPE = "kernelized_rpe"
+SPEED_ATTENTION_TYPE = ScaleformerConfig().attention_type  # the type of `scaleformer` in the speed benchmarks
 BASELINES = ("bart", "t5")
 LONG_BASELINES = ("led", "longt5")  # opt-in: local (windowed) encoder attention, linear in source length
 ALL_BASELINES = (*BASELINES, *LONG_BASELINES)
@@ -83,14 +84,14 @@ MODEL_SIZE = ModelSize(vocab_size=32000, d_model=512, layers=6, heads=8, ffn_dim
 
 def add_models_argument(parser: argparse.ArgumentParser, baselines: Sequence[str] = BASELINES) -> None:
     parser.add_argument("--models", nargs="+", metavar="MODEL",
-                        help="models to compare, in this order: scaleformer (attention_type "
-                        f"{DEFAULT_ATTENTION_TYPE}), scaleformer:TYPE with TYPE in {', '.join(ATTENTION_TYPES)}, "
+                        help="models to compare, in this order: scaleformer (ScaleformerConfig's default, "
+                        f"attention_type {SPEED_ATTENTION_TYPE}), scaleformer:TYPE (another attention type) with TYPE in {', '.join(ATTENTION_TYPES)}, "
                         f"{', '.join(baselines)} (default: {' '.join(DEFAULT_MODELS)})")
 
 
 def check_models(parser: argparse.ArgumentParser, names: list[str] | None,
                  accepted: Sequence[str] = MODEL_NAMES) -> list[str]:
-    """`--models` in order, repeats dropped and `scaleformer:kernelized_rpe` read as `scaleformer`; an unknown
+    """`--models` in order, repeats dropped and `scaleformer:SPEED_ATTENTION_TYPE` read as `scaleformer`; an unknown
     name (one not in `accepted`) is a parser error that lists the accepted ones."""
     if names is None:
         return list(DEFAULT_MODELS)
@@ -98,7 +99,7 @@ def check_models(parser: argparse.ArgumentParser, names: list[str] | None,
     if unknown:
         parser.error(f"--models: unknown model(s) {', '.join(map(repr, unknown))}; accepted: "
                      f"{', '.join(accepted)}")
-    return list(dict.fromkeys("scaleformer" if name == f"scaleformer:{DEFAULT_ATTENTION_TYPE}" else name
+    return list(dict.fromkeys("scaleformer" if name == f"scaleformer:{SPEED_ATTENTION_TYPE}" else name
                               for name in names))
 
 
@@ -108,9 +109,9 @@ def reference_model(names: Sequence[str]) -> str:
 
 
 def attention_type_of(name: str) -> str | None:
-    """The attention_type of a Scaleformer model name, None for a baseline."""
+    """The attention_type of a speed benchmark's Scaleformer model name, None for a baseline."""
     kind, _, attention_type = name.partition(":")
-    return (attention_type or DEFAULT_ATTENTION_TYPE) if kind == "scaleformer" else None
+    return (attention_type or SPEED_ATTENTION_TYPE) if kind == "scaleformer" else None
 
 
 def grows_with_position(name: str) -> bool:

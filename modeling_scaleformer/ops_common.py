@@ -24,8 +24,8 @@ ATTENTION_MODES = ("auto", "naive", "linear")
 DEFAULT_CHUNK_SIZE = 64
 
 # Largest temporary (in elements) one block of the chunked linear algorithms (`ops_kernelized`,
-# `ops_fourier_chunk`) may create: small blocks keep allocations out of fresh pages from the kernel,
-# which otherwise dominate wall time at long lengths.
+# `ops_fourier_chunk`, `ops_local_softmax`, `grouped_rows`) may create: small blocks keep allocations
+# out of fresh pages from the kernel, which otherwise dominate wall time at long lengths.
 BLOCK_ELEMENTS = 1 << 20
 
 # Size (in elements) of one block of the FFT path (`ops_toeplitz`): each of its few temporaries (N reals
@@ -146,6 +146,62 @@ def guarded_normalise(num: Tensor, den: Tensor, big: Tensor, eps: float) -> Tens
     visible = big > 0
     den_safe = torch.where(visible, den_safe, torch.ones_like(den_safe))
     return torch.where(visible, num / den_safe, torch.zeros_like(num))
+
+
+class _GroupedRows(torch.autograd.Function):
+    """`grouped_rows`: forward without autograd, group by group; backward recomputes each group with
+    autograd and takes its gradients before the next, so only one group's intermediates live at a time."""
+
+    @staticmethod
+    def forward(ctx, fn, group, *inputs):
+        rows = inputs[0].shape[0]
+        out = torch.cat([fn(*(x[r0:r0 + group] for x in inputs)) for r0 in range(0, rows, group)])
+        ctx.fn, ctx.group = fn, group
+        ctx.save_for_backward(*inputs)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        inputs = ctx.saved_tensors
+        wanted = [i for i, x in enumerate(inputs) if ctx.needs_input_grad[i + 2]]
+        grads = [torch.zeros_like(x) if i in wanted else None for i, x in enumerate(inputs)]
+        for r0 in range(0, inputs[0].shape[0], ctx.group):
+            with torch.enable_grad():
+                pieces = [x[r0:r0 + ctx.group].detach().requires_grad_(i in wanted) for i, x in enumerate(inputs)]
+                out = ctx.fn(*pieces)
+            if not out.requires_grad:  # this group's output does not depend on the inputs (no key reaches it)
+                continue
+            parts = torch.autograd.grad(out, [pieces[i] for i in wanted], grad[r0:r0 + ctx.group], allow_unused=True)
+            for i, part in zip(wanted, parts):
+                if part is not None:
+                    grads[i][r0:r0 + ctx.group] = part
+        return None, None, *grads
+
+
+def grouped_rows(fn, per_row: int, *inputs: Tensor) -> Tensor:
+    """fn(*inputs), for a fn that treats the rows (dim 0) of its inputs independently, computed on groups of
+    rows of about BLOCK_ELEMENTS / per_row each and differentiable, with its intermediates recomputed in
+    backward rather than kept: activation checkpointing by groups. `per_row` is the size of fn's largest
+    temporary per row. Costs one more forward of fn; keeps every temporary about BLOCK_ELEMENTS large, so
+    that long inputs do not pay for fresh pages."""
+    group = max(1, BLOCK_ELEMENTS // max(1, per_row))
+    return _GroupedRows.apply(fn, group, *inputs)
+
+
+def head_table(rel: Tensor | None, heads: int, dtype: torch.dtype) -> Tensor | None:
+    """A relative table (H, 2h+1, D), or one (2h+1, D) shared by the heads expanded to it, in `dtype`."""
+    if rel is None:
+        return None
+    table = rel.to(dtype)
+    return table if table.dim() == 3 else table.unsqueeze(0).expand(heads, -1, -1)
+
+
+def row_table(rel: Tensor | None, batch: int, heads: int, dtype: torch.dtype) -> Tensor | None:
+    """`head_table` repeated for each batch element: one table per batch*head row, (B * H, 2h+1, D)."""
+    table = head_table(rel, heads, dtype)
+    if table is None:
+        return None
+    return table.unsqueeze(0).expand(batch, -1, -1, -1).reshape(batch * heads, *table.shape[1:])
 
 
 def describe(t: object) -> str:

@@ -43,7 +43,10 @@ from .ops_common import (
     augment_values,
     describe,
     elu_feature_map,
+    grouped_rows,
+    head_table,
     horizon_of,
+    row_table,
 )
 from .ops_common import normalise as normalise_rows
 from .ops_naive import naive_kernelized_decay_attention
@@ -73,34 +76,35 @@ def _finish(out: Tensor, normalise: bool) -> Tensor:
 
 def _rel_features(rel: Tensor | None, heads: int, dtype: torch.dtype) -> Tensor | None:
     """phi(rel) as (H, 2h+1, D), a shared table expanded over the heads."""
-    if rel is None:
-        return None
-    rf = elu_feature_map(rel.to(dtype))
-    return rf if rf.dim() == 3 else rf.unsqueeze(0).expand(heads, -1, -1)
+    table = head_table(rel, heads, dtype)
+    return None if table is None else elu_feature_map(table)
 
 
-def band_windows(q: Tensor, k: Tensor, vm: Tensor, horizon: int, offset: int, chunk: int
-                 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """The queries in blocks of `chunk` and the keys each block's band can reach.
+def band_windows(q: Tensor, k: Tensor, vm: Tensor, horizon: int, offset: int, chunk: int,
+                 blocks: tuple[int, int] | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """The queries in blocks of `chunk` and the keys each block's band can reach, over any leading dimensions
+    (positions on dim -2).
 
     Block b sees the keys p_{bC} - h .. p_{bC} + C - 1 + h (W = C + 2h of them, clamped to 0..Lk-1, with zero
-    values outside). Returns qb (B, H, n_blocks, C, D), kw (B, H, n_blocks, W, D), vw (B, H, n_blocks, W, .),
-    `inside` (n_blocks, W): whether the key exists, and t (C, W): the offset p_i - j = c + h - w of query c and
-    key w of a block, in the band for c <= w <= c + 2h.
+    values outside). `blocks` = (b0, b1) takes blocks b0..b1-1 only (default: all). Returns qb (..., nb, C, D),
+    kw (..., nb, W, D), vw (..., nb, W, .), `index` (nb W,): the key each window row was read from, and
+    t (C, W): the offset p_i - j = c + h - w of query c and key w of a block, in the band for c <= w <= c + 2h.
     """
-    b, heads, lq, d = q.shape
-    lk = k.shape[2]
-    n_blocks = -(-lq // chunk)
+    *lead, lq, d = q.shape
+    lk = k.shape[-2]
+    b0, b1 = blocks if blocks is not None else (0, -(-lq // chunk))
+    n_blocks = b1 - b0
     width = chunk + 2 * horizon
-    qb = torch.nn.functional.pad(q, (0, 0, 0, n_blocks * chunk - lq)).view(b, heads, n_blocks, chunk, d)
-    starts = torch.arange(n_blocks, device=q.device) * chunk + offset - horizon
+    rows = q[..., b0 * chunk:b1 * chunk, :]
+    qb = torch.nn.functional.pad(rows, (0, 0, 0, n_blocks * chunk - rows.shape[-2])).view(*lead, n_blocks, chunk, d)
+    starts = torch.arange(b0, b1, device=q.device) * chunk + offset - horizon
     index = starts[:, None] + torch.arange(width, device=q.device)  # (n_blocks, width)
     inside = (index >= 0) & (index < lk)
     index = index.clamp(0, lk - 1).reshape(-1)
-    kw = k.index_select(2, index).view(b, heads, n_blocks, width, -1)
-    vw = vm.index_select(2, index).view(b, heads, n_blocks, width, -1) * inside[..., None].to(vm.dtype)
+    kw = k.index_select(-2, index).view(*lead, n_blocks, width, -1)
+    vw = vm.index_select(-2, index).view(*lead, n_blocks, width, -1) * inside[..., None].to(vm.dtype)
     t = torch.arange(chunk, device=q.device)[:, None] + horizon - torch.arange(width, device=q.device)[None, :]
-    return qb, kw, vw, inside, t
+    return qb, kw, vw, index, t
 
 
 def _band(qf: Tensor, kf: Tensor, vm: Tensor, rf: Tensor | None, horizon: int, offset: int, causal: bool,
@@ -122,8 +126,56 @@ def _band(qf: Tensor, kf: Tensor, vm: Tensor, rf: Tensor | None, horizon: int, o
     return (scores @ vw).reshape(b, heads, n_blocks * chunk, -1)[:, :, :lq]
 
 
-def _decayed_prefix(x: Tensor, y: Tensor, v: Tensor, rate: Tensor, chunk: int) -> Tensor:
-    """out_m = sum_{j <= m} exp(-rate (m + 1 - j)) x_m.y_j v_j for m = 0..L-1, by chunks of keys.
+class _DecayScan(torch.autograd.Function):
+    """states_0 = initial (or 0), states_{c+1} = carry states_c + local_c for local (B, H, n, E, Dv) and
+    carry (H,).
+
+    A loop over the n chunks that writes into one preallocated tensor, forward and backward: autograd over
+    the loop would keep n states and n products alive and, for each chunk, add a full-size zero gradient.
+    Backward: the adjoint G_c = grad_c + carry G_{c+1} of states_c is that of local_{c-1} (and of the initial
+    state for c = 0), and the carry gets sum_c G_c . states_{c-1}.
+    """
+
+    @staticmethod
+    def forward(ctx, local: Tensor, carry: Tensor, initial: Tensor | None) -> Tensor:
+        n = local.shape[2]
+        steps = local.movedim(2, 0)  # (n, B, H, E, Dv)
+        states = torch.empty_like(steps, memory_format=torch.contiguous_format)
+        if initial is None:
+            states[0].zero_()
+        else:
+            states[0] = initial
+        factor = carry[None, :, None, None]
+        for c in range(n - 1):
+            torch.addcmul(steps[c], factor, states[c], out=states[c + 1])
+        ctx.save_for_backward(states, carry)
+        return states.movedim(0, 2)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        states, carry = ctx.saved_tensors
+        n = states.shape[0]
+        grads = grad.movedim(2, 0)
+        factor = carry[None, :, None, None]
+        adjoint = torch.empty_like(states)  # adjoint[c] = G_c
+        adjoint[n - 1] = grads[n - 1]
+        for c in range(n - 2, -1, -1):
+            torch.addcmul(grads[c], factor, adjoint[c + 1], out=adjoint[c])
+        grad_local = torch.zeros_like(states)
+        grad_local[:-1] = adjoint[1:]
+        grad_carry = None
+        if ctx.needs_input_grad[1]:
+            grad_carry = torch.zeros_like(carry)
+            for c in range(1, n):
+                grad_carry += (adjoint[c] * states[c - 1]).sum((0, 2, 3))
+        grad_initial = adjoint[0] if ctx.needs_input_grad[2] else None
+        return grad_local.movedim(0, 2), grad_carry, grad_initial
+
+
+def _decayed_prefix(x: Tensor, y: Tensor, v: Tensor, rate: Tensor, chunk: int, initial: Tensor | None = None
+                    ) -> Tensor:
+    """out_m = sum_{j <= m} exp(-rate (m + 1 - j)) x_m.y_j v_j for m = 0..L-1, by chunks of keys; keys before
+    position 0 enter through `initial` (B, H, E, Dv) = sum_{j < 0} exp(-rate (-1 - j)) y_j v_j^T.
 
     x, y (B, H, L, E), v (B, H, L, Dv), rate (H,). Within a chunk the (C, C) decayed scores; across chunks a
     state S_c = sum_{j < cC} exp(-rate (cC - 1 - j)) y_j v_j^T of shape (E, Dv).
@@ -141,14 +193,10 @@ def _decayed_prefix(x: Tensor, y: Tensor, v: Tensor, rate: Tensor, chunk: int) -
     intra_decay = torch.where(gap >= 0, torch.exp(-rate * (gap + 1).clamp(min=0)), torch.zeros((), dtype=x.dtype,
                                                                                                   device=x.device))
     out = ((xc @ yc.transpose(-1, -2)) * intra_decay[None, :, None]) @ vc  # (B, H, n, C, Dv)
-    if n > 1:
+    if n > 1 or initial is not None:
         to_end = torch.exp(-rate[..., 0] * (chunk - 1 - pos))  # (H, C): key b of a chunk to the chunk's end
         local = (yc * to_end[None, :, None, :, None]).transpose(-1, -2) @ vc  # (B, H, n, E, Dv)
-        carry = torch.exp(-rate[:, 0, 0] * chunk)[None, :, None, None]
-        states = [torch.zeros_like(local[:, :, 0])]
-        for i in range(n - 1):
-            states.append(carry * states[-1] + local[:, :, i])
-        states = torch.stack(states, dim=2)  # (B, H, n, E, Dv): the state before each chunk
+        states = _DecayScan.apply(local, torch.exp(-rate[:, 0, 0] * chunk), initial)  # the state before each chunk
         from_start = torch.exp(-rate[..., 0] * (pos + 2))  # (H, C): query a of a chunk from the state
         out = out + (xc * from_start[None, :, None, :, None]) @ states
     return out.reshape(b, heads, n * chunk, dv)[:, :, :length]
@@ -158,23 +206,29 @@ def decayed_tail(xq: Tensor, y: Tensor, vm: Tensor, rate: Tensor, horizon: int, 
     """sum over j <= p_i - h - 1 of exp(-rate (p_i - h - j)) x_i.y_j v_j, p_i = i + offset (any integer offset).
 
     The query with cutoff m = p_i - h - 1 is placed at key position m, so that one causal pass
-    (`_decayed_prefix`) serves all queries; queries with m < 0 see no key.
+    (`_decayed_prefix`) over the cutoffs' span serves all queries; the keys before the span enter as one
+    decayed sum, so that few queries on many keys (cross attention) cost O(Lk E Dv + Lq C (E + Dv)). Queries
+    with m < 0 see no key.
     """
     b, heads, lq, e = xq.shape
     lk = y.shape[2]
-    cutoff = torch.arange(lq, device=xq.device) + offset - horizon - 1
-    first, last = int(cutoff[0]), int(cutoff[-1])
+    first = offset - horizon - 1  # the cutoff of query 0
+    last = first + lq - 1
     if last < 0:
         return xq.new_zeros(b, heads, lq, vm.shape[-1])
-    length = max(lk, last + 1)
-    # queries at their cutoff positions (those with a negative cutoff are dropped)
-    lead = max(first, 0)
-    xs = xq[:, :, lead - first:]
-    xs = torch.nn.functional.pad(xs, (0, 0, lead, length - lead - xs.shape[2]))
-    y = torch.nn.functional.pad(y, (0, 0, 0, length - lk))
-    vm = torch.nn.functional.pad(vm, (0, 0, 0, length - lk))
-    out = _decayed_prefix(xs, y, vm, rate, chunk)[:, :, lead:last + 1]
-    return torch.nn.functional.pad(out, (0, 0, lq - out.shape[2], 0))
+    lead = max(first, 0)  # the pass covers the cutoffs lead..last
+    skip = lead - first  # the queries before it see no key
+    span = last - lead + 1
+    ys = torch.nn.functional.pad(y[:, :, lead:last + 1], (0, 0, 0, span - y[:, :, lead:last + 1].shape[2]))
+    vs = torch.nn.functional.pad(vm[:, :, lead:last + 1], (0, 0, 0, span - vm[:, :, lead:last + 1].shape[2]))
+    initial = None
+    before = min(lead, lk)
+    if before > 0:
+        distance = lead - 1 - torch.arange(before, device=y.device, dtype=y.dtype)
+        weight = torch.exp(-rate.to(y.dtype)[:, None] * distance)
+        initial = (y[:, :, :before] * weight[None, :, :, None]).transpose(-1, -2) @ vm[:, :, :before]
+    out = _decayed_prefix(xq[:, :, skip:], ys, vs, rate, chunk, initial)
+    return torch.nn.functional.pad(out, (0, 0, skip, 0))
 
 
 def _tail_features(qf: Tensor, kf: Tensor, rf: Tensor | None, edge: int) -> tuple[Tensor, Tensor]:
@@ -193,24 +247,34 @@ def chunk_kernelized_decay_attention(
 ) -> Tensor:
     """The linear algorithm of `kernelized_decay_attention` (band + decayed tails, see the module docstring).
 
-    Differentiable by autograd. `horizon` is read from `rel` unless given (needed when `rel` is None).
+    Differentiable by autograd, recomputed in backward by groups of batch*head rows
+    (`ops_common.grouped_rows`). `horizon` is read from `rel` unless given (needed when `rel` is None).
     """
     dtype = compute_dtype(q.dtype)
     h = resolve_horizon(rel, horizon)
-    qf, kf = elu_feature_map(q.to(dtype)), elu_feature_map(k.to(dtype))
+    b, heads, lq, d = q.shape
+    lk = k.shape[2]
     vm = _mask_values(v.to(dtype), key_mask, normalise)
-    rf = _rel_features(rel, q.shape[1], dtype)
-    rate = decay.to(dtype)
     chunk = max(chunk_size, 1)
-    out = _band(qf, kf, vm, rf, h, query_offset, causal, chunk)
-    x, y = _tail_features(qf, kf, rf, 2 * h)
-    out = out + decayed_tail(x, y, vm, rate, h, query_offset, chunk)
-    if not causal:
-        # keys j >= p_i + h + 1 of the reversed sequences: j' = Lk-1-j, query i' = Lq-1-i at p' = i' + Lk-Lq-off
-        lq, lk = q.shape[2], k.shape[2]
-        x, y = _tail_features(qf.flip(2), kf.flip(2), rf, 0)
-        out = out + decayed_tail(x, y, vm.flip(2), rate, h, lk - lq - query_offset, chunk).flip(2)
-    return _finish(out, normalise).to(q.dtype)
+
+    def attend(q, k, vm, rate, rel=None):  # rows (G, 1, L, .) of (B * H, 1, L, .), rate (G,), rel (G, 2h+1, D)
+        qf, kf = (elu_feature_map(x.transpose(0, 1)) for x in (q, k))
+        vm = vm.transpose(0, 1)
+        rf = None if rel is None else elu_feature_map(rel)
+        out = _band(qf, kf, vm, rf, h, query_offset, causal, chunk)
+        x, y = _tail_features(qf, kf, rf, 2 * h)
+        out = out + decayed_tail(x, y, vm, rate, h, query_offset, chunk)
+        if not causal:
+            # keys j >= p_i + h + 1 of the reversed sequences: j' = Lk-1-j, query i' = Lq-1-i at p' = i' + Lk-Lq-off
+            x, y = _tail_features(qf.flip(2), kf.flip(2), rf, 0)
+            out = out + decayed_tail(x, y, vm.flip(2), rate, h, lk - lq - query_offset, chunk).flip(2)
+        return out.transpose(0, 1)
+
+    rows = [x.reshape(b * heads, 1, x.shape[2], x.shape[3]) for x in (q.to(dtype), k.to(dtype), vm)]
+    tables = [] if rel is None else [row_table(rel, b, heads, dtype)]
+    per_row = max(lq, lk) * (2 * chunk + 2 * h + d + vm.shape[-1])
+    out = grouped_rows(attend, per_row, *rows, decay.to(dtype).repeat(b), *tables)
+    return _finish(out.view(b, heads, lq, -1), normalise).to(q.dtype)
 
 
 # Fixed cost of the linear path per call, in multiply-adds (Python and launch overhead).
@@ -224,7 +288,8 @@ def kernelized_decay_choose_mode(
     """The cheaper algorithm for one call, "naive" or "linear", from a cost model in multiply-adds.
 
     Quadratic: about (D + Dv + 8) per score. Linear: the band (C + 2h keys per query), the tail's chunk
-    scores (C per query and direction) and its chunk states ((D+1) Dv per key and direction).
+    scores (C per query and direction: the pass covers the queries' span) and its states ((D+1) Dv per query
+    and key and direction: the keys before the span enter as one decayed sum).
     """
     c = max(chunk_size, 1)
     directions = 1 if causal else 2
@@ -232,7 +297,7 @@ def kernelized_decay_choose_mode(
     naive = batch_heads * lq * lk * per_score
     linear = batch_heads * (
         lq * (c + 2 * horizon) * per_score
-        + directions * ((lq + lk) * c * per_score // 2 + 2 * max(lq, lk) * (dim + 1) * value_dim)
+        + directions * (lq * c * per_score + (lq + lk) * (dim + 1) * value_dim)
     ) + LINEAR_OVERHEAD
     return "linear" if linear < naive else "naive"
 

@@ -46,6 +46,7 @@ from .ops_common import (
     horizon_of,
     normalise,
     relative_index,
+    row_table,
 )
 from .ops_naive import naive_kernelized_rpe_attention
 
@@ -305,11 +306,7 @@ def chunk_kernelized_rpe_attention(
     b, h, lq, d = q.shape
     lk, dv = k.shape[2], v.shape[-1]
     va = augment_values(v, key_mask).reshape(b * h, lk, dv + 1)
-    rf_rows = None
-    if rel is not None:
-        rel = rel.to(compute_dtype(rel.dtype))
-        rf = elu_feature_map(rel if rel.dim() == 3 else rel.unsqueeze(0).expand(h, -1, -1))
-        rf_rows = rf.unsqueeze(0).expand(b, -1, -1, -1).reshape(b * h, *rf.shape[1:])
+    rf_rows = None if rel is None else elu_feature_map(row_table(rel, b, h, compute_dtype(rel.dtype)))
     out = _ChunkKernelizedRPE.apply(
         q.reshape(b * h, lq, d), k.reshape(b * h, lk, d), va, rf_rows, causal, query_offset, chunk_size
     )

@@ -19,9 +19,13 @@ exceeds 1 and the largest is 1, so that rows neither overflow nor vanish.
 
 The algorithm is linear in length: the band is a local softmax over 2h+1 keys per query, by blocks of
 queries; the tail is `ops_decay.decayed_tail` (a decayed linear attention by chunks, anticausal by reversal),
-computed first, since its row sums enter m_i, and scaled by exp(-m_i). Time O(L (C + h) (D + Dv) + L D Dv), memory O(L (D + Dv) + (L / C) D Dv) per head, C the
-chunk size. The decoding state (`LocalSoftmaxDecayState`) keeps the last h keys and values and the decayed
-tail sum: constant size.
+computed first, since its row sums enter m_i, and scaled by exp(-m_i). Time O(L (C + h) (D + Dv) + L D Dv),
+memory O(L (D + Dv) + (L / C) D Dv) per head, C the chunk size. Both parts work on groups of batch*head rows
+and keep every temporary about `BLOCK_ELEMENTS` large, so that long inputs do not pay for fresh pages: the
+band's backward is written by hand (`_LocalSoftmaxBand`, which saves its inputs, output and m_i and
+recomputes the weights), the tails are recomputed group by group in backward (`ops_common.grouped_rows`).
+The decoding state (`LocalSoftmaxDecayState`) keeps the last h keys and values and the decayed tail sum:
+constant size.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import torch
 from torch import Tensor
 
 from .ops_common import (
+    BLOCK_ELEMENTS,
     DEFAULT_CHUNK_SIZE,
     augment_values,
     check_attention_inputs,
@@ -40,7 +45,10 @@ from .ops_common import (
     check_state,
     compute_dtype,
     elu_feature_map,
+    grouped_rows,
+    head_table,
     row_shift,
+    row_table,
     shift_scale,
 )
 from .ops_common import normalise as normalise_rows
@@ -56,38 +64,116 @@ from .ops_decay import (
 from .ops_naive import naive_local_softmax_decay_attention, naive_local_softmax_decay_weights
 
 
-def _rel_table(rel: Tensor | None, heads: int, dtype: torch.dtype) -> Tensor | None:
-    """rel as (H, 2h+1, D), a shared table expanded over the heads."""
-    if rel is None:
-        return None
-    table = rel.to(dtype)
-    return table if table.dim() == 3 else table.unsqueeze(0).expand(heads, -1, -1)
+class _Band(NamedTuple):
+    """How the band of one call is cut: queries in blocks of `chunk`, each block with W = C + 2h window keys."""
+
+    horizon: int
+    offset: int
+    chunk: int
+    n_blocks: int
+    keep: Tensor  # (C, W): the pair is in the band (and j <= p_i when causal)
+    rel_index: Tensor  # (C, W): its row of the relative table
 
 
-def _softmax_band(q: Tensor, k: Tensor, vm: Tensor, rel: Tensor | None, tail_sum: Tensor, horizon: int, offset: int,
-                  causal: bool, chunk: int) -> tuple[Tensor, Tensor]:
-    """(sum over visible |p_i - j| <= h of exp(l_ij - m_i) vm_j, m_i) with l_ij = q_i.(k_j + rel[r]) / sqrt(D) and
-    m_i = `ops_common.row_shift` of the band logits and `tail_sum` (B, H, Lq, 1), the row's weight beyond it.
+def _band(lq: int, horizon: int, offset: int, causal: bool, chunk: int, device) -> _Band:
+    c = torch.arange(chunk, device=device)[:, None]
+    t = c + horizon - torch.arange(chunk + 2 * horizon, device=device)[None, :]  # offset p_i - j, see band_windows
+    keep = (t.abs() <= horizon) & ((t >= 0) if causal else True)
+    return _Band(horizon, offset, chunk, -(-lq // chunk), keep, t.clamp(-horizon, horizon) + horizon)
 
-    Queries in blocks of `chunk` (`ops_decay.band_windows`). A key is visible when it is in the band (and j <= p_i when causal), inside
-    0..Lk-1 and unmasked (the last channel of `vm`, [m v, m], is 1).
-    """
-    b, heads, lq, d = q.shape
-    qb, kw, vw, _, t = band_windows(q, k, vm, horizon, offset, chunk)
-    n_blocks, width = kw.shape[2], kw.shape[3]
-    logits = qb @ kw.transpose(-1, -2)  # (B, H, n_blocks, C, W)
-    keep = (t.abs() <= horizon) & ((t >= 0) if causal else True)  # (C, W)
-    keep = keep & (vw[..., -1] > 0)[..., None, :]  # (B, H, n_blocks, C, W)
-    if rel is not None:
-        weights = qb @ rel[None, :, None].transpose(-1, -2)  # (B, H, n_blocks, C, 2h+1)
-        rel_index = (t.clamp(-horizon, horizon) + horizon).expand(b, heads, n_blocks, chunk, width)
-        logits = logits + weights.gather(-1, rel_index)
-    logits = torch.where(keep, logits / math.sqrt(d), torch.full_like(logits, float("-inf")))
-    tail_sum = torch.nn.functional.pad(tail_sum, (0, 0, 0, n_blocks * chunk - lq)).view(b, heads, n_blocks, chunk, 1)
-    m = row_shift(logits, tail_sum)
-    out = torch.exp(logits - m) @ vw
-    return (out.reshape(b, heads, n_blocks * chunk, -1)[:, :, :lq],
-            m.reshape(b, heads, n_blocks * chunk, 1)[:, :, :lq])
+
+def _block_steps(rows: int, n_blocks: int, per_block: int):
+    """(r0, r1, b0, b1): groups of rows and of query blocks whose temporaries hold about BLOCK_ELEMENTS."""
+    group = max(1, min(rows, BLOCK_ELEMENTS // max(1, n_blocks * per_block)))
+    step = max(1, BLOCK_ELEMENTS // max(1, group * per_block))
+    for r0 in range(0, rows, group):
+        for b0 in range(0, n_blocks, step):
+            yield r0, min(rows, r0 + group), b0, min(n_blocks, b0 + step)
+
+
+def _band_weights(q: Tensor, k: Tensor, vm: Tensor, table: Tensor | None, m: Tensor | None, tail_sum: Tensor | None,
+                  band: _Band, blocks: tuple[int, int]):
+    """exp(l_ij - m_i) over the band of query blocks `blocks` of rows (G, L, .), 0 for hidden keys, with
+    l_ij = q_i.(k_j + rel[r]) / sqrt(D). m_i is `ops_common.row_shift` of the band logits and `tail_sum`
+    (G, nb, C, 1) unless given (G, nb, C, 1). A key is visible in the band when it exists and is unmasked
+    (the last channel of `vm`, [m v, m], is 1). Returns (weights, m, qb, kw, vw, index)."""
+    qb, kw, vw, index, _ = band_windows(q, k, vm, band.horizon, band.offset, band.chunk, blocks)
+    logits = qb @ kw.transpose(-1, -2)  # (G, nb, C, W)
+    if table is not None:
+        weights = qb @ table[:, None].transpose(-1, -2)  # (G, nb, C, 2h+1)
+        logits += weights.gather(-1, band.rel_index.expand(*weights.shape[:2], -1, -1))
+    keep = band.keep & (vw[..., -1] > 0)[..., None, :]
+    logits = torch.where(keep, logits / math.sqrt(q.shape[-1]), float("-inf"))
+    if m is None:
+        m = row_shift(logits, tail_sum)
+    return torch.exp(logits - m), m, qb, kw, vw, index
+
+
+def _rows_of(x: Tensor, band: _Band, blocks: tuple[int, int]) -> Tensor:
+    """Rows (G, L, F) of the query blocks `blocks` as (G, nb, C, F), zero-padded after the last query."""
+    b0, b1 = blocks
+    rows = x[:, b0 * band.chunk:b1 * band.chunk]
+    rows = torch.nn.functional.pad(rows, (0, 0, 0, (b1 - b0) * band.chunk - rows.shape[1]))
+    return rows.view(x.shape[0], b1 - b0, band.chunk, -1)
+
+
+class _LocalSoftmaxBand(torch.autograd.Function):
+    """out_i = (sum over the band of exp(l_ij - m_i) [m v_j, m_j] + exp(-m_i) tail_i) normalised by its last
+    channel, on rows (B*H, L, .) in blocks (`_block_steps`); `tail` (B*H, Lq, Dv+1) is the row's sum beyond
+    the band. Saves the inputs, the output and m_i, and recomputes the band in backward: autograd would keep
+    every (C, W) block of every row alive."""
+
+    @staticmethod
+    def forward(ctx, q, k, vm, table, tail, band: _Band):
+        rows, lq, _ = q.shape
+        out = q.new_empty(rows, lq, vm.shape[-1] - 1)
+        shift = q.new_empty(rows, lq, 1)
+        den = q.new_empty(rows, lq, 1)
+        per_block = band.chunk * band.keep.shape[1] + band.keep.shape[1] * (q.shape[-1] + vm.shape[-1])
+        for r0, r1, b0, b1 in _block_steps(rows, band.n_blocks, per_block):
+            blocks = (b0, b1)
+            tail_rows = _rows_of(tail[r0:r1], band, blocks)
+            weights, m, _, _, vw, _ = _band_weights(q[r0:r1], k[r0:r1], vm[r0:r1], None if table is None else
+                                                    table[r0:r1], None, tail_rows[..., -1:], band, blocks)
+            sums = weights @ vw + shift_scale(m) * tail_rows
+            lo, hi = b0 * band.chunk, min(b1 * band.chunk, lq)
+            for target, value in ((out, normalise_rows(sums[..., :-1], sums[..., -1:])), (shift, m),
+                                  (den, sums[..., -1:])):
+                target[r0:r1, lo:hi] = value.reshape(r1 - r0, -1, value.shape[-1])[:, :hi - lo]
+        ctx.save_for_backward(q, k, vm, table, out, shift, den)
+        ctx.band = band
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, vm, table, out, shift, den = ctx.saved_tensors
+        band = ctx.band
+        scale = 1.0 / math.sqrt(q.shape[-1])
+        # out = num / den: d num = g / den, d den = -(g . out) / den; 0 on rows without a visible key
+        inv = torch.where(den > 0, 1.0 / torch.where(den > 0, den, torch.ones_like(den)), torch.zeros_like(den))
+        grad_sums = torch.cat([grad_out, -(grad_out * out).sum(-1, keepdim=True)], dim=-1) * inv
+        grad_tail = shift_scale(shift) * grad_sums
+        dq, dk, dvm = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(vm)
+        dtable = None if table is None else torch.zeros_like(table)
+        per_block = band.chunk * band.keep.shape[1] + band.keep.shape[1] * (q.shape[-1] + vm.shape[-1])
+        for r0, r1, b0, b1 in _block_steps(q.shape[0], band.n_blocks, per_block):
+            blocks = (b0, b1)
+            tab = None if table is None else table[r0:r1]
+            weights, _, qb, kw, vw, index = _band_weights(q[r0:r1], k[r0:r1], vm[r0:r1], tab,
+                                                          _rows_of(shift[r0:r1], band, blocks), None, band, blocks)
+            gs = _rows_of(grad_sums[r0:r1], band, blocks)  # (G, nb, C, Dv+1)
+            dlogits = weights * (gs @ vw.transpose(-1, -2)) * scale  # (G, nb, C, W)
+            dqb = dlogits @ kw
+            if tab is not None:
+                drel = torch.zeros(*dlogits.shape[:-1], tab.shape[1], dtype=q.dtype, device=q.device)
+                drel.scatter_add_(-1, band.rel_index.expand(*dlogits.shape[:2], -1, -1), dlogits)
+                dqb += drel @ tab[:, None]
+                dtable[r0:r1] += drel.flatten(1, 2).transpose(-1, -2) @ qb.flatten(1, 2)
+            dk[r0:r1].index_add_(1, index, (dlogits.transpose(-1, -2) @ qb).flatten(1, 2))
+            dvm[r0:r1].index_add_(1, index, (weights.transpose(-1, -2) @ gs).flatten(1, 2))
+            lo, hi = b0 * band.chunk, min(b1 * band.chunk, q.shape[1])
+            dq[r0:r1, lo:hi] = dqb.flatten(1, 2)[:, :hi - lo]
+        return dq, dk, dvm, dtable, grad_tail, None
 
 
 def chunk_local_softmax_decay_attention(
@@ -96,23 +182,32 @@ def chunk_local_softmax_decay_attention(
     chunk_size: int = DEFAULT_CHUNK_SIZE,
 ) -> Tensor:
     """The linear algorithm of `local_softmax_decay_attention` (local softmax band plus decayed kernel tails,
-    see the module docstring). Differentiable by autograd."""
+    see the module docstring). Differentiable: the band by `_LocalSoftmaxBand`, the tails by autograd,
+    recomputed by groups of rows."""
     dtype = compute_dtype(q.dtype)
     h = resolve_horizon(rel, horizon)
     qc, kc = q.to(dtype), k.to(dtype)
     vm = augment_values(v.to(dtype), key_mask)
     chunk = max(chunk_size, 1)
-    qf, kf = elu_feature_map(qc) / q.shape[-1], elu_feature_map(kc)
-    rate = decay.to(dtype)
-    tail = decayed_tail(qf, kf, vm, rate, h, query_offset, chunk)
-    if not causal:
-        # keys j >= p_i + h + 1 of the reversed sequences: j' = Lk-1-j, query i' = Lq-1-i at p' = i' + Lk-Lq-off
-        lq, lk = q.shape[2], k.shape[2]
-        tail = tail + decayed_tail(qf.flip(2), kf.flip(2), vm.flip(2), rate, h, lk - lq - query_offset, chunk).flip(2)
-    band, m = _softmax_band(qc, kc, vm, _rel_table(rel, q.shape[1], dtype), tail[..., -1:], h, query_offset, causal,
-                            chunk)
-    out = band + shift_scale(m) * tail
-    return normalise_rows(out[..., :-1], out[..., -1:]).to(q.dtype)
+    b, heads, lq, d = q.shape
+    lk = k.shape[2]
+
+    def tails(q, k, vm, rate):  # rows (G, 1, L, .) of (B * H, 1, L, .), rate (G,)
+        q, k, vm = (x.transpose(0, 1) for x in (q, k, vm))
+        qf, kf = elu_feature_map(q) / d, elu_feature_map(k)
+        tail = decayed_tail(qf, kf, vm, rate, h, query_offset, chunk)
+        if not causal:
+            # keys j >= p_i + h + 1 of the reversed sequences: j' = Lk-1-j, query i' = Lq-1-i at p' = i' + Lk-Lq-off
+            tail = tail + decayed_tail(qf.flip(2), kf.flip(2), vm.flip(2), rate, h, lk - lq - query_offset,
+                                       chunk).flip(2)
+        return tail.transpose(0, 1)
+
+    rows = [x.reshape(b * heads, 1, x.shape[2], x.shape[3]) for x in (qc, kc, vm)]
+    tail = grouped_rows(tails, max(lq, lk) * (chunk + d + vm.shape[-1]), *rows, decay.to(dtype).repeat(b))
+    out = _LocalSoftmaxBand.apply(qc.reshape(b * heads, lq, d), kc.reshape(b * heads, -1, d),
+                                  vm.reshape(b * heads, -1, vm.shape[-1]), row_table(rel, b, heads, dtype),
+                                  tail.reshape(b * heads, lq, -1), _band(lq, h, query_offset, causal, chunk, q.device))
+    return out.view(b, heads, lq, -1).to(q.dtype)
 
 
 def local_softmax_decay_attention(
@@ -227,7 +322,7 @@ def local_softmax_decay_step(
             f"shape {tail_shape}, got {tuple(state.keys.shape)} and {tuple(state.tail.shape)}"
         )
     dtype = state.tail.dtype
-    table = _rel_table(rel, heads, dtype)
+    table = head_table(rel, heads, dtype)
     gamma = torch.exp(-decay.to(dtype)[None, :, None, None])
     scale = 1.0 / math.sqrt(d)
     qc, kc = q.to(dtype), k.to(dtype)

@@ -373,6 +373,7 @@ DECAY_CASES = RELATIVE_CASES + [
     pytest.param(dict(lq=13, lk=13, no_rel=True), id="no-rel"),
     pytest.param(dict(lq=40, lk=40, horizon=2, mask="padding"), id="long-tails"),
     pytest.param(dict(lq=9, lk=33, horizon=2, offset=11), id="cross-offset-both-tails"),
+    pytest.param(dict(lq=5, lk=6, horizon=2, offset=20), id="queries-past-the-keys"),
 ]
 
 

@@ -132,6 +132,8 @@ def test_choose_mode():
     assert kernelized_decay_choose_mode(8192, 8192, 64, 64, 16, causal=True) == "linear"
     assert kernelized_decay_choose_mode(8192, 8192, 64, 64, 16, causal=False) == "linear"
     assert kernelized_decay_choose_mode(1, 100_000, 64, 64, 16, causal=False) == "naive"
+    # cross attention of a 128-token target on a 16k source: the tails' pass spans the queries only
+    assert kernelized_decay_choose_mode(128, 16384, 64, 64, 16, causal=False, batch_heads=8) == "linear"
     picks = [kernelized_decay_choose_mode(n, n, 64, 64, 16, causal=c) for c in (True, False)
              for n in (2**i for i in range(4, 16))]
     assert picks[:12] == sorted(picks[:12], key=lambda m: m == "linear")

@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from modeling_scaleformer import ops_common, ops_local_softmax
 from modeling_scaleformer.ops_decay import kernelized_decay_cross_summary
 from modeling_scaleformer.ops_local_softmax import (
     LocalSoftmaxDecayState,
@@ -45,6 +46,20 @@ def test_chunk(decay_case, causal, chunk, decay_inputs, split_case, assert_match
     inputs, offset = split_case(decay_inputs, decay_case)
     fn = functools.partial(chunk_local_softmax_decay_attention, chunk_size=chunk)
     check_against_naive(assert_matches, fn, inputs, causal, offset)
+
+
+@CAUSAL
+@pytest.mark.parametrize("budget", [1, 300, 1300], ids=["one-row-one-block", "one-row-3-blocks", "two-rows-all-blocks"])
+@pytest.mark.parametrize("shared", [False, True], ids=["per-head-rel", "shared-rel"])
+def test_chunk_in_small_steps(causal, budget, shared, decay_inputs, assert_matches, monkeypatch):
+    """The band forward and its hand-written backward cut into groups of rows and of query blocks, the tails
+    recomputed by groups of rows: outputs and gradients match whatever the cut (the default budget takes
+    these shapes in one step)."""
+    monkeypatch.setattr(ops_local_softmax, "BLOCK_ELEMENTS", budget)
+    monkeypatch.setattr(ops_common, "BLOCK_ELEMENTS", budget)  # the tails, by groups of rows
+    inputs = decay_inputs(b=2, h=3, lq=23, lk=19, d=4, dv=3, horizon=2, shared=shared, mask="padding")
+    fn = functools.partial(chunk_local_softmax_decay_attention, chunk_size=3)
+    check_against_naive(assert_matches, fn, inputs, causal, 2)
 
 
 @CAUSAL
