@@ -82,8 +82,11 @@ def _band(lq: int, horizon: int, offset: int, causal: bool, chunk: int, device) 
     return _Band(horizon, offset, chunk, -(-lq // chunk), keep, t.clamp(-horizon, horizon) + horizon)
 
 
-def _block_steps(rows: int, n_blocks: int, per_block: int):
-    """(r0, r1, b0, b1): groups of rows and of query blocks whose temporaries hold about BLOCK_ELEMENTS."""
+def _block_steps(band: _Band, rows: int, dim: int, value_dim: int):
+    """(r0, r1, b0, b1): groups of rows and of query blocks whose temporaries hold about BLOCK_ELEMENTS: per
+    block, the (C, W) weights and the W window keys and values."""
+    width = band.keep.shape[1]
+    per_block, n_blocks = band.chunk * width + width * (dim + value_dim), band.n_blocks
     group = max(1, min(rows, BLOCK_ELEMENTS // max(1, n_blocks * per_block)))
     step = max(1, BLOCK_ELEMENTS // max(1, group * per_block))
     for r0 in range(0, rows, group):
@@ -94,8 +97,8 @@ def _block_steps(rows: int, n_blocks: int, per_block: int):
 def _band_weights(q: Tensor, k: Tensor, vm: Tensor, table: Tensor | None, m: Tensor | None, tail_sum: Tensor | None,
                   band: _Band, blocks: tuple[int, int]):
     """exp(l_ij - m_i) over the band of query blocks `blocks` of rows (G, L, .), 0 for hidden keys, with
-    l_ij = q_i.(k_j + rel[r]) / sqrt(D). m_i is `ops_common.row_shift` of the band logits and `tail_sum`
-    (G, nb, C, 1) unless given (G, nb, C, 1). A key is visible in the band when it exists and is unmasked
+    l_ij = q_i.(k_j + rel[r]) / sqrt(D). m_i (G, nb, C, 1) is given, or computed as `ops_common.row_shift` of
+    the band logits and `tail_sum` (G, nb, C, 1). A key is visible in the band when it exists and is unmasked
     (the last channel of `vm`, [m v, m], is 1). Returns (weights, m, qb, kw, vw, index)."""
     qb, kw, vw, index, _ = band_windows(q, k, vm, band.horizon, band.offset, band.chunk, blocks)
     logits = qb @ kw.transpose(-1, -2)  # (G, nb, C, W)
@@ -129,8 +132,7 @@ class _LocalSoftmaxBand(torch.autograd.Function):
         out = q.new_empty(rows, lq, vm.shape[-1] - 1)
         shift = q.new_empty(rows, lq, 1)
         den = q.new_empty(rows, lq, 1)
-        per_block = band.chunk * band.keep.shape[1] + band.keep.shape[1] * (q.shape[-1] + vm.shape[-1])
-        for r0, r1, b0, b1 in _block_steps(rows, band.n_blocks, per_block):
+        for r0, r1, b0, b1 in _block_steps(band, rows, q.shape[-1], vm.shape[-1]):
             blocks = (b0, b1)
             tail_rows = _rows_of(tail[r0:r1], band, blocks)
             weights, m, _, _, vw, _ = _band_weights(q[r0:r1], k[r0:r1], vm[r0:r1], None if table is None else
@@ -155,8 +157,7 @@ class _LocalSoftmaxBand(torch.autograd.Function):
         grad_tail = shift_scale(shift) * grad_sums
         dq, dk, dvm = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(vm)
         dtable = None if table is None else torch.zeros_like(table)
-        per_block = band.chunk * band.keep.shape[1] + band.keep.shape[1] * (q.shape[-1] + vm.shape[-1])
-        for r0, r1, b0, b1 in _block_steps(q.shape[0], band.n_blocks, per_block):
+        for r0, r1, b0, b1 in _block_steps(band, q.shape[0], q.shape[-1], vm.shape[-1]):
             blocks = (b0, b1)
             tab = None if table is None else table[r0:r1]
             weights, _, qb, kw, vw, index = _band_weights(q[r0:r1], k[r0:r1], vm[r0:r1], tab,
