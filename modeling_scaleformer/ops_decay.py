@@ -424,6 +424,48 @@ def kernelized_decay_prefill_state(
     return KernelizedDecayState(keys=keys, values=values, tail=tail, seen=length)
 
 
+def check_decay_step(q: Tensor, k: Tensor, v: Tensor, rel: Tensor | None, decay: Tensor, state, state_type: type,
+                     key_mask: Tensor | None, horizon: int | None, tail_rows: int, value_channels: int) -> int:
+    """The checks of a decay op's recurrent step: inputs, new tokens, rates and a state whose window holds h
+    keys of q's size and whose tail has `tail_rows` x `value_channels`; returns h. ValueError naming what
+    does not fit."""
+    check_state(state, state_type)
+    check_attention_inputs(q, k, v, rel, key_mask, state.seen, "linear")
+    check_new_tokens(q, k)
+    check_decay(decay, q.shape[1], q.dtype)
+    h = resolve_horizon(rel, horizon)
+    b, heads, _, d = q.shape
+    expected, tail_shape = (b, heads, h, d), (b, heads, tail_rows, value_channels)
+    if tuple(state.keys.shape) != expected or tuple(state.tail.shape) != tail_shape:
+        raise ValueError(
+            f"`state` does not fit these inputs: expected keys of shape {expected} (horizon {h}) and a tail of "
+            f"shape {tail_shape}, got {tuple(state.keys.shape)} and {tuple(state.tail.shape)}"
+        )
+    return h
+
+
+def decayed_window_steps(queries: Tensor, new_keys: Tensor, new_values: Tensor, state, decay: Tensor, read,
+                         tail_key) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The recurrent loop of the decay ops, token by token: the new token joins the window of the last h keys;
+    `read(query, keys, values, far)` gives its sums from the h + 1 window keys (oldest first, at offsets
+    h .. 0) and from far = exp(-lambda) tail, the keys beyond the window at their decay for this token; then
+    the oldest window key moves to the tail: tail <- exp(-lambda) tail + tail_key(key)^T value.
+
+    queries, new_keys, new_values (B, H, n, .); `state` has `keys`, `values` and `tail`. Returns the sums
+    (B, H, n, .) and the new window keys, window values and tail.
+    """
+    gamma = torch.exp(-decay.to(state.tail.dtype))[None, :, None, None]
+    keys, values, tail = state.keys, state.values, state.tail
+    outs = []
+    for s in range(queries.shape[2]):
+        keys = torch.cat([keys, new_keys[:, :, s:s + 1]], dim=2)
+        values = torch.cat([values, new_values[:, :, s:s + 1]], dim=2)
+        outs.append(read(queries[:, :, s:s + 1], keys, values, gamma * tail))
+        tail = gamma * tail + tail_key(keys[:, :, :1]).transpose(-1, -2) @ values[:, :, :1]
+        keys, values = keys[:, :, 1:], values[:, :, 1:]
+    return torch.cat(outs, dim=2), keys, values, tail
+
+
 def kernelized_decay_step(
     q: Tensor, k: Tensor, v: Tensor, rel: Tensor | None, decay: Tensor, state: KernelizedDecayState,
     *, key_mask: Tensor | None = None, horizon: int | None = None, normalise: bool = False,
@@ -434,44 +476,27 @@ def kernelized_decay_step(
     masks new tokens only. The result equals the matching rows of
     `kernelized_decay_attention(..., causal=True)` over the whole sequence; the state keeps its size.
     """
-    check_state(state, KernelizedDecayState)
-    check_attention_inputs(q, k, v, rel, key_mask, state.seen, "linear")
-    check_new_tokens(q, k)
-    check_decay(decay, q.shape[1], q.dtype)
-    h = resolve_horizon(rel, horizon)
-    b, heads, _, d = q.shape
-    expected, tail_shape = (b, heads, h, d), (b, heads, d + 1, v.shape[-1] + int(normalise))
-    if tuple(state.keys.shape) != expected or tuple(state.tail.shape) != tail_shape:
-        raise ValueError(
-            f"`state` does not fit these inputs: expected keys of shape {expected} (horizon {h}) and a tail of "
-            f"shape {tail_shape}, got {tuple(state.keys.shape)} and {tuple(state.tail.shape)}"
-        )
+    h = check_decay_step(q, k, v, rel, decay, state, KernelizedDecayState, key_mask, horizon, q.shape[-1] + 1,
+                         v.shape[-1] + int(normalise))
     dtype = state.tail.dtype
-    rf = _rel_features(rel, heads, dtype)
-    rate = decay.to(dtype)[None, :, None, None]
-    gamma = torch.exp(-rate)
-    qf, kf = elu_feature_map(q.to(dtype)), elu_feature_map(k.to(dtype))
-    vm = _mask_values(v.to(dtype), key_mask, normalise)
-    keys, values, tail = state.keys, state.values, state.tail
-    outs = []
-    for s in range(q.shape[2]):
-        qi = qf[:, :, s:s + 1]  # (B, H, 1, D)
-        keys = torch.cat([keys, kf[:, :, s:s + 1]], dim=2)  # the h + 1 keys at offsets h .. 0
-        values = torch.cat([values, vm[:, :, s:s + 1]], dim=2)
+    rf = _rel_features(rel, q.shape[1], dtype)
+
+    def read(qi, keys, values, far):  # qi = phi(q_i) (B, H, 1, D), keys phi(k_j)
         scores = qi @ keys.transpose(-1, -2)
         x = qi
         if rf is not None:
             weights = qi @ rf.transpose(-1, -2)[None]  # (B, H, 1, 2h+1); window key w at offset h - w: row 2h - w
             scores = scores + weights[..., h:].flip(-1)
             x = torch.cat([qi, weights[..., -1:]], dim=-1)
-        out = scores @ values + gamma * (x @ tail[:, :, :x.shape[-1]])
-        outs.append(out)
-        # the oldest key of the window (offset h) moves to the tail for the next position
-        oldest = torch.cat([keys[:, :, :1], torch.ones_like(keys[:, :, :1, :1])], dim=-1)
-        tail = gamma * tail + oldest.transpose(-1, -2) @ values[:, :, :1]
-        keys, values = keys[:, :, 1:], values[:, :, 1:]
-    out = _finish(torch.cat(outs, dim=2), normalise).to(q.dtype)
-    return out, KernelizedDecayState(keys=keys, values=values, tail=tail, seen=state.seen + q.shape[2])
+        return scores @ values + x @ far[:, :, :x.shape[-1]]
+
+    def tail_key(key):  # [phi(k), 1]
+        return torch.cat([key, torch.ones_like(key[..., :1])], dim=-1)
+
+    qf, kf = elu_feature_map(q.to(dtype)), elu_feature_map(k.to(dtype))
+    vm = _mask_values(v.to(dtype), key_mask, normalise)
+    out, keys, values, tail = decayed_window_steps(qf, kf, vm, state, decay, read, tail_key)
+    return _finish(out, normalise).to(q.dtype), KernelizedDecayState(keys, values, tail, state.seen + q.shape[2])
 
 
 class KernelizedDecayCrossSummary(NamedTuple):

@@ -41,8 +41,6 @@ from .ops_common import (
     DEFAULT_CHUNK_SIZE,
     augment_values,
     check_attention_inputs,
-    check_new_tokens,
-    check_state,
     compute_dtype,
     elu_feature_map,
     grouped_rows,
@@ -56,8 +54,10 @@ from .ops_decay import (
     KernelizedDecayCrossSummary,
     band_windows,
     check_decay,
+    check_decay_step,
     decayed_prefill,
     decayed_tail,
+    decayed_window_steps,
     kernelized_decay_choose_mode,
     resolve_horizon,
 )
@@ -310,43 +310,24 @@ def local_softmax_decay_step(
     masks new tokens only. The result equals the matching rows of
     `local_softmax_decay_attention(..., causal=True)` over the whole sequence; the state keeps its size.
     """
-    check_state(state, LocalSoftmaxDecayState)
-    check_attention_inputs(q, k, v, rel, key_mask, state.seen, "linear")
-    check_new_tokens(q, k)
-    check_decay(decay, q.shape[1], q.dtype)
-    h = resolve_horizon(rel, horizon)
-    b, heads, _, d = q.shape
-    expected, tail_shape = (b, heads, h, d), (b, heads, d, v.shape[-1] + 1)
-    if tuple(state.keys.shape) != expected or tuple(state.tail.shape) != tail_shape:
-        raise ValueError(
-            f"`state` does not fit these inputs: expected keys of shape {expected} (horizon {h}) and a tail of "
-            f"shape {tail_shape}, got {tuple(state.keys.shape)} and {tuple(state.tail.shape)}"
-        )
+    h = check_decay_step(q, k, v, rel, decay, state, LocalSoftmaxDecayState, key_mask, horizon, q.shape[-1],
+                         v.shape[-1] + 1)
     dtype = state.tail.dtype
-    table = head_table(rel, heads, dtype)
-    gamma = torch.exp(-decay.to(dtype)[None, :, None, None])
-    scale = 1.0 / math.sqrt(d)
-    qc, kc = q.to(dtype), k.to(dtype)
-    vm = augment_values(v.to(dtype), key_mask)
-    keys, values, tail = state.keys, state.values, state.tail
-    outs = []
-    for s in range(q.shape[2]):
-        qi = qc[:, :, s:s + 1]  # (B, H, 1, D)
-        keys = torch.cat([keys, kc[:, :, s:s + 1]], dim=2)  # the h + 1 keys at offsets h .. 0
-        values = torch.cat([values, vm[:, :, s:s + 1]], dim=2)
+    d = q.shape[-1]
+    table = head_table(rel, q.shape[1], dtype)
+
+    def read(qi, keys, values, far):  # raw q_i (B, H, 1, D) and keys
         logits = qi @ keys.transpose(-1, -2)
         if table is not None:
             # window key w sits at offset h - w: table row 2h - w
             logits = logits + (qi @ table.transpose(-1, -2)[None])[..., h:].flip(-1)
-        logits = torch.where(values[..., -1:].transpose(-1, -2) > 0, logits * scale, float("-inf"))
-        far = gamma * (elu_feature_map(qi) @ tail) / d
+        logits = torch.where(values[..., -1:].transpose(-1, -2) > 0, logits / math.sqrt(d), float("-inf"))
+        far = elu_feature_map(qi) @ far / d
         m = row_shift(logits, far[..., -1:])
-        out = torch.exp(logits - m) @ values + shift_scale(m) * far
-        outs.append(out)
-        # the oldest key of the window (offset h) moves to the tail for the next position
-        tail = gamma * tail + elu_feature_map(keys[:, :, :1]).transpose(-1, -2) @ values[:, :, :1]
-        keys, values = keys[:, :, 1:], values[:, :, 1:]
-    out = torch.cat(outs, dim=2)
+        return torch.exp(logits - m) @ values + shift_scale(m) * far
+
+    vm = augment_values(v.to(dtype), key_mask)
+    out, keys, values, tail = decayed_window_steps(q.to(dtype), k.to(dtype), vm, state, decay, read, elu_feature_map)
     out = normalise_rows(out[..., :-1], out[..., -1:]).to(q.dtype)
     return out, LocalSoftmaxDecayState(keys=keys, values=values, tail=tail, seen=state.seen + q.shape[2])
 
