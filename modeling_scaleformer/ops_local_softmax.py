@@ -69,6 +69,7 @@ class _Band(NamedTuple):
 
     horizon: int
     offset: int
+    causal: bool
     chunk: int
     n_blocks: int
     keep: Tensor  # (C, W): the pair is in the band (and j <= p_i when causal)
@@ -79,7 +80,7 @@ def _band(lq: int, horizon: int, offset: int, causal: bool, chunk: int, device) 
     c = torch.arange(chunk, device=device)[:, None]
     t = c + horizon - torch.arange(chunk + 2 * horizon, device=device)[None, :]  # offset p_i - j, see band_windows
     keep = (t.abs() <= horizon) & ((t >= 0) if causal else True)
-    return _Band(horizon, offset, chunk, -(-lq // chunk), keep, t.clamp(-horizon, horizon) + horizon)
+    return _Band(horizon, offset, causal, chunk, -(-lq // chunk), keep, t.clamp(-horizon, horizon) + horizon)
 
 
 def _block_steps(band: _Band, rows: int, dim: int, value_dim: int):
@@ -177,6 +178,18 @@ class _LocalSoftmaxBand(torch.autograd.Function):
         return dq, dk, dvm, dtable, grad_tail, None
 
 
+def _band_function(device: torch.device):
+    """The band's implementation for `device`: the Triton kernels on CUDA when Triton is installed
+    (`ops_local_softmax_triton`), `_LocalSoftmaxBand` otherwise."""
+    if device.type == "cuda":
+        try:
+            from .ops_local_softmax_triton import TritonLocalSoftmaxBand
+        except ImportError:
+            return _LocalSoftmaxBand
+        return TritonLocalSoftmaxBand
+    return _LocalSoftmaxBand
+
+
 def chunk_local_softmax_decay_attention(
     q: Tensor, k: Tensor, v: Tensor, rel: Tensor | None, decay: Tensor,
     *, causal: bool = False, key_mask: Tensor | None = None, query_offset: int = 0, horizon: int | None = None,
@@ -205,7 +218,7 @@ def chunk_local_softmax_decay_attention(
 
     rows = [x.reshape(b * heads, 1, x.shape[2], x.shape[3]) for x in (qc, kc, vm)]
     tail = grouped_rows(tails, max(lq, lk) * (chunk + d + vm.shape[-1]), *rows, decay.to(dtype).repeat(b))
-    out = _LocalSoftmaxBand.apply(qc.reshape(b * heads, lq, d), kc.reshape(b * heads, -1, d),
+    out = _band_function(q.device).apply(qc.reshape(b * heads, lq, d), kc.reshape(b * heads, -1, d),
                                   vm.reshape(b * heads, -1, vm.shape[-1]), row_table(rel, b, heads, dtype),
                                   tail.reshape(b * heads, lq, -1), _band(lq, h, query_offset, causal, chunk, q.device))
     return out.view(b, heads, lq, -1).to(q.dtype)

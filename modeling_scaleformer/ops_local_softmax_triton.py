@@ -1,0 +1,249 @@
+"""Triton kernels of the local softmax band of `ops_local_softmax` (the default attention), for CUDA.
+
+The band is the part of `local_softmax_decay_attention` that is not a linear attention: each query's softmax
+over its 2h+1 nearest keys with Shaw's relative keys, merged with the decayed tails under one row
+normaliser. `TritonLocalSoftmaxBand` has the contract of `ops_local_softmax._LocalSoftmaxBand`, which stays
+the CPU path and the reference:
+
+    out_i = (sum over the band of exp(l_ij - m_i) [m v_j, m_j] + exp(-m_i) tail_i) / (the same, last channel)
+
+on rows (B*H, L, .), with l_ij = q_i.(k_j + rel[r(i, j)]) / sqrt(D) and m_i the larger of the row's largest
+band logit and log(tail_i's last channel). Three kernels:
+
+- `_band_forward`: one program per block of BLOCK_M queries and row; the block's BLOCK_M + 2h window keys,
+  the (BLOCK_M, 2h+1) products with the relative table gathered onto the window, the row shift, and
+  out, m and the normaliser, stored for backward;
+- `_band_backward_queries`: the same grid; recomputes the weights from m and gives dq and this block's share
+  of the table's gradient;
+- `_band_backward_keys`: one program per block of BLOCK_M keys; the queries that can see them (a window of
+  BLOCK_M + 2h) give dk and d[m v, m] without atomics.
+
+Inputs are in their compute dtype (`ops_common.compute_dtype`: fp32 for half precision), so products and
+sums accumulate in fp32 or fp64. The module imports Triton, which is an optional dependency: it is loaded
+only for CUDA tensors (or by tests under TRITON_INTERPRET=1).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError as error:  # optional (the `gpu` extra): `ops_local_softmax` falls back to PyTorch without it
+    raise ImportError("the Triton kernels of the default attention need `pip install triton`") from error
+
+from .ops_common import shift_scale
+
+
+@triton.jit
+def _window(pid, offset, lk, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HORIZON: tl.constexpr):
+    """Key index of each window slot of query block `pid`, and whether the slot holds an existing key."""
+    w = tl.arange(0, BLOCK_N)
+    j = pid * BLOCK_M + offset - HORIZON + w
+    return j, (w < BLOCK_M + 2 * HORIZON) & (j >= 0) & (j < lk)
+
+
+@triton.jit
+def _table(TAB, row, d, HORIZON: tl.constexpr, HAS_TABLE: tl.constexpr, BLOCK_R: tl.constexpr,
+           BLOCK_D: tl.constexpr):
+    """The row's relative table (2h+1, D), zero-padded to (BLOCK_R, BLOCK_D); zeros without a table."""
+    rr = tl.arange(0, BLOCK_R)
+    dd = tl.arange(0, BLOCK_D)
+    if HAS_TABLE:
+        tab = tl.load(TAB + row * (2 * HORIZON + 1) * d + rr[:, None] * d + dd[None, :],
+                      mask=(rr[:, None] < 2 * HORIZON + 1) & (dd[None, :] < d), other=0.0)
+    else:
+        tab = tl.zeros((BLOCK_R, BLOCK_D), dtype=tl.float32)
+    return tab
+
+
+@triton.jit
+def _band_logits(q, k, tab, t, visible, scale, CAUSAL: tl.constexpr, HAS_TABLE: tl.constexpr,
+                 HORIZON: tl.constexpr, BLOCK_R: tl.constexpr):
+    """l = q.(k + rel[t + h]) * scale for the pairs of offset t in the band (and t >= 0 when causal) whose key is
+    `visible`, -inf elsewhere; q (M, D), k (N, D), t (M, N)."""
+    logits = tl.dot(q, tl.trans(k))
+    if HAS_TABLE:
+        qr = tl.dot(q, tl.trans(tab))  # (M, BLOCK_R)
+        logits += tl.gather(qr, tl.minimum(tl.maximum(t + HORIZON, 0), BLOCK_R - 1), axis=1)
+    keep = (t <= HORIZON) & (t >= -HORIZON) & visible
+    if CAUSAL:
+        keep = keep & (t >= 0)
+    return tl.where(keep, logits * scale, float("-inf"))
+
+
+@triton.jit
+def _band_forward(
+    Q, K, VM, TAB, TAIL, OUT, SHIFT, DEN,
+    lq, lk, d, dv1, offset, scale,
+    HORIZON: tl.constexpr, CAUSAL: tl.constexpr, HAS_TABLE: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr,
+):
+    pid, row = tl.program_id(0), tl.program_id(1)
+    c = tl.arange(0, BLOCK_M)
+    i = pid * BLOCK_M + c
+    dd = tl.arange(0, BLOCK_D)
+    vv = tl.arange(0, BLOCK_V)
+    j, exists = _window(pid, offset, lk, BLOCK_M, BLOCK_N, HORIZON)
+    q = tl.load(Q + row * lq * d + i[:, None] * d + dd[None, :], mask=(i[:, None] < lq) & (dd[None, :] < d), other=0.0)
+    k = tl.load(K + row * lk * d + j[:, None] * d + dd[None, :], mask=exists[:, None] & (dd[None, :] < d), other=0.0)
+    vw = tl.load(VM + row * lk * dv1 + j[:, None] * dv1 + vv[None, :], mask=exists[:, None] & (vv[None, :] < dv1),
+                 other=0.0)
+    tab = _table(TAB, row, d, HORIZON, HAS_TABLE, BLOCK_R, BLOCK_D)
+    key_mask = tl.sum(tl.where(vv[None, :] == dv1 - 1, vw, 0.0), 1)
+    t = c[:, None] + HORIZON - tl.arange(0, BLOCK_N)[None, :]
+    logits = _band_logits(q, k, tab, t, key_mask[None, :] > 0, scale, CAUSAL, HAS_TABLE, HORIZON, BLOCK_R)
+    tail = tl.load(TAIL + row * lq * dv1 + i[:, None] * dv1 + vv[None, :], mask=(i[:, None] < lq) & (vv[None, :] < dv1),
+                   other=0.0)
+    tail_sum = tl.sum(tl.where(vv[None, :] == dv1 - 1, tail, 0.0), 1)
+    m = tl.maximum(tl.max(logits, 1), tl.where(tail_sum > 0, tl.log(tl.where(tail_sum > 0, tail_sum, 1.0)),
+                                              float("-inf")))
+    m = tl.where(m > float("-inf"), m, 0.0)
+    p = tl.exp(logits - m[:, None])
+    scale_tail = tl.minimum(tl.exp(-m), 3.0e38)
+    sums = tl.dot(p.to(vw.dtype), vw) + scale_tail[:, None] * tail
+    den = tl.sum(tl.where(vv[None, :] == dv1 - 1, sums, 0.0), 1)
+    out = tl.where(den[:, None] > 0, sums / tl.where(den > 0, den, 1.0)[:, None], 0.0)
+    rows = i < lq
+    tl.store(OUT + row * lq * (dv1 - 1) + i[:, None] * (dv1 - 1) + vv[None, :], out,
+             mask=rows[:, None] & (vv[None, :] < dv1 - 1))
+    tl.store(SHIFT + row * lq + i, m, mask=rows)
+    tl.store(DEN + row * lq + i, den, mask=rows)
+
+
+@triton.jit
+def _band_backward_queries(
+    Q, K, VM, TAB, SHIFT, GS, DQ, DTAB,
+    lq, lk, d, dv1, offset, scale,
+    HORIZON: tl.constexpr, CAUSAL: tl.constexpr, HAS_TABLE: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr,
+):
+    pid, row = tl.program_id(0), tl.program_id(1)
+    c = tl.arange(0, BLOCK_M)
+    i = pid * BLOCK_M + c
+    dd = tl.arange(0, BLOCK_D)
+    vv = tl.arange(0, BLOCK_V)
+    rr = tl.arange(0, BLOCK_R)
+    j, exists = _window(pid, offset, lk, BLOCK_M, BLOCK_N, HORIZON)
+    rows = i < lq
+    q = tl.load(Q + row * lq * d + i[:, None] * d + dd[None, :], mask=rows[:, None] & (dd[None, :] < d), other=0.0)
+    k = tl.load(K + row * lk * d + j[:, None] * d + dd[None, :], mask=exists[:, None] & (dd[None, :] < d), other=0.0)
+    vw = tl.load(VM + row * lk * dv1 + j[:, None] * dv1 + vv[None, :], mask=exists[:, None] & (vv[None, :] < dv1),
+                 other=0.0)
+    tab = _table(TAB, row, d, HORIZON, HAS_TABLE, BLOCK_R, BLOCK_D)
+    key_mask = tl.sum(tl.where(vv[None, :] == dv1 - 1, vw, 0.0), 1)
+    t = c[:, None] + HORIZON - tl.arange(0, BLOCK_N)[None, :]
+    logits = _band_logits(q, k, tab, t, key_mask[None, :] > 0, scale, CAUSAL, HAS_TABLE, HORIZON, BLOCK_R)
+    m = tl.load(SHIFT + row * lq + i, mask=rows, other=0.0)
+    p = tl.exp(logits - m[:, None])
+    gs = tl.load(GS + row * lq * dv1 + i[:, None] * dv1 + vv[None, :], mask=rows[:, None] & (vv[None, :] < dv1),
+                 other=0.0)
+    dlogits = p * tl.dot(gs, tl.trans(vw)) * scale  # (M, N), 0 off the band
+    dq = tl.dot(dlogits.to(k.dtype), k)
+    if HAS_TABLE:
+        # the pair (c, w) reads table row r = c + 2h - w: row r of query c is window slot c + 2h - r
+        slot = tl.minimum(tl.maximum(c[:, None] + 2 * HORIZON - rr[None, :], 0), BLOCK_N - 1)
+        drel = tl.where(rr[None, :] < 2 * HORIZON + 1, tl.gather(dlogits, slot, axis=1), 0.0)  # (M, BLOCK_R)
+        dq += tl.dot(drel.to(tab.dtype), tab)
+        dtab = tl.dot(tl.trans(drel.to(q.dtype)), q)  # (BLOCK_R, BLOCK_D)
+        n_blocks = tl.num_programs(0)
+        tl.store(DTAB + (row * n_blocks + pid) * BLOCK_R * BLOCK_D + rr[:, None] * BLOCK_D + dd[None, :], dtab)
+    tl.store(DQ + row * lq * d + i[:, None] * d + dd[None, :], dq, mask=rows[:, None] & (dd[None, :] < d))
+
+
+@triton.jit
+def _band_backward_keys(
+    Q, K, VM, TAB, SHIFT, GS, DK, DVM,
+    lq, lk, d, dv1, offset, scale,
+    HORIZON: tl.constexpr, CAUSAL: tl.constexpr, HAS_TABLE: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr,
+):
+    pid, row = tl.program_id(0), tl.program_id(1)
+    c = tl.arange(0, BLOCK_M)
+    j = pid * BLOCK_M + c  # this block's keys
+    u = tl.arange(0, BLOCK_N)
+    i = pid * BLOCK_M - HORIZON - offset + u  # the queries whose band can hold them: p_i in j - h .. j + h
+    dd = tl.arange(0, BLOCK_D)
+    vv = tl.arange(0, BLOCK_V)
+    keys = j < lk
+    queries = (u < BLOCK_M + 2 * HORIZON) & (i >= 0) & (i < lq)
+    q = tl.load(Q + row * lq * d + i[:, None] * d + dd[None, :], mask=queries[:, None] & (dd[None, :] < d), other=0.0)
+    k = tl.load(K + row * lk * d + j[:, None] * d + dd[None, :], mask=keys[:, None] & (dd[None, :] < d), other=0.0)
+    vm = tl.load(VM + row * lk * dv1 + j[:, None] * dv1 + vv[None, :], mask=keys[:, None] & (vv[None, :] < dv1),
+                 other=0.0)
+    tab = _table(TAB, row, d, HORIZON, HAS_TABLE, BLOCK_R, BLOCK_D)
+    key_mask = tl.sum(tl.where(vv[None, :] == dv1 - 1, vm, 0.0), 1)
+    t = u[:, None] - HORIZON - c[None, :]  # p_i - j
+    visible = (key_mask[None, :] > 0) & queries[:, None]
+    logits = _band_logits(q, k, tab, t, visible, scale, CAUSAL, HAS_TABLE, HORIZON, BLOCK_R)  # (N, M)
+    m = tl.load(SHIFT + row * lq + i, mask=queries, other=0.0)
+    p = tl.exp(logits - m[:, None])
+    gs = tl.load(GS + row * lq * dv1 + i[:, None] * dv1 + vv[None, :], mask=queries[:, None] & (vv[None, :] < dv1),
+                 other=0.0)
+    dlogits = p * tl.dot(gs, tl.trans(vm)) * scale  # (N, M)
+    dk = tl.dot(tl.trans(dlogits.to(q.dtype)), q)
+    dvm = tl.dot(tl.trans(p.to(gs.dtype)), gs)
+    tl.store(DK + row * lk * d + j[:, None] * d + dd[None, :], dk, mask=keys[:, None] & (dd[None, :] < d))
+    tl.store(DVM + row * lk * dv1 + j[:, None] * dv1 + vv[None, :], dvm, mask=keys[:, None] & (vv[None, :] < dv1))
+
+
+def _block_sizes(chunk: int, horizon: int, d: int, dv1: int) -> dict:
+    pow2 = triton.next_power_of_2
+    block_m = max(16, pow2(chunk))
+    return dict(BLOCK_M=block_m, BLOCK_N=max(16, pow2(block_m + 2 * horizon)), BLOCK_D=max(16, pow2(d)),
+                BLOCK_V=max(16, pow2(dv1)), BLOCK_R=max(16, pow2(2 * horizon + 1)))
+
+
+class TritonLocalSoftmaxBand(torch.autograd.Function):
+    """`ops_local_softmax._LocalSoftmaxBand` in three Triton kernels (see the module docstring): same inputs,
+    q, k (R, L, D), vm and tail (R, L, Dv+1), table (R, 2h+1, D) or None, and the `_Band` of the call."""
+
+    @staticmethod
+    def forward(ctx, q, k, vm, table, tail, band):
+        q, k, vm, tail = (x.contiguous() for x in (q, k, vm, tail))
+        table = None if table is None else table.contiguous()
+        rows, lq, d = q.shape
+        lk, dv1 = k.shape[1], vm.shape[-1]
+        sizes = _block_sizes(band.chunk, band.horizon, d, dv1)
+        out = q.new_empty(rows, lq, dv1 - 1)
+        shift, den = q.new_empty(rows, lq), q.new_empty(rows, lq)
+        grid = (triton.cdiv(lq, sizes["BLOCK_M"]), rows)
+        _band_forward[grid](q, k, vm, q if table is None else table, tail, out, shift, den, lq, lk, d, dv1,
+                            band.offset, 1.0 / math.sqrt(d), HORIZON=band.horizon, CAUSAL=band.causal,
+                            HAS_TABLE=table is not None, **sizes)
+        ctx.save_for_backward(q, k, vm, table, out, shift, den)
+        ctx.band, ctx.sizes = band, sizes
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, vm, table, out, shift, den = ctx.saved_tensors
+        band, sizes = ctx.band, ctx.sizes
+        rows, lq, d = q.shape
+        lk, dv1 = k.shape[1], vm.shape[-1]
+        shift, den = shift[..., None], den[..., None]
+        inv = torch.where(den > 0, 1.0 / torch.where(den > 0, den, torch.ones_like(den)), torch.zeros_like(den))
+        grad_sums = (torch.cat([grad_out, -(grad_out * out).sum(-1, keepdim=True)], dim=-1) * inv).contiguous()
+        grad_tail = shift_scale(shift) * grad_sums
+        dq, dk, dvm = torch.empty_like(q), torch.empty_like(k), torch.empty_like(vm)
+        n_blocks = triton.cdiv(lq, sizes["BLOCK_M"])
+        dtab = None if table is None else q.new_empty(rows, n_blocks, sizes["BLOCK_R"], sizes["BLOCK_D"])
+        common = dict(HORIZON=band.horizon, CAUSAL=band.causal, HAS_TABLE=table is not None,
+                      **sizes)
+        scale = 1.0 / math.sqrt(d)
+        tab = q if table is None else table
+        _band_backward_queries[(n_blocks, rows)](q, k, vm, tab, shift, grad_sums, dq, q if dtab is None else dtab,
+                                                  lq, lk, d, dv1, band.offset, scale, **common)
+        _band_backward_keys[(triton.cdiv(lk, sizes["BLOCK_M"]), rows)](q, k, vm, tab, shift, grad_sums, dk, dvm,
+                                                                      lq, lk, d, dv1, band.offset, scale, **common)
+        dtable = None
+        if table is not None:
+            dtable = dtab.sum(1)[:, :table.shape[1], :d]
+        return dq, dk, dvm, dtable, grad_tail, None
+
+
+__all__ = ["TritonLocalSoftmaxBand"]
