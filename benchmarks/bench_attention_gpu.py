@@ -1,0 +1,244 @@
+"""The default attention on a GPU against FlashAttention and flash-linear-attention, forward plus backward.
+
+What is measured, at B=4, H=16, D=64, horizon 16, bf16 by default, each causal and bidirectional:
+
+* `scaleformer`: `local_softmax_decay_attention(..., mode="linear")`, the op of the default configuration (on
+  CUDA its band runs in the Triton kernels of `ops_local_softmax_triton`, its tails in PyTorch);
+* `sdpa`: `torch.nn.functional.scaled_dot_product_attention` restricted to the flash backend on CUDA (the
+  math backend on CPU), the softmax attention a user would otherwise pick;
+* `fla`: flash-linear-attention's `chunk_linear_attn` (causal; no relative term, no normaliser), the speed
+  ceiling of linear attention, when `fla` imports; its causal time is compared with both directions.
+
+Every call is timed with CUDA events after a warm-up, as the median of `--repeats`; the peak memory is
+`torch.cuda.max_memory_allocated` over the call, minus what the inputs hold. The report ends with log-log slopes
+of time against L and the targets: at 16k, at least 4x faster than SDPA and within 1.5x of fla; slope 4k-64k at
+most 1.1. With `--device cpu` (`--quick`) the same code runs on small shapes, as a smoke test; it says nothing
+about GPUs.
+
+    python benchmarks/bench_attention_gpu.py --json benchmarks/results/bench_attention_gpu.json
+    python benchmarks/bench_attention_gpu.py --device cpu --quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from common import machine_info, print_machine, slope_fit, write_json
+from modeling_scaleformer.ops_local_softmax import local_softmax_decay_attention
+
+
+METHODS = ("scaleformer", "sdpa", "fla")
+DEFAULT_LENGTHS = (4096, 8192, 16384, 32768, 65536)
+QUICK_LENGTHS = (256, 512)
+SLOPE_RANGE = (4096, 65536)
+SLOPE_MAX = 1.1
+TARGET_LENGTH = 16384
+SDPA_SPEEDUP_MIN = 4.0
+FLA_RATIO_MAX = 1.5
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--device", default="cuda", help="torch device (default: cuda)")
+    parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--heads", type=int, default=16)
+    parser.add_argument("--dim", type=int, default=64)
+    parser.add_argument("--horizon", type=int, default=16)
+    parser.add_argument("--lengths", type=int, nargs="+", metavar="L")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"smoke test: lengths {QUICK_LENGTHS} unless --lengths, 1 repeat, B=1, H=2")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--max-sdpa-length", type=int, default=65536, metavar="L")
+    parser.add_argument("--json", type=Path, metavar="PATH", help="write every raw figure to PATH")
+    args = parser.parse_args(argv)
+    try:
+        args.device = torch.device(args.device)
+    except RuntimeError as error:
+        parser.error(f"--device must name a torch device, got {args.device!r} ({error})")
+    if args.device.type == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device here; use --device cpu for a smoke test")
+    if args.quick:
+        args.lengths, args.repeats, args.batch, args.heads = args.lengths or list(QUICK_LENGTHS), 1, 1, 2
+    args.lengths = sorted(set(args.lengths or DEFAULT_LENGTHS))
+    if args.repeats < 1 or min(args.lengths) < 1:
+        parser.error("--repeats and --lengths must be positive")
+    args.dtype = getattr(torch, args.dtype)
+    return args
+
+
+def fla_linear_attention():
+    """flash-linear-attention's chunk linear attention, or None when it does not import (no GPU driver, not
+    installed)."""
+    try:
+        from fla.ops.linear_attn import chunk_linear_attn
+    except Exception:  # fla raises more than ImportError without a driver
+        return None
+    return chunk_linear_attn
+
+
+def sdpa_backend(device: torch.device):
+    if device.type != "cuda":
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    return sdpa_kernel(SDPBackend.FLASH_ATTENTION)
+
+
+def make_call(method: str, causal: bool, length: int, args: argparse.Namespace, fla):
+    """A function that runs forward and backward once, and the tensors it holds."""
+    g = torch.Generator(device=args.device).manual_seed(length)
+    shape = (args.batch, args.heads, length, args.dim)
+    q, k, v = (torch.randn(shape, generator=g, device=args.device).to(args.dtype).requires_grad_() for _ in range(3))
+    rel = (0.1 * torch.randn(args.heads, 2 * args.horizon + 1, args.dim, generator=g, device=args.device))
+    rel = rel.to(args.dtype).requires_grad_()
+    decay = torch.linspace(0.25, 1 / 256, args.heads, device=args.device).to(args.dtype).requires_grad_()
+    grad = torch.randn(shape, generator=g, device=args.device).to(args.dtype)
+
+    def call():
+        if method == "scaleformer":
+            out = local_softmax_decay_attention(q, k, v, rel, decay, causal=causal, mode="linear")
+        elif method == "sdpa":
+            with sdpa_backend(args.device):
+                out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        else:  # fla's layout is (B, T, H, D); causal only
+            out, _ = fla(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), normalize=False)
+            out = out.transpose(1, 2)
+        out.backward(grad)
+        for x in (q, k, v, rel, decay):
+            x.grad = None
+
+    return call
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measure(call, args: argparse.Namespace) -> dict:
+    """Median seconds of `repeats` calls after one warm-up, and the peak memory of one call over what was held
+    before it."""
+    call()
+    synchronize(args.device)
+    times = []
+    for _ in range(args.repeats):
+        synchronize(args.device)
+        start = time.perf_counter()
+        call()
+        synchronize(args.device)
+        times.append(time.perf_counter() - start)
+    peak = None
+    if args.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(args.device)
+        held = torch.cuda.memory_allocated(args.device)
+        call()
+        synchronize(args.device)
+        peak = (torch.cuda.max_memory_allocated(args.device) - held) / 2**20
+    return {"median_s": statistics.median(times), "times_s": times, "peak_extra_mib": peak}
+
+
+def skip_reason(method: str, causal: bool, length: int, args: argparse.Namespace, fla) -> str | None:
+    if method == "fla" and fla is None:
+        return "fla does not import here"
+    if method == "fla" and not causal:
+        return "causal only (its causal time is the ceiling of both)"
+    if method == "sdpa" and length > args.max_sdpa_length:
+        return "above --max-sdpa-length"
+    return None
+
+
+def run(args: argparse.Namespace) -> list[dict]:
+    fla = fla_linear_attention()
+    rows = []
+    for length in args.lengths:
+        for causal in (True, False):
+            for method in METHODS:
+                reason = skip_reason(method, causal, length, args, fla)
+                row = {"method": method, "causal": causal, "length": length, "skipped": reason}
+                if reason is None:
+                    try:
+                        row.update(measure(make_call(method, causal, length, args, fla), args))
+                    except torch.OutOfMemoryError:
+                        row["skipped"] = "out of memory"
+                        torch.cuda.empty_cache()
+                rows.append(row)
+                print(f"[L={length} {'causal' if causal else 'bidir'} {method}] "
+                      f"{row.get('median_s', row['skipped'])}", file=sys.stderr, flush=True)
+    return rows
+
+
+def seconds(rows: list[dict], method: str, causal: bool, length: int) -> float | None:
+    for r in rows:
+        if (r["method"], r["causal"], r["length"]) == (method, causal, length) and r.get("median_s") is not None:
+            return r["median_s"]
+    return None
+
+
+def report(rows: list[dict], args: argparse.Namespace) -> list[dict]:
+    """Print the tables and the targets; return the targets."""
+    print("| L | direction | scaleformer ms | sdpa ms | fla (causal) ms | sdpa / scaleformer | scaleformer / fla |"
+          " scaleformer peak MiB | sdpa peak MiB |")
+    print("|---:|:---|---:|---:|---:|---:|---:|---:|---:|")
+    for length in args.lengths:
+        for causal in (True, False):
+            s, a = (seconds(rows, m, causal, length) for m in ("scaleformer", "sdpa"))
+            f = seconds(rows, "fla", True, length)
+            peaks = {r["method"]: r.get("peak_extra_mib") for r in rows
+                     if r["length"] == length and r["causal"] == causal}
+            cells = [f"{1000 * x:.2f}" if x is not None else "–" for x in (s, a, f)]
+            ratio = [f"{x / y:.2f}x" if x is not None and y is not None else "–" for x, y in ((a, s), (s, f))]
+            mem = [f"{peaks[m]:.0f}" if peaks.get(m) is not None else "–" for m in ("scaleformer", "sdpa")]
+            print(f"| {length} | {'causal' if causal else 'bidir'} | " + " | ".join(cells + ratio + mem) + " |")
+    print()
+    targets = []
+    for causal in (True, False):
+        direction = "causal" if causal else "bidir"
+        s, a = seconds(rows, "scaleformer", causal, TARGET_LENGTH), seconds(rows, "sdpa", causal, TARGET_LENGTH)
+        f = seconds(rows, "fla", True, TARGET_LENGTH)
+        targets.append(target(f"{direction} at {TARGET_LENGTH}: sdpa / scaleformer >= {SDPA_SPEEDUP_MIN}",
+                              None if s is None or a is None else a / s, lambda x: x >= SDPA_SPEEDUP_MIN))
+        targets.append(target(f"{direction} at {TARGET_LENGTH}: scaleformer / fla <= {FLA_RATIO_MAX}",
+                              None if s is None or f is None else s / f, lambda x: x <= FLA_RATIO_MAX))
+        points = [(n, seconds(rows, "scaleformer", causal, n)) for n in args.lengths]
+        points = [(n, t) for n, t in points if t is not None]
+        fit = slope_fit(points, SLOPE_RANGE, fit_all_if_few=False)["slope"]
+        targets.append(target(f"{direction}: scaleformer time slope {SLOPE_RANGE[0]}-{SLOPE_RANGE[1]} <= {SLOPE_MAX}",
+                              fit, lambda x: x <= SLOPE_MAX))
+    for t in targets:
+        print(f"- {t['status']} {t['name']}: {'–' if t['value'] is None else format(t['value'], '.2f')}")
+    return targets
+
+
+def target(name: str, value: float | None, ok) -> dict:
+    return {"name": name, "value": value, "status": "N/A" if value is None else ("PASS" if ok(value) else "FAIL")}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    info = machine_info(torch.get_num_threads())
+    device_name = torch.cuda.get_device_name(args.device) if args.device.type == "cuda" else "cpu"
+    print("# Attention on a GPU: scaleformer (default attention) against SDPA flash and fla, forward + backward")
+    print()
+    print_machine(info)
+    print(f"- device: {device_name}; B={args.batch}, H={args.heads}, D={args.dim}, horizon {args.horizon}, "
+          f"{str(args.dtype).removeprefix('torch.')}; median of {args.repeats} after a warm-up")
+    print()
+    rows = run(args)
+    targets = report(rows, args)
+    if args.json:
+        write_json(args.json, {"benchmark": "bench_attention_gpu", "machine": {**info, "device": device_name},
+                               "settings": {k: str(v) for k, v in vars(args).items() if k != "json"},
+                               "timings": rows, "targets": targets})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

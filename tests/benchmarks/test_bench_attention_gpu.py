@@ -1,0 +1,18 @@
+"""bench_attention_gpu.py on CPU (`--device cpu --quick`): the GPU benchmark's code path runs end to end, times
+the default attention and SDPA, says why fla is skipped and reports its targets as N/A below 16k."""
+
+import json
+
+
+def test_bench_attention_gpu_smoke(run_command, tmp_path):
+    report_path = tmp_path / "report.json"
+    result = run_command(["benchmarks/bench_attention_gpu.py", "--device", "cpu", "--quick", "--dtype", "float32",
+                          "--lengths", "128", "--json", str(report_path)])
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    report = json.loads(report_path.read_text())
+    timed = {(r["method"], r["causal"]) for r in report["timings"] if r.get("median_s") is not None}
+    assert timed == {("scaleformer", True), ("scaleformer", False), ("sdpa", True), ("sdpa", False)}
+    assert {r["skipped"] for r in report["timings"] if r["method"] == "fla"} <= {
+        "fla does not import here", "causal only (its causal time is the ceiling of both)"}
+    assert [t["status"] for t in report["targets"]] == ["N/A"] * 6
+    assert "| 128 | causal |" in result.stdout
