@@ -232,13 +232,21 @@ def check_new_tokens(q: Tensor, k: Tensor) -> None:
         raise ValueError(f"`q` and `k` must hold the same new tokens, got lengths {q.shape[2]} and {k.shape[2]}")
 
 
+def checks_values(t: Tensor) -> bool:
+    """Whether the ops check the values of `t` (not only its shape and dtype): on CPU. Reading a reduction back
+    to the host would synchronise an accelerator in every layer of every step, so there only shapes and dtypes
+    are checked."""
+    return t.device.type == "cpu"
+
+
 def check_key_mask(key_mask: Tensor | None, batch: int, length: int) -> None:
-    """Raise ValueError naming `key_mask` unless it is None or a (batch, length) mask of 0 and 1 (or bool)."""
+    """Raise ValueError naming `key_mask` unless it is None or a (batch, length) mask of 0 and 1 (or bool);
+    values are checked on CPU (`checks_values`)."""
     if key_mask is None:
         return
     if not isinstance(key_mask, Tensor) or tuple(key_mask.shape) != (batch, length):
         raise ValueError(f"`key_mask` must have shape (batch, Lk) = ({batch}, {length}), got {describe(key_mask)}")
-    if key_mask.dtype != torch.bool and bool(((key_mask != 0) & (key_mask != 1)).any()):
+    if key_mask.dtype != torch.bool and checks_values(key_mask) and bool(((key_mask != 0) & (key_mask != 1)).any()):
         raise ValueError("`key_mask` must hold only 0 and 1 (or be boolean)")
 
 

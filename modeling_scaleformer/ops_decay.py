@@ -39,6 +39,7 @@ from .ops_common import (
     check_horizon,
     check_new_tokens,
     check_state,
+    checks_values,
     compute_dtype,
     augment_values,
     describe,
@@ -53,12 +54,13 @@ from .ops_naive import naive_kernelized_decay_attention
 
 
 def check_decay(decay: Tensor, heads: int, dtype: torch.dtype) -> None:
-    """Raise ValueError naming `decay` unless it is a (heads,) tensor of non-negative rates in q's dtype."""
+    """Raise ValueError naming `decay` unless it is a (heads,) tensor of non-negative rates in q's dtype (values
+    checked on CPU, `ops_common.checks_values`)."""
     if not isinstance(decay, Tensor) or tuple(decay.shape) != (heads,):
         raise ValueError(f"`decay` must be a tensor of shape (heads,) = ({heads},), got {describe(decay)}")
     if decay.dtype != dtype:
         raise ValueError(f"`decay` must have the dtype of `q` ({dtype}), got {decay.dtype}")
-    if bool((decay < 0).any()):
+    if checks_values(decay) and bool((decay < 0).any()):
         raise ValueError("`decay` must hold non-negative decay rates (lambda >= 0)")
 
 

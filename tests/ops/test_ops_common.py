@@ -6,6 +6,8 @@ import torch
 
 from modeling_scaleformer import ops_common
 from modeling_scaleformer.ops_common import (
+    check_key_mask,
+    checks_values,
     grouped_rows,
     guarded_normalise,
     normalise,
@@ -83,3 +85,14 @@ def test_grouped_rows_matches_autograd(budget, monkeypatch):
         torch.testing.assert_close(g, e, rtol=1e-12, atol=0)
     if budget == 1:
         assert float(got_grads[0][4:6].abs().sum()) == 0.0
+
+
+def test_values_are_checked_on_cpu_only():
+    """A key mask of 2s is refused on CPU; on another device only its shape is checked (no device sync)."""
+    with pytest.raises(ValueError, match="`key_mask` must hold only 0 and 1"):
+        check_key_mask(torch.full((2, 3), 2.0), 2, 3)
+    meta = torch.full((2, 3), 2.0, device="meta")
+    assert checks_values(torch.zeros(1)) and not checks_values(meta)
+    check_key_mask(meta, 2, 3)
+    with pytest.raises(ValueError, match="must have shape"):
+        check_key_mask(meta, 2, 4)
