@@ -137,7 +137,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-quadratic-length", type=int, metavar="L",
                         help="skip the models with attention quadratic in length (bart, t5, scaleformer:"
                         f"{{{','.join(SOFTMAX_TYPES)}}}) above source length L (default: run them at every length)")
-    parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
+    parser.add_argument("--no-memory", action="store_true",
+                        help="skip the peak-memory subprocesses (on CUDA the peak is read in-process instead)")
+    parser.add_argument("--device", default="cpu",
+                        help="torch device of the models and batches, e.g. cpu, cuda (default: cpu)")
+    parser.add_argument("--bf16", action="store_true", help="steps and forward passes under bfloat16 autocast")
     parser.add_argument("--seed", type=int, default=0, help="seed of the weights and the inputs (default: 0)")
     parser.add_argument("--json", type=Path, metavar="PATH", help="write every raw figure to PATH")
     parser.add_argument("--plot", type=Path, metavar="PATH",
@@ -146,6 +150,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
 
     args.models = check_models(parser, args.models, TRAIN_MODEL_NAMES)
+    try:
+        args.device = torch.device(args.device)
+    except RuntimeError as error:
+        parser.error(f"--device must name a torch device, got {args.device!r} ({error})")
+    if args.device.type == "cuda":
+        if not torch.cuda.is_available():
+            parser.error("--device cuda: no CUDA device here")
+        args.no_memory = True  # resident memory says nothing of the GPU's: its peak is read around each step
     if args.lengths is None:
         args.lengths = list(QUICK_LENGTHS if args.quick else DEFAULT_LENGTHS)
     args.lengths = sorted(set(args.lengths))
@@ -191,19 +203,32 @@ def long_baseline_lengths(args: argparse.Namespace) -> dict:
 
 def build_trainer(name: str, args: argparse.Namespace) -> Trainer:
     config = model_configs(args.size, bart_max_positions(args), [name], **long_baseline_lengths(args))[name]
-    model = build_model(name, config, args.seed).train()
+    model = build_model(name, config, args.seed).to(args.device).train()
     return Trainer(model, torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE))
 
 
-def make_batch(length: int, vocab_size: int, seed: int) -> tuple[Tensor, Tensor]:
+def on_device(work, args: argparse.Namespace):
+    """`work` under bfloat16 autocast with --bf16, finished on the device before it returns (so that the clocks
+    around it hold the device's time)."""
+
+    def run() -> None:
+        with torch.autocast(args.device.type, dtype=torch.bfloat16, enabled=args.bf16):
+            work()
+        if args.device.type == "cuda":
+            torch.cuda.synchronize(args.device)
+
+    return run
+
+
+def make_batch(length: int, vocab_size: int, seed: int, device: torch.device | str = "cpu") -> tuple[Tensor, Tensor]:
     """Random source ids (B, length) and labels (B, TARGET_LENGTH), no special token of any model."""
     g = torch.Generator().manual_seed(seed * 1_000_003 + length)
     input_ids = torch.randint(FIRST_PLAIN_ID, vocab_size, (BATCH, length), generator=g)
     labels = torch.randint(FIRST_PLAIN_ID, vocab_size, (BATCH, TARGET_LENGTH), generator=g)
-    return input_ids, labels
+    return input_ids.to(device), labels.to(device)
 
 
-def train_step(trainer: Trainer, input_ids: Tensor, labels: Tensor) -> Sample:
+def train_step(trainer: Trainer, input_ids: Tensor, labels: Tensor, args: argparse.Namespace) -> Sample:
     """zero_grad, forward with labels, backward, AdamW step; timed."""
 
     def step() -> None:
@@ -211,10 +236,10 @@ def train_step(trainer: Trainer, input_ids: Tensor, labels: Tensor) -> Sample:
         trainer.model(input_ids=input_ids, labels=labels, use_cache=False).loss.backward()
         trainer.optimizer.step()
 
-    return timed(step)
+    return timed(on_device(step, args))
 
 
-def forward_pass(trainer: Trainer, input_ids: Tensor, labels: Tensor) -> Sample:
+def forward_pass(trainer: Trainer, input_ids: Tensor, labels: Tensor, args: argparse.Namespace) -> Sample:
     """One forward with labels in eval mode under inference_mode (no dropout, no autograd graph); timed."""
 
     def forward() -> None:
@@ -223,20 +248,28 @@ def forward_pass(trainer: Trainer, input_ids: Tensor, labels: Tensor) -> Sample:
 
     trainer.model.eval()
     try:
-        return timed(forward)
+        return timed(on_device(forward, args))
     finally:
         trainer.model.train()
+
+
+def cuda_peak_step(trainer: Trainer, input_ids: Tensor, labels: Tensor, args: argparse.Namespace) -> float:
+    """MiB the device allocated during one more step, over what it held before it."""
+    torch.cuda.reset_peak_memory_stats(args.device)
+    held = torch.cuda.memory_allocated(args.device)
+    train_step(trainer, input_ids, labels, args)
+    return (torch.cuda.max_memory_allocated(args.device) - held) / 2**20
 
 
 def measure_memory_here(name: str, length: int, args: argparse.Namespace) -> dict:
     """Peak extra resident memory of one step at `length`, in this (fresh) process."""
     trainer = build_trainer(name, args)
-    train_step(trainer, *make_batch(MEMORY_WARMUP_LENGTH, args.size.vocab_size, args.seed))
+    train_step(trainer, *make_batch(MEMORY_WARMUP_LENGTH, args.size.vocab_size, args.seed), args)
     input_ids, labels = make_batch(length, args.size.vocab_size, args.seed)
     gc.collect()
     baseline, floor = memory_baseline()
     try:
-        sample = train_step(trainer, input_ids, labels)
+        sample = train_step(trainer, input_ids, labels, args)
     except (MemoryError, RuntimeError) as error:
         return {"error": describe_error(error)}
     peak = peak_rss_bytes()
@@ -250,6 +283,8 @@ def measure_memory(name: str, length: int, args: argparse.Namespace) -> dict:
                  "--threads", str(args.threads), "--seed", str(args.seed)]
     if args.quick:
         arguments.append("--quick")
+    if args.bf16:
+        arguments.append("--bf16")
     if args.max_bart_length is not None:
         arguments += ["--max-bart-length", str(args.max_bart_length)]
     if args.max_quadratic_length is not None:
@@ -258,6 +293,7 @@ def measure_memory(name: str, length: int, args: argparse.Namespace) -> dict:
 
 
 Samples = dict[tuple[str, int], list[Sample]]
+cuda_peaks: dict[tuple[str, int], float] = {}  # (model, L) -> MiB allocated on the device by one step (--device cuda)
 
 
 def run_benchmark(args: argparse.Namespace) -> tuple[Samples, Samples, dict[tuple[str, int], dict],
@@ -270,6 +306,7 @@ def run_benchmark(args: argparse.Namespace) -> tuple[Samples, Samples, dict[tupl
     forwards: Samples = {}
     memory: dict[tuple[str, int], dict] = {}
     skipped: dict[tuple[str, int], Skip] = {}
+    cuda_peaks.clear()
     failed: dict[str, tuple[int, str]] = {}  # model -> (length, error) where it stopped; skipped above
     for length in args.lengths:
         running = []
@@ -292,15 +329,17 @@ def run_benchmark(args: argparse.Namespace) -> tuple[Samples, Samples, dict[tupl
                     gc.collect()
                     continue
             running.append(name)
-        input_ids, labels = make_batch(length, args.size.vocab_size, args.seed)
+        input_ids, labels = make_batch(length, args.size.vocab_size, args.seed, args.device)
         start = time.perf_counter()
         for round_index in range(args.repeats + 1):  # round 0 is the warm-up
             for name in rotated(running, round_index):
                 if name not in running:
                     continue
                 try:
-                    sample = train_step(trainers[name], input_ids, labels)
-                    forward = forward_pass(trainers[name], input_ids, labels)
+                    sample = train_step(trainers[name], input_ids, labels, args)
+                    forward = forward_pass(trainers[name], input_ids, labels, args)
+                    if round_index == args.repeats and args.device.type == "cuda":
+                        cuda_peaks[(name, length)] = cuda_peak_step(trainers[name], input_ids, labels, args)
                 except (MemoryError, RuntimeError) as error:
                     failed[name] = (length, describe_error(error))
                     skipped[(name, length)] = Skip(f"skipped ({type(error).__name__})",
@@ -507,7 +546,8 @@ def print_header(info: dict, args: argparse.Namespace) -> None:
     quick = " (smaller models: --quick)" if args.quick else ""
     print(f"- every model: d_model {size.d_model}, {size.layers}+{size.layers} layers, {size.heads} heads, FFN "
           f"{size.ffn_dim}, vocabulary {size.vocab_size}{quick}; random init (seed {args.seed}), train mode (dropout "
-          f"0.1), fp32, batch {BATCH}, AdamW lr {LEARNING_RATE:g}")
+          f"0.1), fp32{' under bf16 autocast' if args.bf16 else ''}, batch {BATCH}, AdamW lr {LEARNING_RATE:g}; "
+          f"device {args.device}" + (f" ({torch.cuda.get_device_name(args.device)})" if args.device.type == "cuda" else ""))
     for description in descriptions:
         print(f"- {description}")
     print(f"- source lengths {', '.join(map(str, args.lengths))}, target {TARGET_LENGTH}; 1 warm-up + {args.repeats} "
@@ -527,6 +567,12 @@ def main(argv: list[str] | None = None) -> int:
     print_header(info, args)
     samples, forwards, memory, skipped = run_benchmark(args)
     print_tables(samples, forwards, memory, skipped, args)
+    if cuda_peaks:
+        print("| source L | model | device peak extra MiB (one step) |")
+        print("|---:|:---|---:|")
+        for (name, length), mib in cuda_peaks.items():
+            print(f"| {length} | {name} | {mib:,.0f} |")
+        print()
     slopes = (compute_slopes(samples, args.lengths, args.models, "step")
               + compute_slopes(forwards, args.lengths, args.models, "forward"))
     print_slope_table(slopes, args.lengths)
@@ -541,7 +587,10 @@ def main(argv: list[str] | None = None) -> int:
                          "target_length": TARGET_LENGTH, "lengths": args.lengths, "repeats": args.repeats,
                          "seed": args.seed, "learning_rate": LEARNING_RATE, "max_bart_length": args.max_bart_length,
                          "max_quadratic_length": args.max_quadratic_length,
-                         "models": args.models, "bart_max_position_embeddings": bart_max_positions(args)},
+                         "models": args.models, "bart_max_position_embeddings": bart_max_positions(args),
+                         "device": str(args.device), "bf16": args.bf16},
+            "cuda_peak_extra_mib": [{"model": name, "length": length, "mib": mib}
+                                    for (name, length), mib in cuda_peaks.items()],
             "timings": [{"model": name, "length": length, **sample_record(runs)}
                         for (name, length), runs in samples.items()],
             "forward_timings": [{"model": name, "length": length, **sample_record(runs)}

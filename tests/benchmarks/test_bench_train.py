@@ -20,6 +20,16 @@ def test_bench_train_quick(run_report, extra):
     assert report
 
 
+def test_bench_train_bf16_on_a_device(run_report):
+    """`--device` and `--bf16`: the same steps under bfloat16 autocast, recorded in the settings (on CPU here;
+    on CUDA the device's peak memory is read around a step)."""
+    stdout, report = run_report(["benchmarks/bench_train.py", "--quick", "--lengths", "64", "--repeats", "1",
+                                 "--no-memory", "--models", "scaleformer", "bart", "--device", "cpu", "--bf16"])
+    assert report["settings"]["device"] == "cpu" and report["settings"]["bf16"] is True
+    assert {t["model"] for t in report["timings"] if t["median_s"] > 0} == {"scaleformer", "bart"}
+    assert "fp32 under bf16 autocast" in stdout and report["cuda_peak_extra_mib"] == []
+
+
 def test_bench_train_models(run_report):
     stdout, report = run_report(
         ["benchmarks/bench_train.py", "--quick", "--lengths", "32", "64", "--repeats", "1", "--no-memory",
