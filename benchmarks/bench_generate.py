@@ -128,6 +128,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--window", type=int, default=DEFAULT_WINDOW,
                         help=f"steps ending at each position whose median is reported (default: {DEFAULT_WINDOW})")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default: 1)")
+    parser.add_argument("--device", default="cpu", help="torch device of the models, e.g. cpu, cuda (default: cpu)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the weights and the source (default: 0)")
     parser.add_argument("--json", type=Path, metavar="PATH", help="write every raw figure to PATH")
     parser.add_argument("--plot", type=Path, metavar="PATH",
@@ -135,6 +136,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
 
     args.models = check_models(parser, args.models)
+    try:
+        args.device = torch.device(args.device)
+    except RuntimeError as error:
+        parser.error(f"--device must name a torch device, got {args.device!r} ({error})")
+    if args.device.type == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device here")
     if args.source_length is None:
         args.source_length = QUICK_SOURCE_LENGTH if args.quick else DEFAULT_SOURCE_LENGTH
     if args.new_tokens is None:
@@ -166,14 +173,21 @@ def bart_max_positions(args: argparse.Namespace) -> int:
 def build_models(args: argparse.Namespace) -> dict[str, PreTrainedModel]:
     """The models of `--models` at the same size, random weights seeded from `--seed`, eval mode, fp32."""
     configs = model_configs(MODEL_SIZE, bart_max_positions(args), args.models)
-    return {name: build_model(name, config, args.seed).eval() for name, config in configs.items()}
+    return {name: build_model(name, config, args.seed).to(args.device).eval() for name, config in configs.items()}
 
 
 def make_source(args: argparse.Namespace) -> tuple[Tensor, Tensor]:
     """Random source ids (no special token of any model) and its all-ones attention mask."""
     g = torch.Generator().manual_seed(args.seed)
     input_ids = torch.randint(FIRST_PLAIN_ID, MODEL_SIZE.vocab_size, (BATCH, args.source_length), generator=g)
+    input_ids = input_ids.to(args.device)
     return input_ids, torch.ones_like(input_ids)
+
+
+def finish(device: torch.device) -> None:
+    """Wait for the device, so that the clock read next holds its work."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def eos_ids(model: PreTrainedModel) -> list[int]:
@@ -214,12 +228,14 @@ class GreedyDecoder:
         self.keep_logits = keep_logits
         self.attention_mask = attention_mask
         self.suppressed = eos_ids(model)
+        self.device = input_ids.device
         start = time.perf_counter()
         with torch.no_grad():
             self.encoder_outputs = model.get_encoder()(input_ids=input_ids, attention_mask=attention_mask)
+        finish(self.device)
         self.encode_s = time.perf_counter() - start
         start_id = model.generation_config.decoder_start_token_id
-        self.next_input = torch.full((input_ids.shape[0], 1), start_id, dtype=torch.long)
+        self.next_input = torch.full((input_ids.shape[0], 1), start_id, dtype=torch.long, device=self.device)
         self.cache: Cache | None = None
         self.tokens: list[Tensor] = []
         self.step_s: list[float] = []
@@ -242,6 +258,7 @@ class GreedyDecoder:
             if self.suppressed:
                 logits[:, self.suppressed] = float("-inf")
             token = logits.argmax(dim=-1, keepdim=True)
+        finish(self.device)
         self.step_s.append(time.perf_counter() - start)
         self.cache = out.past_key_values
         self.next_input = token
@@ -529,7 +546,7 @@ def print_header(info: dict, models: dict[str, PreTrainedModel], args: argparse.
     quick = " (the same with --quick)" if args.quick else ""
     print(f"- every model: d_model {size.d_model}, {size.layers}+{size.layers} layers, {size.heads} heads, FFN "
           f"{size.ffn_dim}, vocabulary {size.vocab_size}{quick}; random init (seed {args.seed}), eval, fp32, "
-          f"batch {BATCH}")
+          f"batch {BATCH}; device {args.device}")
     for name, model in models.items():
         print(f"- {describe_model(name, model, 'max(source, new tokens)', decoding=True)}")
     print(f"- source {args.source_length} random tokens; {args.new_tokens} new tokens per model, end-of-sequence "
@@ -563,6 +580,7 @@ def main(argv: list[str] | None = None) -> int:
         write_json(args.json, {
             "machine": info,
             "settings": {"model_size": MODEL_SIZE._asdict(), "quick": args.quick, "dtype": str(DTYPE), "batch": BATCH,
+                         "device": str(args.device),
                          "source_length": args.source_length, "new_tokens": args.new_tokens,
                          "positions": args.positions, "window": args.window, "seed": args.seed,
                          "models": args.models, "bart_max_position_embeddings": bart_max_positions(args)},

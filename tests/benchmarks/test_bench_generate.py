@@ -11,9 +11,10 @@ MODELS = ["scaleformer", "scaleformer:softmax", "bart", "t5"]
 def test_bench_generate_quick(run_report):
     stdout, report = run_report(
         ["benchmarks/bench_generate.py", "--quick", "--source-length", "64", "--new-tokens", "32",
-         "--positions", "16", "32", "--window", "4"]
+         "--positions", "16", "32", "--window", "4", "--device", "cpu"]
     )
-    assert "settings" in report and report["settings"]["quick"] is True
+    assert "settings" in report and report["settings"]["quick"] is True and report["settings"]["device"] == "cpu"
+    assert "device cpu" in stdout
 
 
 def test_bench_generate_models(run_report):
