@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from common import machine_info, print_machine, slope_fit, write_json
+from common import machine_info, parse_device, print_machine, slope_fit, write_json
 from modeling_scaleformer.ops_local_softmax import local_softmax_decay_attention
 
 
@@ -60,12 +60,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-sdpa-length", type=int, default=65536, metavar="L")
     parser.add_argument("--json", type=Path, metavar="PATH", help="write every raw figure to PATH")
     args = parser.parse_args(argv)
-    try:
-        args.device = torch.device(args.device)
-    except RuntimeError as error:
-        parser.error(f"--device must name a torch device, got {args.device!r} ({error})")
-    if args.device.type == "cuda" and not torch.cuda.is_available():
-        parser.error("--device cuda: no CUDA device here; use --device cpu for a smoke test")
+    args.device = parse_device(parser, args.device)
     if args.quick:
         args.lengths, args.repeats, args.batch, args.heads = args.lengths or list(QUICK_LENGTHS), 1, 1, 2
     args.lengths = sorted(set(args.lengths or DEFAULT_LENGTHS))

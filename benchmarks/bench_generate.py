@@ -76,6 +76,7 @@ from transformers import PreTrainedModel
 from transformers.cache_utils import Cache, EncoderDecoderCache
 
 from common import (
+    parse_device,
     MIB, Target, count_targets, describe_error, load_summary, log2_axis, print_machine, print_targets, pyplot,
     rotated, save_figure, start_report, write_json,
 )
@@ -136,12 +137,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
 
     args.models = check_models(parser, args.models)
-    try:
-        args.device = torch.device(args.device)
-    except RuntimeError as error:
-        parser.error(f"--device must name a torch device, got {args.device!r} ({error})")
-    if args.device.type == "cuda" and not torch.cuda.is_available():
-        parser.error("--device cuda: no CUDA device here")
+    args.device = parse_device(parser, args.device)
     if args.source_length is None:
         args.source_length = QUICK_SOURCE_LENGTH if args.quick else DEFAULT_SOURCE_LENGTH
     if args.new_tokens is None:

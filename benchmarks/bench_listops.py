@@ -76,6 +76,7 @@ from torch.nn.utils.rnn import pad_sequence
 from tqdm import tqdm
 
 from common import (
+    parse_device,
     GRAD_CLIP, RunFile, add_run_file_arguments, budget_text, load_summary, machine_info, optimizer_step,
     print_machine, pyplot, save_figure, start_report,
 )
@@ -210,10 +211,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"--max_steps must be at least 1, got {args.max_steps}")
     if args.minutes == 0 and args.max_steps is None:
         parser.error("--minutes 0 (no time budget) needs --max_steps")
-    try:
-        args.device = torch.device(args.device)
-    except RuntimeError as error:
-        parser.error(f"--device must name a torch device, got {args.device!r} ({error})")
+    args.device = parse_device(parser, args.device)
     return args
 
 

@@ -79,6 +79,7 @@ from torch import Tensor
 from transformers import PreTrainedModel
 
 from common import (
+    parse_device,
     GIB, MIB, Sample, Target, count_targets, describe_error, load_summary, log2_axis, machine_info,
     measure_in_fresh_process, median_of, memory_baseline, peak_rss_bytes, print_machine, print_slopes,
     print_targets, pyplot, rotated, sample_record, save_figure, slope_fit, timed, write_json,
@@ -150,13 +151,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
 
     args.models = check_models(parser, args.models, TRAIN_MODEL_NAMES)
-    try:
-        args.device = torch.device(args.device)
-    except RuntimeError as error:
-        parser.error(f"--device must name a torch device, got {args.device!r} ({error})")
+    args.device = parse_device(parser, args.device)
     if args.device.type == "cuda":
-        if not torch.cuda.is_available():
-            parser.error("--device cuda: no CUDA device here")
         args.no_memory = True  # resident memory says nothing of the GPU's: its peak is read around each step
     if args.lengths is None:
         args.lengths = list(QUICK_LENGTHS if args.quick else DEFAULT_LENGTHS)

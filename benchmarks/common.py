@@ -251,6 +251,17 @@ def count_targets(targets: list[Target]) -> str:
 # ----------------------------------------------------------------------------- runs of a --json file
 
 
+def parse_device(parser, value: str) -> torch.device:
+    """`--device` as a torch.device; a parser error when it names none, or names CUDA where there is none."""
+    try:
+        device = torch.device(value)
+    except RuntimeError as error:
+        parser.error(f"--device must name a torch device, got {value!r} ({error})")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device here")
+    return device
+
+
 def write_json(path: Path, report: dict) -> None:
     """Write atomically, so that an interrupted run leaves the previous file whole."""
     path.parent.mkdir(parents=True, exist_ok=True)
