@@ -77,19 +77,19 @@ def _band_logits(q, k, tab, t, visible, scale, CAUSAL: tl.constexpr, HAS_TABLE: 
 
 
 @triton.jit
-def _band_forward(
-    Q, K, VM, TAB, TAIL, OUT, SHIFT, DEN,
-    lq, lk, d, dv1, offset, scale,
-    HORIZON: tl.constexpr, CAUSAL: tl.constexpr, HAS_TABLE: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr,
-):
-    pid, row = tl.program_id(0), tl.program_id(1)
+def _query_block(Q, K, VM, TAB, pid, row, lq, lk, d, dv1, offset, scale, HORIZON: tl.constexpr, CAUSAL: tl.constexpr,
+                 HAS_TABLE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                 BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr):
+    """What the forward and the backward by queries both start from, for query block `pid` of `row`: the query
+    indices and whether they exist, q (M, D), the window's keys (N, D) and [m v, m] (N, V), the table, and the
+    band logits (M, N)."""
     c = tl.arange(0, BLOCK_M)
     i = pid * BLOCK_M + c
+    rows = i < lq
     dd = tl.arange(0, BLOCK_D)
     vv = tl.arange(0, BLOCK_V)
     j, exists = _window(pid, offset, lk, BLOCK_M, BLOCK_N, HORIZON)
-    q = tl.load(Q + row * lq * d + i[:, None] * d + dd[None, :], mask=(i[:, None] < lq) & (dd[None, :] < d), other=0.0)
+    q = tl.load(Q + row * lq * d + i[:, None] * d + dd[None, :], mask=rows[:, None] & (dd[None, :] < d), other=0.0)
     k = tl.load(K + row * lk * d + j[:, None] * d + dd[None, :], mask=exists[:, None] & (dd[None, :] < d), other=0.0)
     vw = tl.load(VM + row * lk * dv1 + j[:, None] * dv1 + vv[None, :], mask=exists[:, None] & (vv[None, :] < dv1),
                  other=0.0)
@@ -97,7 +97,21 @@ def _band_forward(
     key_mask = tl.sum(tl.where(vv[None, :] == dv1 - 1, vw, 0.0), 1)
     t = c[:, None] + HORIZON - tl.arange(0, BLOCK_N)[None, :]
     logits = _band_logits(q, k, tab, t, key_mask[None, :] > 0, scale, CAUSAL, HAS_TABLE, HORIZON, BLOCK_R)
-    tail = tl.load(TAIL + row * lq * dv1 + i[:, None] * dv1 + vv[None, :], mask=(i[:, None] < lq) & (vv[None, :] < dv1),
+    return i, rows, q, k, vw, tab, logits
+
+
+@triton.jit
+def _band_forward(
+    Q, K, VM, TAB, TAIL, OUT, SHIFT, DEN,
+    lq, lk, d, dv1, offset, scale,
+    HORIZON: tl.constexpr, CAUSAL: tl.constexpr, HAS_TABLE: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr,
+):
+    pid, row = tl.program_id(0), tl.program_id(1)
+    i, rows, q, k, vw, tab, logits = _query_block(Q, K, VM, TAB, pid, row, lq, lk, d, dv1, offset, scale, HORIZON,
+                                                  CAUSAL, HAS_TABLE, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_V, BLOCK_R)
+    vv = tl.arange(0, BLOCK_V)
+    tail = tl.load(TAIL + row * lq * dv1 + i[:, None] * dv1 + vv[None, :], mask=rows[:, None] & (vv[None, :] < dv1),
                    other=0.0)
     tail_sum = tl.sum(tl.where(vv[None, :] == dv1 - 1, tail, 0.0), 1)
     m = tl.maximum(tl.max(logits, 1), tl.where(tail_sum > 0, tl.log(tl.where(tail_sum > 0, tail_sum, 1.0)),
@@ -108,7 +122,6 @@ def _band_forward(
     sums = tl.dot(p.to(vw.dtype), vw) + scale_tail[:, None] * tail
     den = tl.sum(tl.where(vv[None, :] == dv1 - 1, sums, 0.0), 1)
     out = tl.where(den[:, None] > 0, sums / tl.where(den > 0, den, 1.0)[:, None], 0.0)
-    rows = i < lq
     tl.store(OUT + row * lq * (dv1 - 1) + i[:, None] * (dv1 - 1) + vv[None, :], out,
              mask=rows[:, None] & (vv[None, :] < dv1 - 1))
     tl.store(SHIFT + row * lq + i, m, mask=rows)
@@ -123,21 +136,12 @@ def _band_backward_queries(
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr,
 ):
     pid, row = tl.program_id(0), tl.program_id(1)
+    i, rows, q, k, vw, tab, logits = _query_block(Q, K, VM, TAB, pid, row, lq, lk, d, dv1, offset, scale, HORIZON,
+                                                  CAUSAL, HAS_TABLE, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_V, BLOCK_R)
     c = tl.arange(0, BLOCK_M)
-    i = pid * BLOCK_M + c
     dd = tl.arange(0, BLOCK_D)
     vv = tl.arange(0, BLOCK_V)
     rr = tl.arange(0, BLOCK_R)
-    j, exists = _window(pid, offset, lk, BLOCK_M, BLOCK_N, HORIZON)
-    rows = i < lq
-    q = tl.load(Q + row * lq * d + i[:, None] * d + dd[None, :], mask=rows[:, None] & (dd[None, :] < d), other=0.0)
-    k = tl.load(K + row * lk * d + j[:, None] * d + dd[None, :], mask=exists[:, None] & (dd[None, :] < d), other=0.0)
-    vw = tl.load(VM + row * lk * dv1 + j[:, None] * dv1 + vv[None, :], mask=exists[:, None] & (vv[None, :] < dv1),
-                 other=0.0)
-    tab = _table(TAB, row, d, HORIZON, HAS_TABLE, BLOCK_R, BLOCK_D)
-    key_mask = tl.sum(tl.where(vv[None, :] == dv1 - 1, vw, 0.0), 1)
-    t = c[:, None] + HORIZON - tl.arange(0, BLOCK_N)[None, :]
-    logits = _band_logits(q, k, tab, t, key_mask[None, :] > 0, scale, CAUSAL, HAS_TABLE, HORIZON, BLOCK_R)
     m = tl.load(SHIFT + row * lq + i, mask=rows, other=0.0)
     p = tl.exp(logits - m[:, None])
     gs = tl.load(GS + row * lq * dv1 + i[:, None] * dv1 + vv[None, :], mask=rows[:, None] & (vv[None, :] < dv1),

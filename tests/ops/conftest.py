@@ -383,5 +383,23 @@ def decay_case(request):
     return request.param
 
 
+def check_decay_op(fn, reference, inputs, causal, offset, **options):
+    """`fn` against `reference` (two ops of the decay calling convention: q, k, v, rel, decay, then keywords) on
+    `make_decay_inputs` inputs: the outputs and the gradients of q, k, v, the decay rates and the table when there
+    is one, at float64 tolerances. `options` go to both ops."""
+    q, k, v, rel, decay, key_mask, horizon = inputs
+    tensors, names = ((q, k, v, decay), "q k v decay") if rel is None else ((q, k, v, decay, rel), "q k v decay rel")
+
+    def call(op):
+        def run(q, k, v, decay, rel=None):
+            return op(q, k, v, rel, decay, causal=causal, key_mask=key_mask, query_offset=offset, horizon=horizon,
+                      **options)
+        return run
+
+    assert_matches(call(fn), call(reference), tensors, names.split(), allow_unused=True, rtol=1e-10, atol=1e-12,
+                   grad_rtol=1e-9, grad_atol=1e-11)
+
+
 decay_inputs = _factory("decay_inputs", make_decay_inputs, make_decay_inputs.__doc__)
+decay_checker = _factory("check_decay_op", check_decay_op, check_decay_op.__doc__)
 decay_reference = _factory("decay_loop", decay_loop, decay_loop.__doc__)

@@ -20,41 +20,26 @@ from modeling_scaleformer.ops_naive import naive_kernelized_decay_attention, nai
 
 
 F64 = torch.float64
-TOLERANCES = dict(rtol=1e-10, atol=1e-12, grad_rtol=1e-9, grad_atol=1e-11)
 
 
 NORMALISE = pytest.mark.parametrize("normalise", [False, True], ids=["sum", "normalised"])
 
 
-def check_against_naive(assert_matches, fn, inputs, causal, offset, normalise=False):
-    """fn against the float64 reference: outputs and the gradients of q, k, v, rel and the decay rates."""
-    q, k, v, rel, decay, key_mask, horizon = inputs
-    tensors, names = ((q, k, v, decay), "q k v decay") if rel is None else ((q, k, v, decay, rel), "q k v decay rel")
-
-    def call(op):
-        def run(q, k, v, decay, rel=None):
-            return op(q, k, v, rel, decay, causal=causal, key_mask=key_mask, query_offset=offset, horizon=horizon,
-                      normalise=normalise)
-        return run
-
-    assert_matches(call(fn), call(naive_kernelized_decay_attention), tensors, names.split(), allow_unused=True, **TOLERANCES)
-
-
 @NORMALISE
 @pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
 @pytest.mark.parametrize("chunk", [1, 4, 64])
-def test_chunk(decay_case, causal, chunk, normalise, decay_inputs, split_case, assert_matches):
+def test_chunk(decay_case, causal, chunk, normalise, decay_inputs, split_case, check_decay_op):
     inputs, offset = split_case(decay_inputs, decay_case)
     fn = functools.partial(chunk_kernelized_decay_attention, chunk_size=chunk)
-    check_against_naive(assert_matches, fn, inputs, causal, offset, normalise)
+    check_decay_op(fn, naive_kernelized_decay_attention, inputs, causal, offset, normalise=normalise)
 
 
 @NORMALISE
 @pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
-def test_linear_mode_default_chunk(causal, normalise, decay_inputs, assert_matches):
+def test_linear_mode_default_chunk(causal, normalise, decay_inputs, check_decay_op):
     inputs = decay_inputs(b=1, h=2, lq=150, lk=140, d=8, dv=6, horizon=5, mask="padding")
     fn = functools.partial(kernelized_decay_attention, mode="linear")
-    check_against_naive(assert_matches, fn, inputs, causal, 3, normalise)
+    check_decay_op(fn, naive_kernelized_decay_attention, inputs, causal, 3, normalise=normalise)
 
 
 @NORMALISE

@@ -22,36 +22,21 @@ from modeling_scaleformer.ops_naive import naive_local_softmax_decay_attention
 
 
 F64 = torch.float64
-TOLERANCES = dict(rtol=1e-10, atol=1e-12, grad_rtol=1e-9, grad_atol=1e-11)
 CAUSAL = pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
-
-
-def check_against_naive(assert_matches, fn, inputs, causal, offset):
-    """fn against the float64 reference: outputs and the gradients of q, k, v, rel and the decay rates."""
-    q, k, v, rel, decay, key_mask, horizon = inputs
-    tensors, names = ((q, k, v, decay), "q k v decay") if rel is None else ((q, k, v, decay, rel), "q k v decay rel")
-
-    def call(op):
-        def run(q, k, v, decay, rel=None):
-            return op(q, k, v, rel, decay, causal=causal, key_mask=key_mask, query_offset=offset, horizon=horizon)
-        return run
-
-    assert_matches(call(fn), call(naive_local_softmax_decay_attention), tensors, names.split(), allow_unused=True,
-                   **TOLERANCES)
 
 
 @CAUSAL
 @pytest.mark.parametrize("chunk", [1, 4, 64])
-def test_chunk(decay_case, causal, chunk, decay_inputs, split_case, assert_matches):
+def test_chunk(decay_case, causal, chunk, decay_inputs, split_case, check_decay_op):
     inputs, offset = split_case(decay_inputs, decay_case)
     fn = functools.partial(chunk_local_softmax_decay_attention, chunk_size=chunk)
-    check_against_naive(assert_matches, fn, inputs, causal, offset)
+    check_decay_op(fn, naive_local_softmax_decay_attention, inputs, causal, offset)
 
 
 @CAUSAL
 @pytest.mark.parametrize("budget", [1, 300, 1300], ids=["one-row-one-block", "one-row-3-blocks", "two-rows-all-blocks"])
 @pytest.mark.parametrize("shared", [False, True], ids=["per-head-rel", "shared-rel"])
-def test_chunk_in_small_steps(causal, budget, shared, decay_inputs, assert_matches, monkeypatch):
+def test_chunk_in_small_steps(causal, budget, shared, decay_inputs, check_decay_op, monkeypatch):
     """The band forward and its hand-written backward cut into groups of rows and of query blocks, the tails
     recomputed by groups of rows: outputs and gradients match whatever the cut (the default budget takes
     these shapes in one step)."""
@@ -59,25 +44,25 @@ def test_chunk_in_small_steps(causal, budget, shared, decay_inputs, assert_match
     monkeypatch.setattr(ops_common, "BLOCK_ELEMENTS", budget)  # the tails, by groups of rows
     inputs = decay_inputs(b=2, h=3, lq=23, lk=19, d=4, dv=3, horizon=2, shared=shared, mask="padding")
     fn = functools.partial(chunk_local_softmax_decay_attention, chunk_size=3)
-    check_against_naive(assert_matches, fn, inputs, causal, 2)
+    check_decay_op(fn, naive_local_softmax_decay_attention, inputs, causal, 2)
 
 
 @CAUSAL
-def test_linear_mode_default_chunk(causal, decay_inputs, assert_matches):
+def test_linear_mode_default_chunk(causal, decay_inputs, check_decay_op):
     inputs = decay_inputs(b=1, h=2, lq=150, lk=140, d=8, dv=6, horizon=5, mask="padding")
     fn = functools.partial(local_softmax_decay_attention, mode="linear")
-    check_against_naive(assert_matches, fn, inputs, causal, 3)
+    check_decay_op(fn, naive_local_softmax_decay_attention, inputs, causal, 3)
 
 
-def test_large_logits_stay_finite(decay_inputs, assert_matches):
+def test_large_logits_stay_finite(decay_inputs, check_decay_op):
     """Band logits far above and far below 0: the row stabiliser keeps every exponential in range."""
     q, k, v, rel, decay, key_mask, horizon = decay_inputs(b=1, h=2, lq=30, lk=30, horizon=2, mask="padding")
     for scale in (40.0, -40.0):
         inputs = (q * abs(scale), k * scale, v, rel, decay, key_mask, horizon)
         out = chunk_local_softmax_decay_attention(*inputs[:5], key_mask=key_mask, chunk_size=4)
         assert bool(torch.isfinite(out).all())
-        check_against_naive(assert_matches, functools.partial(chunk_local_softmax_decay_attention, chunk_size=4),
-                            inputs, False, 0)
+        fn = functools.partial(chunk_local_softmax_decay_attention, chunk_size=4)
+        check_decay_op(fn, naive_local_softmax_decay_attention, inputs, False, 0)
 
 
 def test_softmax_rows_are_shift_invariant(decay_inputs):
