@@ -174,6 +174,18 @@ class _DecayScan(torch.autograd.Function):
         return grad_local.movedim(0, 2), grad_carry, grad_initial
 
 
+def _scan_function(device: torch.device):
+    """The chunk-state scan for `device`: the Triton kernels on CUDA when Triton is installed
+    (`ops_decay_triton`), `_DecayScan` otherwise."""
+    if device.type == "cuda":
+        try:
+            from .ops_decay_triton import TritonDecayScan
+        except ImportError:
+            return _DecayScan
+        return TritonDecayScan
+    return _DecayScan
+
+
 def _decayed_prefix(x: Tensor, y: Tensor, v: Tensor, rate: Tensor, chunk: int, initial: Tensor | None = None
                     ) -> Tensor:
     """out_m = sum_{j <= m} exp(-rate (m + 1 - j)) x_m.y_j v_j for m = 0..L-1, by chunks of keys; keys before
@@ -198,7 +210,8 @@ def _decayed_prefix(x: Tensor, y: Tensor, v: Tensor, rate: Tensor, chunk: int, i
     if n > 1 or initial is not None:
         to_end = torch.exp(-rate[..., 0] * (chunk - 1 - pos))  # (H, C): key b of a chunk to the chunk's end
         local = (yc * to_end[None, :, None, :, None]).transpose(-1, -2) @ vc  # (B, H, n, E, Dv)
-        states = _DecayScan.apply(local, torch.exp(-rate[:, 0, 0] * chunk), initial)  # the state before each chunk
+        # the state before each chunk
+        states = _scan_function(x.device).apply(local, torch.exp(-rate[:, 0, 0] * chunk), initial)
         from_start = torch.exp(-rate[..., 0] * (pos + 2))  # (H, C): query a of a chunk from the state
         out = out + (xc * from_start[None, :, None, :, None]) @ states
     return out.reshape(b, heads, n * chunk, dv)[:, :, :length]
