@@ -20,7 +20,7 @@ from modeling_scaleformer.modeling_scaleformer import sinusoidal_positions
 
 
 CONFIGS = [
-    pytest.param(dict(), id="kernelized_rpe"),
+    pytest.param(dict(), id="default"),
     pytest.param(dict(cross_attention_rpe=True, rpe_shared_across_heads=True), id="cross-rpe-shared"),
     pytest.param(dict(attention_type="kernelized"), id="kernelized"),
     pytest.param(dict(attention_mode="linear", rpe_horizon=1), id="linear-h1"),
@@ -105,7 +105,7 @@ def test_generate_same_with_and_without_cache(overrides, kwargs, tiny_config, ba
     assert len(set(results[0][:, 1:].flatten().tolist())) > 1  # not a degenerate single-token output
 
 
-@pytest.mark.parametrize("overrides", [pytest.param(dict(), id="kernelized_rpe"),
+@pytest.mark.parametrize("overrides", [pytest.param(dict(), id="default"),
                                        pytest.param(dict(absolute_positions="sinusoidal"), id="sinusoidal")])
 @pytest.mark.parametrize("kwargs", GENERATE)
 def test_causal_lm_generate_same_with_and_without_cache(kwargs, overrides, tiny_config, batch):

@@ -133,7 +133,7 @@ def test_bad_labels_raise(overrides, labels):
 
 
 ATTENTION_TYPES = [
-    pytest.param(dict(), id="kernelized_rpe"),
+    pytest.param(dict(), id="default"),
     pytest.param(dict(attention_type="kernelized"), id="kernelized"),
     pytest.param(dict(attention_mode="linear"), id="kernelized_rpe-linear"),
     pytest.param(dict(attention_type="fourier"), id="fourier"),
