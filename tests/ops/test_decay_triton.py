@@ -1,6 +1,7 @@
 """The Triton kernel of the decayed tails' chunk-state scan: through Triton's interpreter on CPU at small shapes
-(float64, against `_DecayScan` and, inside the ops, against the quadratic references, outputs and gradients),
-and on CUDA at real shapes (`gpu` marker, skipped without a device)."""
+(float64, against `_DecayScan` and, inside `kernelized_decay`, against its quadratic reference, outputs and
+gradients; the default attention on its Triton paths is tested in test_local_softmax_triton.py), and on CUDA
+at real shapes (`gpu` marker, skipped without a device)."""
 
 import functools
 import os
@@ -15,15 +16,10 @@ if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
 pytest.importorskip("triton")
 pytest.importorskip("numpy")
 
-from modeling_scaleformer import ops_decay, ops_decay_triton, ops_local_softmax  # noqa: E402
+from modeling_scaleformer import ops_decay, ops_decay_triton  # noqa: E402
 from modeling_scaleformer.ops_decay import chunk_kernelized_decay_attention  # noqa: E402
 from modeling_scaleformer.ops_decay_triton import TritonDecayScan  # noqa: E402
-from modeling_scaleformer.ops_local_softmax import chunk_local_softmax_decay_attention  # noqa: E402
-from modeling_scaleformer.ops_local_softmax_triton import TritonLocalSoftmaxBand  # noqa: E402
-from modeling_scaleformer.ops_naive import (  # noqa: E402
-    naive_kernelized_decay_attention,
-    naive_local_softmax_decay_attention,
-)
+from modeling_scaleformer.ops_naive import naive_kernelized_decay_attention  # noqa: E402
 
 
 F64 = torch.float64
@@ -31,9 +27,8 @@ CAUSAL = pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", 
 
 
 def with_triton(monkeypatch):
-    """The ops as they run on CUDA: the Triton scan, and the Triton band for the default attention."""
+    """The op as it runs on CUDA: the Triton scan of its tails."""
     monkeypatch.setattr(ops_decay, "_scan_function", lambda device: TritonDecayScan)
-    monkeypatch.setattr(ops_local_softmax, "_band_function", lambda device: TritonLocalSoftmaxBand)
 
 
 @pytest.mark.parametrize("shape", [(2, 3, 1, 5, 4), (2, 3, 2, 5, 4), (1, 2, 7, 3, 6), (1, 2, 5, 40, 31)],
@@ -59,18 +54,6 @@ def test_scan_against_pytorch(shape, initial, monkeypatch):
 
 
 @CAUSAL
-@pytest.mark.parametrize("chunk", [1, 4], ids=["chunks-of-1", "chunks-of-4"])
-def test_default_attention_on_triton(decay_case, causal, chunk, decay_inputs, split_case, check_decay_op,
-                                     monkeypatch):
-    """The default attention with both Triton paths (band and scan) against the float64 reference, over the
-    decay cases: length 1, L < h, Lq != Lk both ways, offsets, padding, shared and absent tables."""
-    with_triton(monkeypatch)
-    inputs, offset = split_case(decay_inputs, decay_case)
-    fn = functools.partial(chunk_local_softmax_decay_attention, chunk_size=chunk)
-    check_decay_op(fn, naive_local_softmax_decay_attention, inputs, causal, offset)
-
-
-@CAUSAL
 @pytest.mark.parametrize("normalise", [False, True], ids=["sum", "normalised"])
 @pytest.mark.parametrize("case", [
     dict(lq=40, lk=40, horizon=2, mask="padding"), dict(lq=9, lk=33, horizon=2, offset=11),
@@ -83,19 +66,6 @@ def test_kernelized_decay_on_triton(case, causal, normalise, decay_inputs, split
     inputs, offset = split_case(decay_inputs, case)
     fn = functools.partial(chunk_kernelized_decay_attention, chunk_size=2)
     check_decay_op(fn, naive_kernelized_decay_attention, inputs, causal, offset, normalise=normalise)
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-def test_scan_low_precision(dtype, decay_inputs, monkeypatch):
-    """Half precision accumulates in float32: the op on the Triton paths within the precision of its inputs."""
-    with_triton(monkeypatch)
-    q, k, v, rel, decay, key_mask, horizon = decay_inputs(b=1, h=2, lq=41, lk=41, horizon=3, mask="padding")
-    args = [x.to(dtype) for x in (q, k, v, rel, decay)]
-    got = chunk_local_softmax_decay_attention(*args, key_mask=key_mask, chunk_size=4)
-    assert got.dtype == dtype
-    expected = naive_local_softmax_decay_attention(*[x.to(F64) for x in args], key_mask=key_mask)
-    tol = {torch.float32: 1e-5, torch.bfloat16: 3e-2, torch.float16: 5e-3}[dtype]
-    torch.testing.assert_close(got.to(F64), expected, rtol=tol, atol=tol)
 
 
 @pytest.mark.gpu

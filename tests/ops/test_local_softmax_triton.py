@@ -16,7 +16,8 @@ if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
 pytest.importorskip("triton")
 pytest.importorskip("numpy")
 
-from modeling_scaleformer import ops_local_softmax  # noqa: E402
+from modeling_scaleformer import ops_decay, ops_local_softmax  # noqa: E402
+from modeling_scaleformer.ops_decay_triton import TritonDecayScan  # noqa: E402
 from modeling_scaleformer.ops_local_softmax import chunk_local_softmax_decay_attention  # noqa: E402
 from modeling_scaleformer.ops_local_softmax_triton import TritonLocalSoftmaxBand  # noqa: E402
 from modeling_scaleformer.ops_naive import naive_local_softmax_decay_attention  # noqa: E402
@@ -28,17 +29,20 @@ INTERPRETED = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" and n
                                  reason="Triton kernels need CUDA or TRITON_INTERPRET=1")
 
 
-def with_triton_band(monkeypatch):
+def with_triton(monkeypatch):
+    """The op as it runs on CUDA: the Triton band and the Triton scan of the tails."""
     monkeypatch.setattr(ops_local_softmax, "_band_function", lambda device: TritonLocalSoftmaxBand)
+    monkeypatch.setattr(ops_decay, "_scan_function", lambda device: TritonDecayScan)
 
 
 @INTERPRETED
 @CAUSAL
-@pytest.mark.parametrize("chunk", [4, 32], ids=["blocks-16", "blocks-32"])
-def test_triton_band_in_the_op(decay_case, causal, chunk, decay_inputs, split_case, check_decay_op, monkeypatch):
-    """The whole op with the Triton band (query blocks of at least 16) against the float64 reference, over the
-    decay cases: length 1, L < h, Lq != Lk both ways, offsets, padding, shared and absent tables."""
-    with_triton_band(monkeypatch)
+@pytest.mark.parametrize("chunk", [1, 4, 32], ids=["chunks-of-1", "chunks-of-4", "chunks-of-32"])
+def test_triton_paths_in_the_op(decay_case, causal, chunk, decay_inputs, split_case, check_decay_op, monkeypatch):
+    """The whole op on its Triton paths (the band by query blocks of at least 16, the tails' scan over L / chunk
+    chunks) against the float64 reference, over the decay cases: length 1, L < h, Lq != Lk both ways, offsets,
+    padding, shared and absent tables."""
+    with_triton(monkeypatch)
     inputs, offset = split_case(decay_inputs, decay_case)
     fn = functools.partial(chunk_local_softmax_decay_attention, chunk_size=chunk)
     check_decay_op(fn, naive_local_softmax_decay_attention, inputs, causal, offset)
@@ -75,7 +79,7 @@ def test_triton_band_against_the_pytorch_band(case, causal, decay_inputs, split_
 @INTERPRETED
 def test_triton_band_extreme_logits(decay_inputs, monkeypatch):
     """Logits scaled by +-40 and shifted by -2000: finite and equal to the reference."""
-    with_triton_band(monkeypatch)
+    with_triton(monkeypatch)
     q, k, v, rel, decay, key_mask, horizon = decay_inputs(b=1, h=2, lq=30, lk=30, horizon=2, mask="padding")
     for scale in (40.0, -40.0):
         out = chunk_local_softmax_decay_attention(q * abs(scale), k * scale, v, rel, decay, key_mask=key_mask)
@@ -92,7 +96,7 @@ def test_triton_band_extreme_logits(decay_inputs, monkeypatch):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_triton_band_low_precision(dtype, decay_inputs, monkeypatch):
     """Half precision accumulates in float32: within the precision of the inputs of the float64 reference."""
-    with_triton_band(monkeypatch)
+    with_triton(monkeypatch)
     q, k, v, rel, decay, key_mask, horizon = decay_inputs(b=1, h=2, lq=37, lk=37, horizon=3, mask="padding")
     args = [x.to(dtype) for x in (q, k, v, rel, decay)]
     got = chunk_local_softmax_decay_attention(*args, causal=True, key_mask=key_mask)
