@@ -26,8 +26,7 @@ Models, all d_model 256, 3 + 3 layers, 4 heads, FFN 1024, dropout 0.1, fp32 by d
 * `longt5` (opt-in): `transformers.LongT5ForConditionalGeneration`, `encoder_attention_type="transient-global"`,
   local radius 127, global blocks of 16 tokens, relative attention like T5's; full sources on every task.
 
-Both long-input baselines take the same recipe as BART (optimizer, schedule, batches, dropout); the targets below
-still compare Scaleformer with BART and T5 only.
+Both long-input baselines take the same recipe as BART (optimizer, schedule, batches, dropout).
 
 Every model uses the same tokenizer: a byte-level BPE (8000 tokens) trained on the training split's source and
 target text by `examples/data/train_tokenizer.py` (run as a command), saved once in the output folder
@@ -67,9 +66,11 @@ Tasks (`--task`):
   seeded sample of `--test_examples` (200) `test` functions. Pairs with more than `--max_source_tokens`
   (256) source or `--max_target_tokens` (64) target tokens are left out (not cut).
 
-The report is a markdown table per model (mean and spread over seeds) and the project's targets: on verses
-Scaleformer's final held-out loss per token within 2% of the best baseline's at equal wall-clock; on
-chapters lower than every baseline's; none on docstrings. Each is PASS, FAIL or N/A (a model missing, or `--quick`).
+The report is a markdown table per model (mean and spread over seeds) and the project's targets, for the
+default configuration (`scaleformer:local_softmax_decay+cross_rpe+post_ln`, what `ScaleformerConfig()` gives;
+`scaleformer` alone is the first configuration, kept so that recorded rows keep their meaning): on verses its
+mean final held-out loss per token at most 1% above BART's at equal wall-clock; on chapters at least 3% below
+each of BART's, LED's and LongT5's; none on docstrings. Each is PASS, FAIL or N/A (a model missing, or `--quick`).
 
 Runs accumulate: with `--json PATH`, the (model, seed) runs already in PATH are skipped (unless
 `--overwrite`), each finished run is merged into PATH at once, and the tables and the plot cover every run
@@ -137,7 +138,7 @@ from common import (
     machine_info, optimizer_step, print_machine, print_targets, pyplot, save_figure, start_report,
 )
 from models import (
-    ALL_BASELINES, BART_DEFAULT_POSITIONS, BASELINES, BOS_ID, DECAY_TYPES, EOS_ID, PAD_ID, ModelSize,
+    ALL_BASELINES, BART_DEFAULT_POSITIONS, BOS_ID, DECAY_TYPES, DEFAULT_CONFIG_MODEL, EOS_ID, PAD_ID, ModelSize,
     add_model_size_arguments, bart_table_size, build_seq2seq, collate, count_parameters, parse_model_name,
 )
 
@@ -146,11 +147,13 @@ BENCHMARK = "bench_quality"
 ROOT = Path(__file__).resolve().parents[1]
 DATA_DIR = ROOT / "examples" / "data" / "bible"
 DATA_BUILDERS = ROOT / "examples" / "data"  # build_docstrings.py and train_tokenizer.py, run as commands
-VERSE_TARGET_RATIO = 1.02  # Scaleformer's held-out loss at most 2% above the best baseline's
+VERSE_TARGET_RATIO = 1.01  # verses: the default's held-out loss at most 1% above BART's
+CHAPTER_TARGET_RATIO = 0.97  # chapters: at least 3% below each of BART, LED and LongT5
+CHAPTER_BASELINES = ("bart", "led", "longt5")
 REPETITION_GUARD = dict(no_repeat_ngram_size=3, repetition_penalty=1.2)  # examples/main_job.py's
 
 DEFAULTS = dict(
-    models=["scaleformer", "bart", "t5"], seeds=[0], minutes=20.0, max_steps=None, eval_every_seconds=60.0,
+    models=[DEFAULT_CONFIG_MODEL, "bart", "t5"], seeds=[0], minutes=20.0, max_steps=None, eval_every_seconds=60.0,
     d_model=256, layers=3, heads=4, ffn_dim=1024, dropout=0.1, vocab_size=8000, lr=5e-4, warmup_steps=200,
     train_examples=0, heldout_examples=0,
 )
@@ -167,7 +170,7 @@ METRICS = {  # test scores of each task: (key, name) in the order of the tables
     "docstrings": (("rouge1", "ROUGE-1"), ("rouge2", "ROUGE-2"), ("rougeL", "ROUGE-L")),
 }
 QUICK = dict(
-    models=["scaleformer", "bart", "t5"], seeds=[0], minutes=0.25, max_steps=6, eval_every_seconds=0.5,
+    models=[DEFAULT_CONFIG_MODEL, "bart", "t5"], seeds=[0], minutes=0.25, max_steps=6, eval_every_seconds=0.5,
     d_model=32, layers=1, heads=2, ffn_dim=64, dropout=0.1, vocab_size=1000, lr=1e-3, warmup_steps=2,
     train_examples=64, heldout_examples=16, batch_size=16, max_tokens=64, test_examples=8, max_new_tokens=16,
 )
@@ -772,41 +775,41 @@ def print_results(runs: list[dict], copy: dict, args: argparse.Namespace, ran_no
 
 
 def evaluate_targets(runs: list[dict], args: argparse.Namespace) -> tuple[str, list[Target]]:
-    """The ratio line and the targets of this task."""
+    """The ratio line and the targets of this task, for ScaleformerConfig's default (`DEFAULT_CONFIG_MODEL`):
+    on verses its mean held-out loss at most 1% above BART's, on chapters at least 3% below each of BART's,
+    LED's and LongT5's; none on docstrings. Means are over each model's seeds."""
     by_model = aggregate(runs)
     loss = {name: statistics.fmean(r["final_heldout_loss_per_token"] for r in rs) for name, rs in by_model.items()}
-    baselines = {name: loss[name] for name in BASELINES if name in loss}
-    sf = loss.get("scaleformer")
+    baselines = {name: loss[name] for name in ALL_BASELINES if name in loss}
+    sf = loss.get(DEFAULT_CONFIG_MODEL)
     if sf is None or not baselines:
-        line = ("Scaleformer vs best baseline at equal wall-clock: loss ratio N/A (scaleformer or every baseline "
-                "missing)")
-        ratio = None
+        line = (f"{DEFAULT_CONFIG_MODEL} (the default configuration) vs best baseline at equal wall-clock: loss "
+                "ratio N/A (the default or every baseline missing)")
     else:
         best = min(baselines, key=baselines.get)
-        ratio = sf / baselines[best]
-        seeds = {name: len(by_model[name]) for name in ["scaleformer", *baselines]}
-        line = (f"Scaleformer vs best baseline at equal wall-clock: loss ratio {ratio:.3f} (scaleformer {sf:.3f} / "
-                f"{best} {baselines[best]:.3f} nats/token; seeds " + ", ".join(f"{k} {v}" for k, v in seeds.items())
-                + ")")
+        seeds = {name: len(by_model[name]) for name in [DEFAULT_CONFIG_MODEL, *baselines]}
+        line = (f"{DEFAULT_CONFIG_MODEL} (the default configuration) vs best baseline at equal wall-clock: loss "
+                f"ratio {sf / baselines[best]:.3f} ({sf:.3f} / {best} {baselines[best]:.3f} nats/token; seeds "
+                + ", ".join(f"{k} {v}" for k, v in seeds.items()) + ")")
     if args.task == "docstrings":  # a measurement without a target
         return line, []
-    missing = [name for name in ("scaleformer", *BASELINES) if name not in loss]
     if args.task == "verses":
-        name = f"verses: Scaleformer's held-out loss within {100 * (VERSE_TARGET_RATIO - 1):.0f}% of the best baseline"
-        ok = ratio is not None and ratio <= VERSE_TARGET_RATIO
+        name = f"verses: the default's held-out loss at most {100 * (VERSE_TARGET_RATIO - 1):.0f}% above BART's"
+        compared = ("bart",)
     else:
-        name = "chapters: Scaleformer's held-out loss lower than every baseline's"
-        ok = sf is not None and all(sf < v for v in baselines.values())
+        name = (f"chapters: the default's held-out loss at least {100 * (1 - CHAPTER_TARGET_RATIO):.0f}% below each "
+                f"of {', '.join(CHAPTER_BASELINES)}")
+        compared = CHAPTER_BASELINES
+    missing = [m for m in (DEFAULT_CONFIG_MODEL, *compared) if m not in loss]
     if args.quick:
-        smoke = "--quick smoke settings"
-        target = Target(name, "N/A", f"{smoke} (ratio {ratio:.3f})" if ratio is not None else smoke)
-    elif missing:
-        target = Target(name, "N/A", f"no run of {', '.join(missing)} in the report")
-    else:
-        figure = f"ratio {ratio:.3f}" if args.task == "verses" else ", ".join(
-            f"scaleformer {sf:.3f} vs {k} {v:.3f}" for k, v in baselines.items())
-        target = Target(name, "PASS" if ok else "FAIL", figure)
-    return line, [target]
+        return line, [Target(name, "N/A", "--quick smoke settings")]
+    if missing:
+        return line, [Target(name, "N/A", f"no run of {', '.join(missing)} in the report")]
+    ratios = {m: sf / loss[m] for m in compared}
+    ok = (ratios["bart"] <= VERSE_TARGET_RATIO if args.task == "verses"
+          else all(r <= CHAPTER_TARGET_RATIO for r in ratios.values()))
+    figure = ", ".join(f"{sf:.3f} vs {m} {loss[m]:.3f} (ratio {r:.3f})" for m, r in ratios.items())
+    return line, [Target(name, "PASS" if ok else "FAIL", figure)]
 
 
 def curve_band(rs: list[dict], axis: str):

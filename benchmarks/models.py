@@ -46,6 +46,7 @@ from modeling_scaleformer.ops_registry import ATTENTION_TYPES, ATTENTION_VARIANT
 # that every recorded row keeps its meaning; ScaleformerConfig's default is `scaleformer:local_softmax_decay+cross_rpe
 # +post_ln` there. The speed benchmarks' `scaleformer` is ScaleformerConfig's default (`model_configs`).
 DEFAULT_ATTENTION_TYPE = "kernelized_rpe"
+DEFAULT_CONFIG_MODEL = "scaleformer:local_softmax_decay+cross_rpe+post_ln"  # ScaleformerConfig's default, by name
 SPEED_ATTENTION_TYPE = ScaleformerConfig().attention_type  # the type of `scaleformer` in the speed benchmarks
 BASELINES = ("bart", "t5")
 LONG_BASELINES = ("led", "longt5")  # opt-in: local (windowed) encoder attention, linear in source length

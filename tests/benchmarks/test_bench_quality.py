@@ -10,7 +10,7 @@ import pytest
 def test_bench_quality_quick(run_report, tmp_path):
     stdout, report = run_report(["benchmarks/bench_quality.py", "--quick"])
     runs = {(r["model"], r["seed"]): r for r in report["runs"]}
-    assert set(runs) == {("scaleformer", 0), ("bart", 0), ("t5", 0)}
+    assert set(runs) == {("scaleformer:local_softmax_decay+cross_rpe+post_ln", 0), ("bart", 0), ("t5", 0)}
     for run in runs.values():
         assert run["steps"] >= 1 and len(run["curve"]) >= 2
         first, last = run["curve"][0], run["curve"][-1]
@@ -22,13 +22,46 @@ def test_bench_quality_quick(run_report, tmp_path):
     assert 0.0 <= copy["bleu"] <= 100.0 and copy["chrf"] > 0.0
     # every model shares one tokenizer, cached beside the report
     assert list(tmp_path.glob("bench_quality_tokenizer_*/tokenizer.json"))
-    assert "| copy the source |" in stdout and "Scaleformer vs best baseline at equal wall-clock: loss ratio" in stdout
+    assert "| copy the source |" in stdout and "(the default configuration) vs best baseline at equal wall-clock: loss ratio" in stdout
     assert "N/A verses:" in stdout
 
     # a second call with the same --json skips the runs it holds and reports them unchanged
     stdout, again = run_report(["benchmarks/bench_quality.py", "--quick"])
     assert again["runs"] == report["runs"]
     assert "Summary: 0 run(s) trained now, 3 reported" in stdout
+
+
+@pytest.mark.parametrize("task, losses, status", [
+    ("verses", {"default": [4.40, 4.42], "bart": [4.37, 4.39]}, "PASS"),  # 0.7% above BART
+    ("verses", {"default": [4.45, 4.47], "bart": [4.37, 4.39]}, "FAIL"),  # 1.8% above
+    ("verses", {"scaleformer": [4.0], "bart": [4.4]}, "N/A"),  # the first configuration is not the default
+    ("chapters", {"default": [5.0], "bart": [5.3], "led": [5.6], "longt5": [6.6]}, "PASS"),
+    ("chapters", {"default": [5.0], "bart": [5.1], "led": [5.6], "longt5": [6.6]}, "FAIL"),  # 2.0% below BART
+    ("chapters", {"default": [5.0], "bart": [5.3], "led": [5.6]}, "N/A"),  # LongT5 missing
+], ids=["verses-pass", "verses-fail", "verses-not-the-default", "chapters-pass", "chapters-fail", "chapters-missing"])
+def test_targets_are_the_default_configuration_s(import_benchmark, task, losses, status):
+    """The targets judge ScaleformerConfig's default by its name, against the means over seeds of BART (verses)
+    or of BART, LED and LongT5 (chapters)."""
+    bench = import_benchmark("bench_quality")
+    name = {"default": bench.DEFAULT_CONFIG_MODEL}
+    runs = [{"model": name.get(model, model), "seed": seed, "final_heldout_loss_per_token": loss}
+            for model, values in losses.items() for seed, loss in enumerate(values)]
+    args = bench.parse_args(["--task", task])
+    _, targets = bench.evaluate_targets(runs, args)
+    assert [t.status for t in targets] == [status], targets
+
+
+def test_default_config_model_is_the_default_configuration(import_benchmark):
+    """The name the quality targets judge builds what `ScaleformerConfig()` gives, field by field."""
+    from modeling_scaleformer import ScaleformerConfig
+
+    models = import_benchmark("models")
+    size = models.ModelSize(vocab_size=100, d_model=32, layers=1, heads=2, ffn_dim=64)
+    built = models.build_seq2seq(models.DEFAULT_CONFIG_MODEL, 0, size, 0.1, 128).config
+    default = ScaleformerConfig()
+    for field in ("attention_type", "cross_attention_rpe", "layer_norm_position", "absolute_positions", "rpe_horizon",
+                  "decay_rate_range", "rpe_shared_across_heads", "attention_mode"):
+        assert getattr(built, field) == getattr(default, field), field
 
 
 def test_bench_quality_docstrings_quick(run_report):
