@@ -58,6 +58,7 @@ import random
 import statistics
 import sys
 import time
+from collections import Counter
 from operator import itemgetter
 from pathlib import Path
 
@@ -228,10 +229,25 @@ def describe(name: str, model: PreTrainedModel, args: argparse.Namespace) -> str
             f"the longest test sequence; positions {args.max_length + 1} and up (0-based) are never trained")
 
 
+def symbol_counts(output: list[int], reference: list[int]) -> dict:
+    """How an output (without its end of sequence) differs from its reference beyond exact match: whether it is
+    in sorted order, holds the reference's set of symbols, has its length, and each symbol's count error (output
+    count minus reference count, over the symbols of either)."""
+    got, want = Counter(output), Counter(reference)
+    return {"sorted": output == sorted(output), "right_symbols": set(got) == set(want),
+            "right_length": len(output) == len(reference),
+            "count_errors": [got[x] - want[x] for x in sorted(set(got) | set(want))]}
+
+
 @torch.no_grad()
 def score_bin(model: PreTrainedModel, examples: list[tuple[list[int], list[int]]], batch_size: int) -> dict:
+    """Exact match and token accuracy, and the output analysis of `symbol_counts`: the shares of sorted
+    outputs, of outputs with the right set of symbols and with the right length, and a histogram of the
+    per-symbol count errors."""
     model.eval()
     exact = correct = total = 0
+    shares = Counter()
+    errors = Counter()
     for start in range(0, len(examples), batch_size):
         chunk = examples[start:start + batch_size]
         input_ids, attention_mask, _ = collate([source for source, _ in chunk], [target for _, target in chunk])
@@ -246,8 +262,13 @@ def score_bin(model: PreTrainedModel, examples: list[tuple[list[int], list[int]]
             exact += out == target
             correct += sum(a == b for a, b in zip(out, target[:-1]))
             total += len(target) - 1
+            analysis = symbol_counts([x for x in out if x not in (EOS_ID, PAD_ID)], target[:-1])
+            errors.update(analysis.pop("count_errors"))
+            shares.update(key for key, value in analysis.items() if value)
     model.train()
-    return {"exact_match": exact / len(examples), "token_accuracy": correct / total}
+    return {"exact_match": exact / len(examples), "token_accuracy": correct / total,
+            **{f"{key}_share": shares[key] / len(examples) for key in ("sorted", "right_symbols", "right_length")},
+            "count_error_histogram": {str(k): errors[k] for k in sorted(errors)}}
 
 
 def train_one(task: str, name: str, seed: int, tests: list[dict], args: argparse.Namespace) -> dict:
@@ -333,6 +354,24 @@ def print_report(info: dict, args: argparse.Namespace, runs: list[dict], ran_now
             cells = " | ".join(f"{100 * v:.1f}" for v in mean_bins(rs, key))
             seconds = statistics.fmean(r["train_seconds"] for r in rs)
             print(f"| {task} | {name} | {', '.join(str(r['seed']) for r in rs)} | {cells} | {seconds:,.0f} |")
+        print()
+    analysed = [r for r in runs if "count_error_histogram" in r["bins"][0]]  # runs recorded before had none
+    if analysed:
+        print("## How the outputs differ from their references (seed by seed)")
+        print()
+        print("Share of outputs in sorted order / with the reference's set of symbols / of the reference's length, "
+              "and the most common per-symbol count errors (output count minus reference count) with their share "
+              "of the symbols.")
+        print()
+        print("| task | model | seed | bin | sorted | right symbols | right length | count errors |")
+        print("|:---|:---|---:|:---|---:|---:|---:|:---|")
+        for r in analysed:
+            for b in r["bins"]:
+                histogram = {int(k): v for k, v in b["count_error_histogram"].items()}
+                common = sorted(histogram, key=histogram.get, reverse=True)[:3]
+                errors = ", ".join(f"{k:+d}: {100 * histogram[k] / sum(histogram.values()):.0f}%" for k in common)
+                print(f"| {r['task']} | {r['model']} | {r['seed']} | {b['factor']}x | {100 * b['sorted_share']:.0f}% "
+                      f"| {100 * b['right_symbols_share']:.0f}% | {100 * b['right_length_share']:.0f}% | {errors} |")
         print()
     described = {}
     for r in runs:

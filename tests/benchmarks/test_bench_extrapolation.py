@@ -2,6 +2,7 @@
 
 import random
 import types
+from collections import Counter
 
 import torch
 
@@ -53,11 +54,28 @@ def test_extrapolation_data_and_scoring(import_benchmark):
         return types.SimpleNamespace(generate=generate, eval=lambda: None, train=lambda: None)
 
     right = [t for _, t in examples]
-    assert be.score_bin(stub(right), examples, 8) == {"exact_match": 1.0, "token_accuracy": 1.0}
+    scored = be.score_bin(stub(right), examples, 8)
+    assert (scored["exact_match"], scored["token_accuracy"], scored["right_symbols_share"],
+            scored["right_length_share"]) == (1.0, 1.0, 1.0, 1.0)
+    assert set(scored["count_error_histogram"]) == {"0"}
     # one wrong symbol in the second answer, and a first answer that stops early (no EOS, one symbol short)
     wrong = [right[0][:2], right[1][:2] + [right[1][2] + 1] + right[1][3:]]
     scored = be.score_bin(stub(wrong), examples, 8)
-    assert scored == {"exact_match": 0.0, "token_accuracy": (2 + 4) / (3 + 5)}
+    assert (scored["exact_match"], scored["token_accuracy"]) == (0.0, (2 + 4) / (3 + 5))
+    assert scored["right_length_share"] == 0.5
+    expected = [be.symbol_counts(w[:len(t) - 1], t[:-1]) for w, t in zip(wrong, right)]
+    assert scored["count_error_histogram"] == {
+        str(k): v for k, v in sorted(Counter(e for x in expected for e in x["count_errors"]).items())}
+    assert scored["count_error_histogram"] != {"0": sum(scored["count_error_histogram"].values())}
     # symbols after the first EOS do not count; an answer that runs on without EOS is not exact
-    assert be.score_bin(stub([right[0] + [7, 7], right[1][:-1] + [7]]), examples, 8) == {
-        "exact_match": 0.5, "token_accuracy": 1.0}
+    scored = be.score_bin(stub([right[0] + [7, 7], right[1][:-1] + [7]]), examples, 8)
+    assert (scored["exact_match"], scored["token_accuracy"], scored["right_length_share"]) == (0.5, 1.0, 0.5)
+
+
+def test_symbol_counts(import_benchmark):
+    """The output analysis: order, set of symbols, length and per-symbol count errors."""
+    be = import_benchmark("bench_extrapolation")
+    assert be.symbol_counts([3, 3, 5], [3, 5, 5, 9]) == {
+        "sorted": True, "right_symbols": False, "right_length": False, "count_errors": [1, -1, -1]}
+    assert be.symbol_counts([5, 3, 3], [3, 3, 5]) == {
+        "sorted": False, "right_symbols": True, "right_length": True, "count_errors": [0, 0]}
