@@ -17,6 +17,10 @@ def test_bench_extrapolation_quick(run_report):
             assert 0.0 <= b["exact_match"] <= 1.0 and 0.0 <= b["token_accuracy"] <= 1.0
     assert "never trained" in runs[("copy", "bart", 0)]["description"]
     assert "| copy | scaleformer | 0 |" in stdout and "N/A copy, scaleformer: exact match at 4x" in stdout
+    for run in runs.values():
+        for b in run["bins"]:
+            assert 0.0 <= b["right_length_share"] <= 1.0 and sum(b["count_error_histogram"].values()) > 0
+    assert "## How the outputs differ from their references" in stdout and "| copy | bart | 0 | 2x |" in stdout
 
     # a second call with the same --json skips the runs it holds and reports them unchanged
     stdout, again = run_report(["benchmarks/bench_extrapolation.py", "--quick"])
