@@ -40,10 +40,10 @@ def _scan_forward(LOCAL, CARRY, INITIAL, STATES, n, heads, size, HAS_INITIAL: tl
     inside = e < size
     carry = tl.load(CARRY + row % heads)
     if HAS_INITIAL:
-        state = tl.load(INITIAL + row * size + e, mask=inside, other=0.0)
+        state = tl.load(INITIAL + row.to(tl.int64) * size + e, mask=inside, other=0.0)
     else:
         state = tl.zeros((BLOCK,), dtype=STATES.dtype.element_ty)
-    base = row * n * size
+    base = row.to(tl.int64) * n * size  # beyond 2^31 elements for long inputs and large batches
     for c in range(n):
         tl.store(STATES + base + c * size + e, state, mask=inside)
         local = tl.load(LOCAL + base + c * size + e, mask=inside, other=0.0)
@@ -57,7 +57,7 @@ def _scan_backward(GRAD, CARRY, STATES, GRAD_LOCAL, GRAD_INITIAL, GRAD_CARRY, n,
     e = part * BLOCK + tl.arange(0, BLOCK)
     inside = e < size
     carry = tl.load(CARRY + row % heads)
-    base = row * n * size
+    base = row.to(tl.int64) * n * size  # beyond 2^31 elements for long inputs and large batches
     tl.store(GRAD_LOCAL + base + (n - 1) * size + e, tl.zeros((BLOCK,), dtype=GRAD_LOCAL.dtype.element_ty),
              mask=inside)
     adjoint = tl.zeros((BLOCK,), dtype=STATES.dtype.element_ty)
@@ -68,7 +68,7 @@ def _scan_backward(GRAD, CARRY, STATES, GRAD_LOCAL, GRAD_INITIAL, GRAD_CARRY, n,
         if c > 0:
             tl.store(GRAD_LOCAL + base + (c - 1) * size + e, adjoint, mask=inside)
             to_carry += adjoint * tl.load(STATES + base + (c - 1) * size + e, mask=inside, other=0.0)
-    tl.store(GRAD_INITIAL + row * size + e, adjoint, mask=inside)
+    tl.store(GRAD_INITIAL + row.to(tl.int64) * size + e, adjoint, mask=inside)
     tl.store(GRAD_CARRY + row * parts + part, tl.sum(to_carry, 0))
 
 
