@@ -32,7 +32,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from common import machine_info, parse_device, print_machine, slope_fit, write_json
+from common import (
+    cuda_peak_extra_mib, machine_info, parse_device, print_machine, slope_fit, synchronize, write_json,
+)
 from modeling_scaleformer.ops_local_softmax import local_softmax_decay_attention
 
 
@@ -114,11 +116,6 @@ def make_call(method: str, causal: bool, length: int, args: argparse.Namespace, 
     return call
 
 
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def measure(call, args: argparse.Namespace) -> dict:
     """Median seconds of `repeats` calls after one warm-up, and the peak memory of one call over what was held
     before it."""
@@ -131,13 +128,7 @@ def measure(call, args: argparse.Namespace) -> dict:
         call()
         synchronize(args.device)
         times.append(time.perf_counter() - start)
-    peak = None
-    if args.device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(args.device)
-        held = torch.cuda.memory_allocated(args.device)
-        call()
-        synchronize(args.device)
-        peak = (torch.cuda.max_memory_allocated(args.device) - held) / 2**20
+    peak = cuda_peak_extra_mib(call, args.device) if args.device.type == "cuda" else None
     return {"median_s": statistics.median(times), "times_s": times, "peak_extra_mib": peak}
 
 

@@ -76,9 +76,8 @@ from transformers import PreTrainedModel
 from transformers.cache_utils import Cache, EncoderDecoderCache
 
 from common import (
-    parse_device,
-    MIB, Target, count_targets, describe_error, load_summary, log2_axis, print_machine, print_targets, pyplot,
-    rotated, save_figure, start_report, write_json,
+    MIB, Target, count_targets, describe_error, load_summary, log2_axis, parse_device, print_machine, print_targets,
+    pyplot, rotated, save_figure, start_report, synchronize, write_json,
 )
 from models import (
     DTYPE, FIRST_PLAIN_ID, MODEL_SIZE, add_models_argument, attention_type_of, build_model, check_models,
@@ -180,12 +179,6 @@ def make_source(args: argparse.Namespace) -> tuple[Tensor, Tensor]:
     return input_ids, torch.ones_like(input_ids)
 
 
-def finish(device: torch.device) -> None:
-    """Wait for the device, so that the clock read next holds its work."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def eos_ids(model: PreTrainedModel) -> list[int]:
     eos = model.generation_config.eos_token_id
     if eos is None:
@@ -228,7 +221,7 @@ class GreedyDecoder:
         start = time.perf_counter()
         with torch.no_grad():
             self.encoder_outputs = model.get_encoder()(input_ids=input_ids, attention_mask=attention_mask)
-        finish(self.device)
+        synchronize(self.device)
         self.encode_s = time.perf_counter() - start
         start_id = model.generation_config.decoder_start_token_id
         self.next_input = torch.full((input_ids.shape[0], 1), start_id, dtype=torch.long, device=self.device)
@@ -254,7 +247,7 @@ class GreedyDecoder:
             if self.suppressed:
                 logits[:, self.suppressed] = float("-inf")
             token = logits.argmax(dim=-1, keepdim=True)
-        finish(self.device)
+        synchronize(self.device)
         self.step_s.append(time.perf_counter() - start)
         self.cache = out.past_key_values
         self.next_input = token

@@ -76,9 +76,8 @@ from torch.nn.utils.rnn import pad_sequence
 from tqdm import tqdm
 
 from common import (
-    parse_device,
     GRAD_CLIP, RunFile, add_run_file_arguments, budget_text, load_summary, machine_info, optimizer_step,
-    print_machine, pyplot, save_figure, start_report,
+    parse_device, print_machine, pyplot, save_figure, start_report,
 )
 from listops import LISTOPS_VOCAB, NUM_LABELS, PAD_ID, generate_listops, tokenize  # the ListOps data module
 from modeling_scaleformer import ScaleformerConfig, ScaleformerForSequenceClassification

@@ -79,10 +79,10 @@ from torch import Tensor
 from transformers import PreTrainedModel
 
 from common import (
-    parse_device,
-    GIB, MIB, Sample, Target, count_targets, describe_error, load_summary, log2_axis, machine_info,
-    measure_in_fresh_process, median_of, memory_baseline, peak_rss_bytes, print_machine, print_slopes,
-    print_targets, pyplot, rotated, sample_record, save_figure, slope_fit, timed, write_json,
+    GIB, MIB, Sample, Target, count_targets, cuda_peak_extra_mib, describe_error, load_summary, log2_axis,
+    machine_info, measure_in_fresh_process, median_of, memory_baseline, parse_device, peak_rss_bytes, print_machine,
+    print_slopes, print_targets, pyplot, rotated, sample_record, save_figure, slope_fit, synchronize, timed,
+    write_json,
 )
 from models import (
     ALL_BASELINES, FIRST_PLAIN_ID, MODEL_SIZE, TRAIN_MODEL_NAMES, ModelSize, add_models_argument, build_model,
@@ -210,8 +210,7 @@ def on_device(work, args: argparse.Namespace):
     def run() -> None:
         with torch.autocast(args.device.type, dtype=torch.bfloat16, enabled=args.bf16):
             work()
-        if args.device.type == "cuda":
-            torch.cuda.synchronize(args.device)
+        synchronize(args.device)
 
     return run
 
@@ -249,14 +248,6 @@ def forward_pass(trainer: Trainer, input_ids: Tensor, labels: Tensor, args: argp
         trainer.model.train()
 
 
-def cuda_peak_step(trainer: Trainer, input_ids: Tensor, labels: Tensor, args: argparse.Namespace) -> float:
-    """MiB the device allocated during one more step, over what it held before it."""
-    torch.cuda.reset_peak_memory_stats(args.device)
-    held = torch.cuda.memory_allocated(args.device)
-    train_step(trainer, input_ids, labels, args)
-    return (torch.cuda.max_memory_allocated(args.device) - held) / 2**20
-
-
 def measure_memory_here(name: str, length: int, args: argparse.Namespace) -> dict:
     """Peak extra resident memory of one step at `length`, in this (fresh) process."""
     trainer = build_trainer(name, args)
@@ -289,20 +280,17 @@ def measure_memory(name: str, length: int, args: argparse.Namespace) -> dict:
 
 
 Samples = dict[tuple[str, int], list[Sample]]
-cuda_peaks: dict[tuple[str, int], float] = {}  # (model, L) -> MiB allocated on the device by one step (--device cuda)
-
-
 def run_benchmark(args: argparse.Namespace) -> tuple[Samples, Samples, dict[tuple[str, int], dict],
-                                                      dict[tuple[str, int], Skip]]:
+                                                      dict[tuple[str, int], Skip], dict[tuple[str, int], float]]:
     """Per length: memory subprocesses, then one warm-up and `--repeats` interleaved rounds of a timed step and a
     timed forward pass per model. A model that fails is dropped, its trainer freed, and skipped at the longer
-    lengths. Returns (steps, forward passes, memory, skipped)."""
+    lengths. Returns (steps, forward passes, memory, skipped, device peaks)."""
     trainers = {name: build_trainer(name, args) for name in args.models}
     samples: Samples = {}
     forwards: Samples = {}
     memory: dict[tuple[str, int], dict] = {}
     skipped: dict[tuple[str, int], Skip] = {}
-    cuda_peaks.clear()
+    cuda_peaks: dict[tuple[str, int], float] = {}  # (model, L) -> MiB a step allocated on the device (--device cuda)
     failed: dict[str, tuple[int, str]] = {}  # model -> (length, error) where it stopped; skipped above
     for length in args.lengths:
         running = []
@@ -335,7 +323,8 @@ def run_benchmark(args: argparse.Namespace) -> tuple[Samples, Samples, dict[tupl
                     sample = train_step(trainers[name], input_ids, labels, args)
                     forward = forward_pass(trainers[name], input_ids, labels, args)
                     if round_index == args.repeats and args.device.type == "cuda":
-                        cuda_peaks[(name, length)] = cuda_peak_step(trainers[name], input_ids, labels, args)
+                        cuda_peaks[(name, length)] = cuda_peak_extra_mib(
+                            lambda: train_step(trainers[name], input_ids, labels, args), args.device)
                 except (MemoryError, RuntimeError) as error:
                     failed[name] = (length, describe_error(error))
                     skipped[(name, length)] = Skip(f"skipped ({type(error).__name__})",
@@ -351,7 +340,7 @@ def run_benchmark(args: argparse.Namespace) -> tuple[Samples, Samples, dict[tupl
                     forwards.setdefault((name, length), []).append(forward)
         print(f"[time] L={length}: {len(running)} model(s) x (1 warm-up + {args.repeats}) steps and forward passes "
               f"in {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
-    return samples, forwards, memory, skipped
+    return samples, forwards, memory, skipped, cuda_peaks
 
 
 def median_at(samples: Samples, name: str, length: int, field: str = "wall_s") -> float | None:
@@ -561,7 +550,7 @@ def main(argv: list[str] | None = None) -> int:
 
     info = machine_info(torch.get_num_threads())
     print_header(info, args)
-    samples, forwards, memory, skipped = run_benchmark(args)
+    samples, forwards, memory, skipped, cuda_peaks = run_benchmark(args)
     print_tables(samples, forwards, memory, skipped, args)
     if cuda_peaks:
         print("| source L | model | device peak extra MiB (one step) |")

@@ -262,6 +262,21 @@ def parse_device(parser, value: str) -> torch.device:
     return device
 
 
+def synchronize(device: torch.device) -> None:
+    """Wait until a CUDA `device` has done its queued work, so that a clock read next holds it; nothing on CPU."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def cuda_peak_extra_mib(call, device: torch.device) -> float:
+    """MiB a CUDA `device` allocated at its peak during `call()`, over what it held before."""
+    torch.cuda.reset_peak_memory_stats(device)
+    held = torch.cuda.memory_allocated(device)
+    call()
+    synchronize(device)
+    return (torch.cuda.max_memory_allocated(device) - held) / 2**20
+
+
 def write_json(path: Path, report: dict) -> None:
     """Write atomically, so that an interrupted run leaves the previous file whole."""
     path.parent.mkdir(parents=True, exist_ok=True)
