@@ -25,8 +25,6 @@ from modeling_scaleformer.ops_naive import naive_local_softmax_decay_attention  
 
 F64 = torch.float64
 CAUSAL = pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
-INTERPRETED = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),
-                                 reason="Triton kernels need CUDA or TRITON_INTERPRET=1")
 
 
 def with_triton(monkeypatch):
@@ -35,7 +33,6 @@ def with_triton(monkeypatch):
     monkeypatch.setattr(ops_decay, "_scan_function", lambda device: TritonDecayScan)
 
 
-@INTERPRETED
 @CAUSAL
 @pytest.mark.parametrize("chunk", [1, 4, 32], ids=["chunks-of-1", "chunks-of-4", "chunks-of-32"])
 def test_triton_paths_in_the_op(decay_case, causal, chunk, decay_inputs, split_case, check_decay_op, monkeypatch):
@@ -48,7 +45,6 @@ def test_triton_paths_in_the_op(decay_case, causal, chunk, decay_inputs, split_c
     check_decay_op(fn, naive_local_softmax_decay_attention, inputs, causal, offset)
 
 
-@INTERPRETED
 @CAUSAL
 @pytest.mark.parametrize("case", [
     dict(lq=40, lk=40, horizon=16), dict(lq=70, lk=33, horizon=3, offset=5), dict(lq=9, lk=50, horizon=16, offset=30),
@@ -76,7 +72,6 @@ def test_triton_band_against_the_pytorch_band(case, causal, decay_inputs, split_
         torch.testing.assert_close(g, e, rtol=1e-10, atol=1e-12, msg=lambda m: f"grad {name}: {m}")
 
 
-@INTERPRETED
 def test_triton_band_extreme_logits(decay_inputs, monkeypatch):
     """Logits scaled by +-40 and shifted by -2000: finite and equal to the reference."""
     with_triton(monkeypatch)
@@ -92,7 +87,6 @@ def test_triton_band_extreme_logits(decay_inputs, monkeypatch):
                                rtol=1e-9, atol=1e-12)
 
 
-@INTERPRETED
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_triton_band_low_precision(dtype, decay_inputs, monkeypatch):
     """Half precision accumulates in float32: within the precision of the inputs of the float64 reference."""
