@@ -221,7 +221,8 @@ def describe(name: str, model: PreTrainedModel, args: argparse.Namespace) -> str
         decay = (f", decay rates from {config.decay_rate_range[0]:g} to {config.decay_rate_range[1]:g} beyond the "
                  f"horizon" if config.attention_type in DECAY_TYPES else "")
         return (f"attention_type {config.attention_type}, positions {positions}{decay}, cross_attention_rpe "
-                f"{config.cross_attention_rpe}, layer_norm_position {config.layer_norm_position}")
+                f"{config.cross_attention_rpe}, feature_map {config.feature_map}, decoder_attention "
+                f"{config.decoder_attention}, layer_norm_position {config.layer_norm_position}")
     if name == "t5":
         return (f"relative attention buckets: {config.relative_attention_num_buckets}, max distance "
                 f"{config.relative_attention_max_distance}")

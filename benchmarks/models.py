@@ -269,7 +269,7 @@ def add_model_size_arguments(parser: argparse.ArgumentParser, defaults: dict):
 
 
 class ModelSpec(NamedTuple):
-    """What a `--models` name asks for; the last four are Scaleformer config fields."""
+    """What a `--models` name asks for; the fields after `attention_type` are Scaleformer config fields."""
 
     kind: str  # scaleformer, bart, t5, led or longt5
     attention_type: str | None  # None: the default (scaleformer) or not a Scaleformer
@@ -277,24 +277,32 @@ class ModelSpec(NamedTuple):
     absolute_positions: str | None = None
     layer_norm_position: str = "pre"
     decay_rate_range: tuple[float, float] | None = None  # None: the config's default
+    feature_map: str = "elu"
+    decoder_attention: str = "separate"
 
 
-MODEL_SUFFIXES = ("cross_rpe", "fast_decay", "sinusoidal", "post_ln")
+MODEL_SUFFIXES = ("cross_rpe", "fast_decay", "slow_decay", "relu", "joint", "sinusoidal", "post_ln")
 FAST_DECAY_RATE_RANGE = (0.5, 0.0625)  # `+fast_decay`: half-lives of 1.4 to 11 positions beyond the horizon
+SLOW_DECAY_RATE_RANGE = (1e-4, 1e-5)  # `+slow_decay`: half-lives of 6,900 to 69,000 positions (almost none)
 CROSS_RPE_TYPES = tuple(name for name, variant in ATTENTION_VARIANTS.items() if variant.cross_attention_rpe)
+RELU_TYPES = tuple(name for name, variant in ATTENTION_VARIANTS.items() if "relu" in variant.feature_maps)
+JOINT_TYPES = tuple(name for name in CROSS_RPE_TYPES if not ATTENTION_VARIANTS[name].normalised)
 
 
 def parse_model_name(name: str, baselines: Sequence[str] = BASELINES) -> ModelSpec:
     """A name of `baselines` (by default `bart`, `t5`; `ALL_BASELINES` adds `led`, `longt5`), or `scaleformer` /
     `scaleformer:TYPE` followed by any of `+cross_rpe` (relative positions in cross-attention too, for the types
-    whose `cross_attention_rpe` fact is set), `+fast_decay` (decay types: `decay_rate_range`
-    `FAST_DECAY_RATE_RANGE`), `+sinusoidal` (absolute positions) and `+post_ln` (post-norm blocks), in that order."""
+    whose `cross_attention_rpe` fact is set), `+fast_decay` / `+slow_decay` (decay types: `decay_rate_range`
+    `FAST_DECAY_RATE_RANGE` / `SLOW_DECAY_RATE_RANGE`), `+relu` (`feature_map="relu"`, `RELU_TYPES`), `+joint`
+    (`decoder_attention="joint"`, `JOINT_TYPES` with `+cross_rpe`), `+sinusoidal` (absolute positions) and
+    `+post_ln` (post-norm blocks), in that order."""
     base, *suffixes = name.split("+")
     kind, _, attention_type = base.partition(":")
     usage = (f"unknown model {name!r}; use {', '.join(baselines)}, or scaleformer or scaleformer:TYPE with TYPE in "
              f"{', '.join(ATTENTION_TYPES)}, followed by any of " + ", ".join(f"+{x}" for x in MODEL_SUFFIXES)
-             + " in that order (+cross_rpe with " + ", ".join(CROSS_RPE_TYPES) + " only, +fast_decay with "
-             + ", ".join(DECAY_TYPES) + " only)")
+             + " in that order (+cross_rpe with " + ", ".join(CROSS_RPE_TYPES) + " only, +fast_decay or +slow_decay "
+             "with " + ", ".join(DECAY_TYPES) + " only, +relu with " + ", ".join(RELU_TYPES) + " only, +joint with "
+             + ", ".join(JOINT_TYPES) + " and +cross_rpe only)")
     if kind in baselines and not attention_type and not suffixes:
         return ModelSpec(kind, None)
     if kind != "scaleformer" or (attention_type and attention_type not in ATTENTION_TYPES):
@@ -303,11 +311,19 @@ def parse_model_name(name: str, baselines: Sequence[str] = BASELINES) -> ModelSp
         raise ValueError(usage)
     if "cross_rpe" in suffixes and (attention_type or DEFAULT_ATTENTION_TYPE) not in CROSS_RPE_TYPES:
         raise ValueError(usage)
-    if "fast_decay" in suffixes and (attention_type or DEFAULT_ATTENTION_TYPE) not in DECAY_TYPES:
+    resolved = attention_type or DEFAULT_ATTENTION_TYPE
+    decays = [x for x in ("fast_decay", "slow_decay") if x in suffixes]
+    if decays and (resolved not in DECAY_TYPES or len(decays) > 1):
         raise ValueError(usage)
+    if "relu" in suffixes and resolved not in RELU_TYPES:
+        raise ValueError(usage)
+    if "joint" in suffixes and (resolved not in JOINT_TYPES or "cross_rpe" not in suffixes):
+        raise ValueError(usage)
+    rates = {"fast_decay": FAST_DECAY_RATE_RANGE, "slow_decay": SLOW_DECAY_RATE_RANGE}
     return ModelSpec(kind, attention_type or None, "cross_rpe" in suffixes,
                      "sinusoidal" if "sinusoidal" in suffixes else None, "post" if "post_ln" in suffixes else "pre",
-                     FAST_DECAY_RATE_RANGE if "fast_decay" in suffixes else None)
+                     rates[decays[0]] if decays else None, "relu" if "relu" in suffixes else "elu",
+                     "joint" if "joint" in suffixes else "separate")
 
 
 def build_seq2seq(name: str, seed: int, size: ModelSize, dropout: float, bart_max_positions: int, *,
@@ -327,7 +343,8 @@ def build_seq2seq(name: str, seed: int, size: ModelSize, dropout: float, bart_ma
     config = ScaleformerConfig(
         **config_shape(size), dropout=dropout, attention_type=spec.attention_type or DEFAULT_ATTENTION_TYPE,
         cross_attention_rpe=spec.cross_attention_rpe, absolute_positions=spec.absolute_positions,
-        layer_norm_position=spec.layer_norm_position, **ids,
+        layer_norm_position=spec.layer_norm_position, feature_map=spec.feature_map,
+        decoder_attention=spec.decoder_attention, **ids,
         **({} if spec.decay_rate_range is None else {"decay_rate_range": spec.decay_rate_range}),
     )
     return build_model("scaleformer", config, seed)

@@ -103,6 +103,19 @@ class ScaleformerConfig(PreTrainedConfig):
             initial decay rates per position beyond the horizon of the fastest and the slowest head, spread
             geometrically over the heads (1/4 to 1/256: half-lives from under 3 to 177 positions). The rates
             are learned from there.
+        feature_map (`str`, *optional*, defaults to `"elu"`):
+            The feature map phi of the kernelized scores of `"kernelized_decay"` and `"kernelized_decay_gated"`
+            (and of their cross attention with `cross_attention_rpe`): `"elu"`, phi(x) = elu(x) + 1, every score
+            positive; `"relu"`, phi(x) = max(x, 0), so that a query can give a key no weight at all. The other
+            types take `"elu"` only.
+        decoder_attention (`str`, *optional*, defaults to `"separate"`):
+            How a decoder layer of an encoder-decoder reads its own tokens and the encoder's. `"separate"`: a
+            self-attention block, then a cross-attention block, each with its own queries and output (BART).
+            `"joint"`: one attention block whose queries read the decoder's keys (causal, `attention_type`) and
+            the encoder's (cross attention with relative positions), the two sums added before one output norm,
+            gate and projection; a count over the source and a count over what has been written then meet in
+            one sum. It needs an attention type without a row normaliser (`"kernelized_decay_gated"`) and
+            `cross_attention_rpe`; decoder-only models ignore it (they have no cross attention).
         absolute_positions (`str`, *optional*):
             `None` (default): no absolute positions, the model sees order only through its attention.
             `"sinusoidal"`: fixed sine/cosine position encodings (Vaswani et al.) added to the token embeddings
@@ -162,6 +175,8 @@ class ScaleformerConfig(PreTrainedConfig):
     rpe_shared_across_heads: bool = False
     cross_attention_rpe: bool | None = None
     decay_rate_range: tuple[float, float] | list[float] = DEFAULT_DECAY_RATE_RANGE
+    feature_map: Literal["elu", "relu"] = "elu"
+    decoder_attention: Literal["separate", "joint"] = "separate"
     absolute_positions: Literal["sinusoidal"] | None = None
     use_cache: bool = True
     pad_token_id: int | None = 0
@@ -241,6 +256,19 @@ class ScaleformerConfig(PreTrainedConfig):
             allowed = [name for name, v in ATTENTION_VARIANTS.items() if v.cross_attention_rpe]
             raise ValueError(
                 f"`cross_attention_rpe` requires attention_type {allowed}, got {self.attention_type!r}"
+            )
+        if self.feature_map not in variant.feature_maps:
+            allowed = [name for name, v in ATTENTION_VARIANTS.items() if self.feature_map in v.feature_maps]
+            raise ValueError(
+                f"`feature_map` {self.feature_map!r} applies to attention_type {allowed} only, got attention_type "
+                f"{self.attention_type!r} (whose feature maps are {variant.feature_maps})"
+            )
+        if self.decoder_attention == "joint" and (variant.normalised or not self.cross_attention_rpe):
+            allowed = [name for name, v in ATTENTION_VARIANTS.items() if not v.normalised and v.cross_attention_rpe]
+            raise ValueError(
+                f"`decoder_attention='joint'` adds the decoder's and the encoder's unnormalised sums: it needs "
+                f"attention_type in {allowed} with `cross_attention_rpe=True`, got attention_type "
+                f"{self.attention_type!r} and cross_attention_rpe {self.cross_attention_rpe}"
             )
         if self.attention_mode not in variant.modes:
             raise ValueError(

@@ -21,6 +21,12 @@ class ScaleformerAttention(nn.Module):
     encoder summary computed once for cross-attention. A variant without a row normaliser
     (`variant.normalised` False) gets a per-head RMSNorm on its output and a SiLU gate from the input,
     o_proj(RMSNorm(attn) * silu(g_proj(x))), as in GLA and RetNet.
+
+    The steps are also public for the decoder's joint attention (`config.decoder_attention="joint"`):
+    `query` projects the queries, `read` gives the variant's attention of given queries on this module's keys
+    (before the output norm), `finish` applies the norm, gate and output projection. A module built with
+    `keys_only=True` has only the key and value projections and its variant's parameters: it is read with
+    the queries of another module.
     """
 
     def __init__(
@@ -31,6 +37,7 @@ class ScaleformerAttention(nn.Module):
         is_causal: bool,
         is_cross_attention: bool = False,
         layer_idx: int | None = None,
+        keys_only: bool = False,
     ):
         super().__init__()
         self.num_heads = num_heads
@@ -46,17 +53,22 @@ class ScaleformerAttention(nn.Module):
         self.variant = get_attention_variant(self.attention_type)
         self.mode = self.variant.modes[config.attention_mode]
         self.key_dropout = config.attention_dropout
-        self.q_proj = nn.Linear(config.d_model, config.d_model)
+        # the configured feature map, for the variants that offer a choice (ops_registry's `feature_maps` fact)
+        self.options = {"feature_map": config.feature_map} if len(self.variant.feature_maps) > 1 else {}
+        self.q_proj = self.o_proj = None
+        if not keys_only:
+            self.q_proj = nn.Linear(config.d_model, config.d_model)
         self.k_proj = nn.Linear(config.d_model, config.d_model)
         self.v_proj = nn.Linear(config.d_model, config.d_model)
-        self.o_proj = nn.Linear(config.d_model, config.d_model)
+        if not keys_only:
+            self.o_proj = nn.Linear(config.d_model, config.d_model)
         self.parameter_specs: dict[str, ParameterSpec] = self.variant.parameters(
             num_heads, self.head_dim, config.rpe_horizon, config.rpe_shared_across_heads
         )
         for name, spec in self.parameter_specs.items():
             self.register_parameter(name, nn.Parameter(torch.empty(spec.shape)))
         self.out_norm = self.g_proj = None
-        if not self.variant.normalised:
+        if not self.variant.normalised and not keys_only:
             self.out_norm = nn.RMSNorm(self.head_dim, eps=config.layer_norm_eps)
             self.g_proj = nn.Linear(config.d_model, config.d_model)
 
@@ -64,9 +76,9 @@ class ScaleformerAttention(nn.Module):
         # (B, L, d_model) -> (B, H, L, D)
         return x.view(x.shape[0], x.shape[1], self.num_heads, self.head_dim).transpose(1, 2)
 
-    def _variant_parameters(self, dtype: torch.dtype) -> dict[str, Tensor]:
+    def _variant_parameters(self, dtype: torch.dtype) -> dict:
         # under autocast the projections come out in half precision while the parameters stay float32
-        return {name: getattr(self, name).to(dtype) for name in self.parameter_specs}
+        return {**{name: getattr(self, name).to(dtype) for name in self.parameter_specs}, **self.options}
 
     def _drop_keys(self, key_mask: Tensor | None, batch: int, length: int, device) -> Tensor | None:
         """Attention dropout: hide each key with probability `attention_dropout` while training."""
@@ -79,17 +91,33 @@ class ScaleformerAttention(nn.Module):
         self, hidden_states: Tensor, key_value_states: Tensor | None = None, key_mask: Tensor | None = None,
         past_key_values: ScaleformerCache | None = None, query_offset: int = 0,
     ) -> Tensor:
-        batch, length, _ = hidden_states.shape
+        q = self.query(hidden_states)
+        source = key_value_states if self.is_cross_attention else hidden_states
+        return self.finish(self.read(q, source, key_mask, past_key_values, query_offset), hidden_states)
+
+    def query(self, hidden_states: Tensor) -> Tensor:
+        """The queries (B, H, L, D) of `hidden_states` (B, L, d_model)."""
+        return self._heads(self.q_proj(hidden_states))
+
+    def read(
+        self, q: Tensor, source: Tensor, key_mask: Tensor | None = None,
+        past_key_values: ScaleformerCache | None = None, query_offset: int = 0,
+    ) -> Tensor:
+        """The variant's attention (B, H, L, D) of the queries `q` on the keys and values of `source` (the
+        hidden states for self-attention, the encoder output for cross attention), continuing or filling the
+        generation state of this layer when `past_key_values` is given; before the output norm."""
         state = None if past_key_values is None else past_key_values.layers[self.layer_idx]
-        q = self._heads(self.q_proj(hidden_states))
         k = v = None
         if not (self.is_cross_attention and state is not None and state.cross_summary is not None):
-            source = key_value_states if self.is_cross_attention else hidden_states
             k, v = self._heads(self.k_proj(source)), self._heads(self.v_proj(source))
-            key_mask = self._drop_keys(key_mask, batch, k.shape[2], k.device)
+            key_mask = self._drop_keys(key_mask, source.shape[0], k.shape[2], k.device)
         # the ops accumulate half precision in float32 themselves: autocast must not downcast inside them
         with torch.autocast(device_type=q.device.type, enabled=False):
-            out = self._attend(q, k, v, key_mask, state, query_offset)
+            return self._attend(q, k, v, key_mask, state, query_offset)
+
+    def finish(self, out: Tensor, hidden_states: Tensor) -> Tensor:
+        """The output (B, L, d_model) from the attention `out` (B, H, L, D) of the queries of `hidden_states`."""
+        batch, length, _ = hidden_states.shape
         if self.out_norm is not None:
             out = self.out_norm(out)
         out = out.transpose(1, 2).reshape(batch, length, -1)

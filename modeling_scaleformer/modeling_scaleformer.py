@@ -120,7 +120,14 @@ class ScaleformerEncoderLayer(ScaleformerLayer):
 
 
 class ScaleformerDecoderLayer(ScaleformerLayer):
-    """Causal self-attention, cross-attention (encoder-decoder only), then feed-forward."""
+    """Causal self-attention, cross-attention (encoder-decoder only), then feed-forward.
+
+    With `config.decoder_attention="joint"` (encoder-decoder only), self- and cross-attention are one
+    attention: the queries of `self_attn` read the decoder's own keys and the encoder's (`encoder_attn`, which
+    then has only key and value projections and its relative positions), and the two unnormalised sums are
+    added before the one output norm, gate and projection. Counts over the source and over what has been
+    written meet in one sum, so that their difference is kept at any length.
+    """
 
     def __init__(self, config: ScaleformerConfig, layer_idx: int):
         super().__init__(config)
@@ -128,10 +135,12 @@ class ScaleformerDecoderLayer(ScaleformerLayer):
         self.self_attn = ScaleformerAttention(config, heads, is_causal=True, layer_idx=layer_idx)
         self.self_attn_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
         self.encoder_attn = None
+        self.joint = config.is_encoder_decoder and config.decoder_attention == "joint"
         if config.is_encoder_decoder:
             self.encoder_attn = ScaleformerAttention(
-                config, heads, is_causal=False, is_cross_attention=True, layer_idx=layer_idx
+                config, heads, is_causal=False, is_cross_attention=True, layer_idx=layer_idx, keys_only=self.joint
             )
+        if config.is_encoder_decoder and not self.joint:
             self.encoder_attn_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
         self.ffn = ScaleformerFeedForward(config, config.decoder_ffn_dim)
         self.ffn_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
@@ -147,13 +156,19 @@ class ScaleformerDecoderLayer(ScaleformerLayer):
     ) -> Tensor:
         # causal self-attention, continuing the cached state when there is one
         residual = hidden_states
-        hidden_states = self.self_attn(
-            self.norm_input(hidden_states, self.self_attn_layer_norm), key_mask=key_mask, past_key_values=past_key_values
-        )
+        hidden_states = self.norm_input(hidden_states, self.self_attn_layer_norm)
+        if self.joint:  # the same queries on the decoder's keys and on the encoder's, one sum
+            q = self.self_attn.query(hidden_states)
+            attended = self.self_attn.read(q, hidden_states, key_mask, past_key_values) + self.encoder_attn.read(
+                q, encoder_hidden_states, encoder_key_mask, past_key_values, query_offset
+            )
+            hidden_states = self.self_attn.finish(attended, hidden_states)
+        else:
+            hidden_states = self.self_attn(hidden_states, key_mask=key_mask, past_key_values=past_key_values)
         hidden_states = self.norm_output(residual + self.dropout(hidden_states), self.self_attn_layer_norm)
 
         # cross-attention over the encoder output
-        if self.encoder_attn is not None:
+        if self.encoder_attn is not None and not self.joint:
             residual = hidden_states
             hidden_states = self.encoder_attn(
                 self.norm_input(hidden_states, self.encoder_attn_layer_norm),

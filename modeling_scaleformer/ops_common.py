@@ -43,6 +43,23 @@ def elu_feature_map(x: Tensor) -> Tensor:
     return F.elu(x) + 1.0
 
 
+def relu_feature_map(x: Tensor) -> Tensor:
+    """phi(x) = max(x, 0): non-negative, and exactly 0 on the negative half-space, so that a query can give a key
+    no weight at all (a score of elu + 1 is never 0)."""
+    return F.relu(x)
+
+
+# the feature maps phi of the kernelized ops that take `feature_map`
+FEATURE_MAPS = {"elu": elu_feature_map, "relu": relu_feature_map}
+
+
+def get_feature_map(name: str):
+    """The function of `FEATURE_MAPS[name]`; ValueError naming `feature_map` for an unknown name."""
+    if name not in FEATURE_MAPS:
+        raise ValueError(f"`feature_map` must be one of {tuple(FEATURE_MAPS)}, got {name!r}")
+    return FEATURE_MAPS[name]
+
+
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     """The dtype ops accumulate in: float32 for half precision, the input dtype otherwise."""
     return torch.promote_types(dtype, torch.float32)

@@ -1,6 +1,7 @@
 """Kernelized attention with clipped relative positions and a per-head geometric decay beyond the horizon.
 
-With phi(x) = elu(x) + 1, horizon h, p_i = i + query_offset and a decay rate lambda >= 0 per head:
+With a feature map phi (`feature_map`: elu(x) + 1 by default, or max(x, 0); `ops_common.FEATURE_MAPS`),
+horizon h, p_i = i + query_offset and a decay rate lambda >= 0 per head:
 
     S_ij  = (phi(q_i).phi(k_j) + phi(q_i).phi(rel[r(i, j)])) * exp(-lambda max(|p_i - j| - h, 0))
     out_i = sum_j S_ij v_j
@@ -43,7 +44,7 @@ from .ops_common import (
     compute_dtype,
     augment_values,
     describe,
-    elu_feature_map,
+    get_feature_map,
     grouped_rows,
     head_table,
     horizon_of,
@@ -76,10 +77,10 @@ def _finish(out: Tensor, normalise: bool) -> Tensor:
     return normalise_rows(out[..., :-1], out[..., -1:]) if normalise else out
 
 
-def _rel_features(rel: Tensor | None, heads: int, dtype: torch.dtype) -> Tensor | None:
+def _rel_features(rel: Tensor | None, heads: int, dtype: torch.dtype, phi) -> Tensor | None:
     """phi(rel) as (H, 2h+1, D), a shared table expanded over the heads."""
     table = head_table(rel, heads, dtype)
-    return None if table is None else elu_feature_map(table)
+    return None if table is None else phi(table)
 
 
 def band_windows(q: Tensor, k: Tensor, vm: Tensor, horizon: int, offset: int, chunk: int,
@@ -258,7 +259,7 @@ def _tail_features(qf: Tensor, kf: Tensor, rf: Tensor | None, edge: int) -> tupl
 def chunk_kernelized_decay_attention(
     q: Tensor, k: Tensor, v: Tensor, rel: Tensor | None, decay: Tensor,
     *, causal: bool = False, key_mask: Tensor | None = None, query_offset: int = 0, horizon: int | None = None,
-    normalise: bool = False, chunk_size: int = DEFAULT_CHUNK_SIZE,
+    normalise: bool = False, feature_map: str = "elu", chunk_size: int = DEFAULT_CHUNK_SIZE,
 ) -> Tensor:
     """The linear algorithm of `kernelized_decay_attention` (band + decayed tails, see the module docstring).
 
@@ -271,11 +272,12 @@ def chunk_kernelized_decay_attention(
     lk = k.shape[2]
     vm = _mask_values(v.to(dtype), key_mask, normalise)
     chunk = max(chunk_size, 1)
+    phi = get_feature_map(feature_map)
 
     def attend(q, k, vm, rate, rel=None):  # rows (G, 1, L, .) of (B * H, 1, L, .), rate (G,), rel (G, 2h+1, D)
-        qf, kf = (elu_feature_map(x.transpose(0, 1)) for x in (q, k))
+        qf, kf = (phi(x.transpose(0, 1)) for x in (q, k))
         vm = vm.transpose(0, 1)
-        rf = None if rel is None else elu_feature_map(rel)
+        rf = None if rel is None else phi(rel)
         out = _band(qf, kf, vm, rf, h, query_offset, causal, chunk)
         x, y = _tail_features(qf, kf, rf, 2 * h)
         out = out + decayed_tail(x, y, vm, rate, h, query_offset, chunk)
@@ -320,7 +322,7 @@ def kernelized_decay_choose_mode(
 def kernelized_decay_attention(
     q: Tensor, k: Tensor, v: Tensor, rel: Tensor | None, decay: Tensor,
     *, causal: bool = False, key_mask: Tensor | None = None, query_offset: int = 0, mode: str = "auto",
-    horizon: int | None = None, normalise: bool = False,
+    horizon: int | None = None, normalise: bool = False, feature_map: str = "elu",
 ) -> Tensor:
     """Kernelized attention with clipped relative positions and a geometric decay beyond the horizon, exact,
     linear in length, as a plain sum or row-normalised (see the module docstring for the formula).
@@ -340,7 +342,10 @@ def kernelized_decay_attention(
             decayed tails, O(L) time and memory) or `"auto"` (the cheaper, see `kernelized_decay_choose_mode`).
         horizon (`int`, *optional*): h; read from `rel` when omitted.
         normalise (`bool`, defaults to `False`): divide each row by sum_j S_ij (the decayed scores are
-            positive), as `kernelized_rpe_attention` does, instead of returning the plain sum.
+            non-negative; a row whose sum is 0 is 0), as `kernelized_rpe_attention` does, instead of returning
+            the plain sum.
+        feature_map (`str`, defaults to `"elu"`): phi, a key of `ops_common.FEATURE_MAPS`: `"elu"` (elu + 1,
+            every score positive) or `"relu"` (max(x, 0): a score can be exactly 0).
 
     Returns:
         `Tensor` of shape `(B, H, Lq, Dv)` in q's dtype; a row with no visible key is 0. Half precision
@@ -348,6 +353,7 @@ def kernelized_decay_attention(
     """
     check_attention_inputs(q, k, v, rel, key_mask, query_offset, mode)
     check_decay(decay, q.shape[1], q.dtype)
+    get_feature_map(feature_map)
     h = resolve_horizon(rel, horizon)
     if mode == "auto":
         mode = kernelized_decay_choose_mode(
@@ -356,11 +362,11 @@ def kernelized_decay_attention(
     if mode == "naive":
         return naive_kernelized_decay_attention(
             q, k, v, rel, decay, causal=causal, key_mask=key_mask, query_offset=query_offset, horizon=h,
-            normalise=normalise,
+            normalise=normalise, feature_map=feature_map,
         )
     return chunk_kernelized_decay_attention(
         q, k, v, rel, decay, causal=causal, key_mask=key_mask, query_offset=query_offset, horizon=h,
-        normalise=normalise,
+        normalise=normalise, feature_map=feature_map,
     )
 
 
@@ -428,11 +434,12 @@ def decayed_prefill(window: Tensor, y: Tensor, vm: Tensor, decay: Tensor, horizo
 
 
 def kernelized_decay_prefill_state(
-    k: Tensor, v: Tensor, decay: Tensor, *, horizon: int, key_mask: Tensor | None = None, normalise: bool = False
+    k: Tensor, v: Tensor, decay: Tensor, *, horizon: int, key_mask: Tensor | None = None, normalise: bool = False,
+    feature_map: str = "elu",
 ) -> KernelizedDecayState:
     """The state after the tokens k, v (B, H, L, .) at positions 0..L-1, in O(L D Dv) time."""
     dtype = compute_dtype(k.dtype)
-    kf = elu_feature_map(k.to(dtype))
+    kf = get_feature_map(feature_map)(k.to(dtype))
     y = torch.cat([kf, torch.ones_like(kf[..., :1])], dim=-1)
     keys, values, tail = decayed_prefill(kf, y, _mask_values(v.to(dtype), key_mask, normalise), decay, horizon)
     length = k.shape[2]
@@ -483,7 +490,7 @@ def decayed_window_steps(queries: Tensor, new_keys: Tensor, new_values: Tensor, 
 
 def kernelized_decay_step(
     q: Tensor, k: Tensor, v: Tensor, rel: Tensor | None, decay: Tensor, state: KernelizedDecayState,
-    *, key_mask: Tensor | None = None, horizon: int | None = None, normalise: bool = False,
+    *, key_mask: Tensor | None = None, horizon: int | None = None, normalise: bool = False, feature_map: str = "elu",
 ) -> tuple[Tensor, KernelizedDecayState]:
     """Causal attention of n new tokens on the past summarised by `state`, and the updated state.
 
@@ -494,7 +501,8 @@ def kernelized_decay_step(
     h = check_decay_step(q, k, v, rel, decay, state, KernelizedDecayState, key_mask, horizon, q.shape[-1] + 1,
                          v.shape[-1] + int(normalise))
     dtype = state.tail.dtype
-    rf = _rel_features(rel, q.shape[1], dtype)
+    phi = get_feature_map(feature_map)
+    rf = _rel_features(rel, q.shape[1], dtype, phi)
 
     def read(qi, keys, values, far):  # qi = phi(q_i) (B, H, 1, D), keys phi(k_j)
         scores = qi @ keys.transpose(-1, -2)
@@ -508,7 +516,7 @@ def kernelized_decay_step(
     def tail_key(key):  # [phi(k), 1]
         return torch.cat([key, torch.ones_like(key[..., :1])], dim=-1)
 
-    qf, kf = elu_feature_map(q.to(dtype)), elu_feature_map(k.to(dtype))
+    qf, kf = phi(q.to(dtype)), phi(k.to(dtype))
     vm = _mask_values(v.to(dtype), key_mask, normalise)
     out, keys, values, tail = decayed_window_steps(qf, kf, vm, state, decay, read, tail_key)
     return _finish(out, normalise).to(q.dtype), KernelizedDecayState(keys, values, tail, state.seen + q.shape[2])
@@ -535,7 +543,7 @@ def kernelized_decay_cross_summary(k: Tensor, v: Tensor, *, key_mask: Tensor | N
 
 def kernelized_decay_cross_step(
     q: Tensor, rel: Tensor | None, decay: Tensor, summary: KernelizedDecayCrossSummary, *, query_offset: int,
-    horizon: int | None = None, normalise: bool = False,
+    horizon: int | None = None, normalise: bool = False, feature_map: str = "elu",
 ) -> Tensor:
     """Bidirectional attention of queries (B, H, n, D) at positions query_offset.. on the summarised keys.
 
@@ -549,7 +557,7 @@ def kernelized_decay_cross_step(
     values = summary.values if normalise else summary.values[..., :-1]
     out = naive_kernelized_decay_attention(
         q.to(dtype), summary.keys, values, None if rel is None else rel.to(dtype), decay.to(dtype),
-        query_offset=query_offset, horizon=h,
+        query_offset=query_offset, horizon=h, feature_map=feature_map,
     )
     return _finish(out, normalise).to(q.dtype)
 

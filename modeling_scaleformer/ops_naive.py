@@ -27,6 +27,7 @@ from .ops_common import (
     DEFAULT_EPS,
     compute_dtype,
     elu_feature_map,
+    get_feature_map,
     guarded_normalise,
     horizon_of,
     normalise,
@@ -54,19 +55,20 @@ def _normalised_rows(scores: Tensor, v: Tensor) -> Tensor:
 
 def naive_kernelized_rpe_scores(
     q: Tensor, k: Tensor, rel: Tensor | None = None,
-    *, causal: bool = False, key_mask: Tensor | None = None, query_offset: int = 0,
+    *, causal: bool = False, key_mask: Tensor | None = None, query_offset: int = 0, feature_map: str = "elu",
 ) -> Tensor:
     """Unnormalised scores S (B, H, Lq, Lk) of kernelized attention with clipped relative positions.
 
     S_ij = phi(q_i).phi(k_j) + phi(q_i).phi(rel[r(i, j)]), r(i, j) = clip(i + query_offset - j, -h, h) + h,
-    set to 0 where j > i + query_offset (causal) or key_mask[j] == 0.
+    set to 0 where j > i + query_offset (causal) or key_mask[j] == 0; phi is `ops_common.FEATURE_MAPS[feature_map]`.
     """
     dtype = compute_dtype(q.dtype)
-    qf, kf = elu_feature_map(q.to(dtype)), elu_feature_map(k.to(dtype))
+    phi = get_feature_map(feature_map)
+    qf, kf = phi(q.to(dtype)), phi(k.to(dtype))
     lq, lk = q.shape[2], k.shape[2]
     scores = qf @ kf.transpose(-1, -2)
     if rel is not None:
-        rf = elu_feature_map(rel.to(dtype))
+        rf = phi(rel.to(dtype))
         rf = rf if rf.dim() == 3 else rf.unsqueeze(0)
         weights = torch.einsum("bhid,hrd->bhir", qf, rf.expand(q.shape[1], -1, -1))
         r = relative_index(*_positions(lq, lk, query_offset, q.device), horizon_of(rel))
@@ -152,10 +154,11 @@ def naive_toeplitz_attention(
 def naive_kernelized_decay_attention(
     q: Tensor, k: Tensor, v: Tensor, rel: Tensor | None, decay: Tensor,
     *, causal: bool = False, key_mask: Tensor | None = None, query_offset: int = 0, horizon: int | None = None,
-    normalise: bool = False,
+    normalise: bool = False, feature_map: str = "elu",
 ) -> Tensor:
     """Reference of `kernelized_decay_attention`: out_i = sum_j W_ij v_j with W_ij = S_ij exp(-lambda
-    max(|p_i - j| - h, 0)), S from `naive_kernelized_rpe_scores`; divided by sum_j W_ij when `normalise`.
+    max(|p_i - j| - h, 0)), S from `naive_kernelized_rpe_scores` (with `feature_map`); divided by sum_j W_ij
+    when `normalise`.
 
     Shapes: q (B, H, Lq, D), k (B, H, Lk, D), v (B, H, Lk, Dv), rel (H, 2h+1, D) or (2h+1, D) or None (then
     `horizon` gives h), decay (H,) of rates lambda >= 0, key_mask (B, Lk). Returns (B, H, Lq, Dv) in q's
@@ -163,7 +166,8 @@ def naive_kernelized_decay_attention(
     """
     dtype = compute_dtype(q.dtype)
     h = horizon_of(rel) if horizon is None else horizon
-    scores = naive_kernelized_rpe_scores(q, k, rel, causal=causal, key_mask=key_mask, query_offset=query_offset)
+    scores = naive_kernelized_rpe_scores(q, k, rel, causal=causal, key_mask=key_mask, query_offset=query_offset,
+                                         feature_map=feature_map)
     pq, pk = _positions(q.shape[2], k.shape[2], query_offset, q.device)
     beyond = ((pq[:, None] - pk[None, :]).abs() - h).clamp(min=0).to(dtype)  # (Lq, Lk)
     weight = torch.exp(-decay.to(dtype)[:, None, None] * beyond)  # (H, Lq, Lk)

@@ -11,7 +11,9 @@ attention module serves every variant:
 - `cross_summary(k, v, *, key_mask)`: what cross attention keeps of the encoder output, computed once;
 - `cross_step(q, params, summary, *, query_offset)`: cross attention of new queries on that summary.
 
-q, k, v have shape (B, H, L, D); `params` maps the parameter names to tensors in q's dtype. Each role is
+q, k, v have shape (B, H, L, D); `params` maps the parameter names to tensors in q's dtype and, for a variant
+whose `feature_maps` fact lists more than one feature map, `"feature_map"` to the configured one (a key of
+`ops_common.FEATURE_MAPS`). Each role is
 a named function of this module, `<family>_forward`, `_prefill`, `_decode`, `_cross_prefill`,
 `_cross_decode` and `_parameters` (a family's function serves every variant it fits, e.g.
 `kernelized_forward` with or without a `rel` table), and each entry names all of them, like
@@ -124,6 +126,8 @@ class AttentionVariant(NamedTuple):
             variant itself, relative positions included.
         normalised: whether the op divides by a row normaliser; when it does not, `ScaleformerAttention`
             puts a per-head RMSNorm and a SiLU output gate on its output.
+        feature_maps: the feature maps phi of its kernelized scores that `config.feature_map` may choose
+            (keys of `ops_common.FEATURE_MAPS`); the first is the default.
     """
 
     parameters: Callable[[int, int, int, bool], dict[str, ParameterSpec]]
@@ -139,6 +143,7 @@ class AttentionVariant(NamedTuple):
     rpe_shareable: bool
     cross_attention_rpe: bool
     normalised: bool = True
+    feature_maps: tuple[str, ...] = ("elu",)
 
 
 # `config.attention_mode` -> the ops' `mode`: the linear variants have both algorithms, the softmax
@@ -220,21 +225,29 @@ def _decay_rates(params: dict[str, Tensor]) -> Tensor:
     return torch.nn.functional.softplus(params["decay"])
 
 
+def _feature_map(params: dict) -> str:
+    return params.get("feature_map", "elu")
+
+
 def kernelized_decay_forward(q, k, v, params, *, causal, key_mask, query_offset, mode):
     return kernelized_decay_attention(
         q, k, v, _rel(params), _decay_rates(params), causal=causal, key_mask=key_mask, query_offset=query_offset,
-        mode=mode, normalise=True,
+        mode=mode, normalise=True, feature_map=_feature_map(params),
     )
 
 
 def kernelized_decay_prefill(k, v, params, *, key_mask):
     return kernelized_decay_prefill_state(
-        k, v, _decay_rates(params), horizon=horizon_of(_rel(params)), key_mask=key_mask, normalise=True
+        k, v, _decay_rates(params), horizon=horizon_of(_rel(params)), key_mask=key_mask, normalise=True,
+        feature_map=_feature_map(params),
     )
 
 
 def kernelized_decay_decode(q, k, v, params, state, *, key_mask):
-    return kernelized_decay_step(q, k, v, _rel(params), _decay_rates(params), state, key_mask=key_mask, normalise=True)
+    return kernelized_decay_step(
+        q, k, v, _rel(params), _decay_rates(params), state, key_mask=key_mask, normalise=True,
+        feature_map=_feature_map(params),
+    )
 
 
 def kernelized_decay_cross_prefill(k, v, *, key_mask):
@@ -243,27 +256,35 @@ def kernelized_decay_cross_prefill(k, v, *, key_mask):
 
 def kernelized_decay_cross_decode(q, params, summary, *, query_offset):
     return kernelized_decay_cross_step(
-        q, _rel(params), _decay_rates(params), summary, query_offset=query_offset, normalise=True
+        q, _rel(params), _decay_rates(params), summary, query_offset=query_offset, normalise=True,
+        feature_map=_feature_map(params),
     )
 
 
 def kernelized_decay_gated_forward(q, k, v, params, *, causal, key_mask, query_offset, mode):
     return kernelized_decay_attention(
         q, k, v, _rel(params), _decay_rates(params), causal=causal, key_mask=key_mask, query_offset=query_offset,
-        mode=mode,
+        mode=mode, feature_map=_feature_map(params),
     )
 
 
 def kernelized_decay_gated_prefill(k, v, params, *, key_mask):
-    return kernelized_decay_prefill_state(k, v, _decay_rates(params), horizon=horizon_of(_rel(params)), key_mask=key_mask)
+    return kernelized_decay_prefill_state(
+        k, v, _decay_rates(params), horizon=horizon_of(_rel(params)), key_mask=key_mask,
+        feature_map=_feature_map(params),
+    )
 
 
 def kernelized_decay_gated_decode(q, k, v, params, state, *, key_mask):
-    return kernelized_decay_step(q, k, v, _rel(params), _decay_rates(params), state, key_mask=key_mask)
+    return kernelized_decay_step(
+        q, k, v, _rel(params), _decay_rates(params), state, key_mask=key_mask, feature_map=_feature_map(params)
+    )
 
 
 def kernelized_decay_gated_cross_decode(q, params, summary, *, query_offset):
-    return kernelized_decay_cross_step(q, _rel(params), _decay_rates(params), summary, query_offset=query_offset)
+    return kernelized_decay_cross_step(
+        q, _rel(params), _decay_rates(params), summary, query_offset=query_offset, feature_map=_feature_map(params)
+    )
 
 
 KERNELIZED_DECAY = AttentionVariant(
@@ -272,6 +293,7 @@ KERNELIZED_DECAY = AttentionVariant(
     softmax=False, modes=LINEAR_MODES, constant_state=True, rpe_shareable=True, cross_attention_rpe=True,
     parameters=decay_parameters, attention=kernelized_decay_forward, prefill_state=kernelized_decay_prefill,
     step=kernelized_decay_decode, cross_summary=kernelized_decay_cross_prefill, cross_step=kernelized_decay_cross_decode,
+    feature_maps=("elu", "relu"),
 )
 KERNELIZED_DECAY_GATED = AttentionVariant(
     description="(phi(q_i).phi(k_j) + phi(q_i).phi(rel[r(i, j)])) exp(-lambda max(|i - j| - h, 0)), no row "
@@ -280,6 +302,7 @@ KERNELIZED_DECAY_GATED = AttentionVariant(
     normalised=False, parameters=decay_parameters, attention=kernelized_decay_gated_forward,
     prefill_state=kernelized_decay_gated_prefill, step=kernelized_decay_gated_decode,
     cross_summary=kernelized_decay_cross_prefill, cross_step=kernelized_decay_gated_cross_decode,
+    feature_maps=("elu", "relu"),
 )
 
 

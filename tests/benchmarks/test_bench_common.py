@@ -99,8 +99,14 @@ def test_bench_quality_model_names(import_benchmark):
     assert parse_model_name("scaleformer:kernelized_decay+cross_rpe+fast_decay+post_ln") == ModelSpec(
         "scaleformer", "kernelized_decay", True, None, "post", models.FAST_DECAY_RATE_RANGE)
     assert parse_model_name("scaleformer:kernelized_decay_gated+cross_rpe").cross_attention_rpe
+    assert parse_model_name("scaleformer:kernelized_decay_gated+cross_rpe+slow_decay+relu+joint+post_ln") == ModelSpec(
+        "scaleformer", "kernelized_decay_gated", True, None, "post", models.SLOW_DECAY_RATE_RANGE, "relu", "joint")
+    assert parse_model_name("scaleformer:kernelized_decay+relu").feature_map == "relu"
     for bad in ("scaleformer+sinusoidal+cross_rpe", "scaleformer:softmax+cross_rpe", "bart+sinusoidal",
                 "scaleformer+fast_decay", "scaleformer:kernelized_decay+fast_decay+cross_rpe",
+                "scaleformer:kernelized_decay+fast_decay+slow_decay", "scaleformer+relu",
+                "scaleformer:kernelized_decay+cross_rpe+joint", "scaleformer:kernelized_decay_gated+joint",
+                "scaleformer:kernelized_decay_gated+cross_rpe+joint+relu",
                 "scaleformer:nope", "scaleformer+cross_rpe+cross_rpe", "scaleformer+post_ln+sinusoidal",
                 "scaleformer+", "t5+post_ln"):
         with pytest.raises(ValueError, match="unknown model"):

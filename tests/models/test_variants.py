@@ -274,24 +274,32 @@ print("remote ok")
 """
 
 
+# every attention type with its defaults, and the options that change the decoder layer or the ops
+SAVED = [(t, t, {}) for t in ATTENTION_TYPES] + [
+    ("joint-relu", "kernelized_decay_gated",
+     dict(cross_attention_rpe=True, decoder_attention="joint", feature_map="relu")),
+]
+
+
 def test_save_load_and_remote_code_for_every_attention_type(tmp_path, tiny_config):
     jobs = []
-    for attention_type in ATTENTION_TYPES:
+    for label, attention_type, overrides in SAVED:
         for kind, cls, auto in (
             ("seq2seq", ScaleformerForConditionalGeneration, AutoModelForSeq2SeqLM),
             ("causal", ScaleformerForCausalLM, AutoModelForCausalLM),
         ):
             torch.manual_seed(0)
-            model = randomise_variant_parameters(cls(tiny_config(attention_type)).eval())
-            folder = tmp_path / f"{attention_type}-{kind}"
+            model = randomise_variant_parameters(cls(tiny_config(attention_type, **overrides)).eval())
+            folder = tmp_path / f"{label}-{kind}"
             model.save_pretrained(folder)
             loaded = auto.from_pretrained(folder).eval()
             assert loaded.config.attention_type == attention_type
+            assert list(model.state_dict()) == list(loaded.state_dict()), label
             for (n, a), (_, b) in zip(model.state_dict().items(), loaded.state_dict().items()):
-                assert torch.equal(a, b), (attention_type, n)
+                assert torch.equal(a, b), (label, n)
             reference = model.generate(torch.tensor([[5, 6, 7, 8, 9, 10]]), max_new_tokens=6, do_sample=False)
-            torch.save(reference, tmp_path / f"{attention_type}-{kind}.pt")
-            jobs.append((str(folder), str(tmp_path / f"{attention_type}-{kind}.pt"), kind))
+            torch.save(reference, tmp_path / f"{label}-{kind}.pt")
+            jobs.append((str(folder), str(tmp_path / f"{label}-{kind}.pt"), kind))
     script = tmp_path / "load.py"
     script.write_text(textwrap.dedent(REMOTE))
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}

@@ -334,9 +334,10 @@ comparison = _factory("assert_matches", assert_matches, assert_matches.__doc__)
 precision = _factory("assert_low_precision", assert_low_precision, assert_low_precision.__doc__)
 
 
-def decay_loop(q, k, v, rel, decay, causal, key_mask, offset, horizon, normalise=False):
+def decay_loop(q, k, v, rel, decay, causal, key_mask, offset, horizon, normalise=False, feature_map="elu"):
     """Kernelized RPE scores times exp(-decay[h] max(|p_i - j| - horizon, 0)), summed, divided by the sum of
-    the weights when `normalise`, with Python loops."""
+    the weights when `normalise`, with Python loops; phi is elu + 1 or, with `feature_map="relu"`, max(x, 0)."""
+    phi = {"elu": _phi, "relu": lambda x: torch.where(x > 0, x, torch.zeros_like(x))}[feature_map]
     b, h, lq, _ = q.shape
     out = torch.zeros(b, h, lq, v.shape[-1], dtype=q.dtype)
     for bi in range(b):
@@ -346,11 +347,11 @@ def decay_loop(q, k, v, rel, decay, causal, key_mask, offset, horizon, normalise
                 for j in range(k.shape[2]):
                     if _hidden(bi, i, j, causal, key_mask, offset):
                         continue
-                    s = _phi(q[bi, hi, i]) @ _phi(k[bi, hi, j])
+                    s = phi(q[bi, hi, i]) @ phi(k[bi, hi, j])
                     t = i + offset - j
                     if rel is not None:
                         table = rel if rel.dim() == 2 else rel[hi]
-                        s = s + _phi(q[bi, hi, i]) @ _phi(table[min(max(t, -horizon), horizon) + horizon])
+                        s = s + phi(q[bi, hi, i]) @ phi(table[min(max(t, -horizon), horizon) + horizon])
                     w = s * math.exp(-decay[hi].item() * max(abs(t) - horizon, 0))
                     out[bi, hi, i] += w * v[bi, hi, j]
                     den += w

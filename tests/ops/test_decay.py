@@ -23,15 +23,18 @@ F64 = torch.float64
 
 
 NORMALISE = pytest.mark.parametrize("normalise", [False, True], ids=["sum", "normalised"])
+FEATURE_MAP = pytest.mark.parametrize("feature_map", ["elu", "relu"])
 
 
+@FEATURE_MAP
 @NORMALISE
 @pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
 @pytest.mark.parametrize("chunk", [1, 4, 64])
-def test_chunk(decay_case, causal, chunk, normalise, decay_inputs, split_case, check_decay_op):
+def test_chunk(decay_case, causal, chunk, normalise, feature_map, decay_inputs, split_case, check_decay_op):
     inputs, offset = split_case(decay_inputs, decay_case)
     fn = functools.partial(chunk_kernelized_decay_attention, chunk_size=chunk)
-    check_decay_op(fn, naive_kernelized_decay_attention, inputs, causal, offset, normalise=normalise)
+    check_decay_op(fn, naive_kernelized_decay_attention, inputs, causal, offset, normalise=normalise,
+                   feature_map=feature_map)
 
 
 @NORMALISE
@@ -42,15 +45,16 @@ def test_linear_mode_default_chunk(causal, normalise, decay_inputs, check_decay_
     check_decay_op(fn, naive_kernelized_decay_attention, inputs, causal, 3, normalise=normalise)
 
 
+@FEATURE_MAP
 @NORMALISE
-def test_chunk_gradcheck(normalise, decay_inputs):
+def test_chunk_gradcheck(normalise, feature_map, decay_inputs):
     q, k, v, rel, decay, key_mask, horizon = decay_inputs(b=1, h=2, lq=9, lk=8, d=3, dv=2, horizon=1, mask="padding")
     leaves = tuple(t.requires_grad_(True) for t in (q, k, v, rel, decay))
     for causal in (False, True):
         torch.autograd.gradcheck(
             lambda q, k, v, rel, decay: chunk_kernelized_decay_attention(
                 q, k, v, rel, decay, causal=causal, key_mask=key_mask, query_offset=1, chunk_size=2,
-                normalise=normalise,
+                normalise=normalise, feature_map=feature_map,
             ),
             leaves,
         )
@@ -74,6 +78,18 @@ def test_zero_decay_is_the_unnormalised_kernelized_rpe_sum(decay_inputs):
                                                key_mask=key_mask, chunk_size=4)
         expected = naive_kernelized_rpe_scores(q, k, rel, causal=causal, key_mask=key_mask) @ v
         torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-12)
+
+
+def test_relu_feature_map_gives_scores_of_zero(decay_inputs):
+    """With phi = max(x, 0), a query whose coordinates are all negative gives every key a weight of exactly 0 (elu + 1
+    never does), and so does a key whose coordinates are all negative, beyond the horizon's relative term."""
+    q, k, v, rel, decay, _, horizon = decay_inputs(b=1, h=2, lq=6, lk=6, horizon=1)
+    q[:, :, 2] = -q[:, :, 2].abs() - 0.1
+    for feature_map, zero in (("relu", True), ("elu", False)):
+        out = chunk_kernelized_decay_attention(q, k, v, rel, decay, causal=True, chunk_size=2, feature_map=feature_map)
+        assert bool((out[:, :, 2] == 0).all()) is zero
+    scores = naive_kernelized_rpe_scores(q, -k.abs() - 0.1, None, feature_map="relu")
+    assert bool((scores == 0).all())
 
 
 def test_fast_decay_leaves_only_the_band(decay_inputs):
@@ -125,14 +141,15 @@ def test_choose_mode():
     assert picks[12:] == sorted(picks[12:], key=lambda m: m == "linear")
 
 
+@FEATURE_MAP
 @NORMALISE
 @pytest.mark.parametrize("horizon", [0, 1, 3])
 @pytest.mark.parametrize("no_rel", [False, True], ids=["rel", "no-rel"])
 @pytest.mark.parametrize("mask", [None, "padding"])
-def test_step_token_by_token_and_in_pieces(horizon, no_rel, mask, normalise, decay_inputs):
+def test_step_token_by_token_and_in_pieces(horizon, no_rel, mask, normalise, feature_map, decay_inputs):
     q, k, v, rel, decay, key_mask, _ = decay_inputs(b=2, h=2, lq=13, lk=13, horizon=horizon, mask=mask, no_rel=no_rel)
     full = naive_kernelized_decay_attention(q, k, v, rel, decay, causal=True, key_mask=key_mask, horizon=horizon,
-                                            normalise=normalise)
+                                            normalise=normalise, feature_map=feature_map)
     for pieces in ([1] * 13, [3, 1, 5, 4], [13]):
         state = kernelized_decay_initial_state(2, 2, 5, 4, horizon, dtype=F64, normalise=normalise)
         outs, start = [], 0
@@ -140,7 +157,7 @@ def test_step_token_by_token_and_in_pieces(horizon, no_rel, mask, normalise, dec
             sl = slice(start, start + n)
             m = None if key_mask is None else key_mask[:, sl]
             o, state = kernelized_decay_step(q[:, :, sl], k[:, :, sl], v[:, :, sl], rel, decay, state, key_mask=m,
-                                             horizon=horizon, normalise=normalise)
+                                             horizon=horizon, normalise=normalise, feature_map=feature_map)
             outs.append(o)
             start += n
         torch.testing.assert_close(torch.cat(outs, dim=2), full, rtol=1e-10, atol=1e-12)
@@ -149,16 +166,18 @@ def test_step_token_by_token_and_in_pieces(horizon, no_rel, mask, normalise, dec
         assert tuple(state.keys.shape) == (2, 2, horizon, 5) and tuple(state.tail.shape) == (2, 2, 6, dv)
 
 
+@FEATURE_MAP
 @NORMALISE
 @pytest.mark.parametrize("prompt", [1, 2, 3, 9])
-def test_prefill_state_then_steps(prompt, normalise, decay_inputs):
+def test_prefill_state_then_steps(prompt, normalise, feature_map, decay_inputs):
     q, k, v, rel, decay, key_mask, horizon = decay_inputs(b=2, h=2, lq=12, lk=12, horizon=3, mask="padding")
-    full = naive_kernelized_decay_attention(q, k, v, rel, decay, causal=True, key_mask=key_mask, normalise=normalise)
+    full = naive_kernelized_decay_attention(q, k, v, rel, decay, causal=True, key_mask=key_mask, normalise=normalise,
+                                            feature_map=feature_map)
     state = kernelized_decay_prefill_state(k[:, :, :prompt], v[:, :, :prompt], decay, horizon=horizon,
-                                           key_mask=key_mask[:, :prompt], normalise=normalise)
+                                           key_mask=key_mask[:, :prompt], normalise=normalise, feature_map=feature_map)
     assert state.seen == prompt
     out, state = kernelized_decay_step(q[:, :, prompt:], k[:, :, prompt:], v[:, :, prompt:], rel, decay, state,
-                                       key_mask=key_mask[:, prompt:], normalise=normalise)
+                                       key_mask=key_mask[:, prompt:], normalise=normalise, feature_map=feature_map)
     torch.testing.assert_close(out, full[:, :, prompt:], rtol=1e-10, atol=1e-12)
 
 
@@ -186,6 +205,8 @@ def test_errors_name_the_argument(decay_inputs):
         kernelized_decay_attention(q, k, v, rel, decay, horizon=2)
     with pytest.raises(ValueError, match="`mode` must be one of"):
         kernelized_decay_attention(q, k, v, rel, decay, mode="fast")
+    with pytest.raises(ValueError, match="`feature_map` must be one of \\('elu', 'relu'\\), got 'softplus'"):
+        kernelized_decay_attention(q, k, v, rel, decay, feature_map="softplus")
     with pytest.raises(ValueError, match="`state` must be a KernelizedDecayState"):
         kernelized_decay_step(q[:, :, :1], k[:, :, :1], v[:, :, :1], rel, decay, None)
     wrong = kernelized_decay_initial_state(2, 3, 5, 4, horizon + 1, dtype=F64)
@@ -194,15 +215,18 @@ def test_errors_name_the_argument(decay_inputs):
     assert isinstance(wrong, KernelizedDecayState)
 
 
+@FEATURE_MAP
 @NORMALISE
 @pytest.mark.parametrize("mask", [None, "random"])
-def test_cross_summary_and_steps_match_the_full_attention(mask, normalise, decay_inputs):
+def test_cross_summary_and_steps_match_the_full_attention(mask, normalise, feature_map, decay_inputs):
     from modeling_scaleformer.ops_decay import kernelized_decay_cross_step, kernelized_decay_cross_summary
 
     q, k, v, rel, decay, key_mask, horizon = decay_inputs(b=2, h=2, lq=12, lk=30, horizon=2, mask=mask)
-    full = naive_kernelized_decay_attention(q, k, v, rel, decay, key_mask=key_mask, normalise=normalise)
+    full = naive_kernelized_decay_attention(q, k, v, rel, decay, key_mask=key_mask, normalise=normalise,
+                                            feature_map=feature_map)
     summary = kernelized_decay_cross_summary(k, v, key_mask=key_mask)
-    steps = [kernelized_decay_cross_step(q[:, :, i:i + 1], rel, decay, summary, query_offset=i, normalise=normalise)
+    steps = [kernelized_decay_cross_step(q[:, :, i:i + 1], rel, decay, summary, query_offset=i, normalise=normalise,
+                                         feature_map=feature_map)
              for i in range(12)]
     torch.testing.assert_close(torch.cat(steps, dim=2), full, rtol=1e-10, atol=1e-12)
     with pytest.raises(ValueError, match="`summary` must be a KernelizedDecayCrossSummary"):

@@ -33,14 +33,17 @@ def test_toeplitz_matches_loop_formula(toeplitz_case, toeplitz_inputs, toeplitz_
     check_both_directions(naive_toeplitz_attention, toeplitz_loop, inputs, offset)
 
 
+@pytest.mark.parametrize("feature_map", ["elu", "relu"])
 @pytest.mark.parametrize("normalise", [False, True], ids=["sum", "normalised"])
-def test_kernelized_decay_matches_loop_formula(normalise, decay_case, decay_inputs, decay_loop, split_case):
+def test_kernelized_decay_matches_loop_formula(
+    normalise, feature_map, decay_case, decay_inputs, decay_loop, split_case
+):
     (q, k, v, rel, decay, key_mask, horizon), offset = split_case(decay_inputs, decay_case)
     for causal in (False, True):
-        expected = decay_loop(q, k, v, rel, decay, causal, key_mask, offset, horizon, normalise)
+        expected = decay_loop(q, k, v, rel, decay, causal, key_mask, offset, horizon, normalise, feature_map)
         got = naive_kernelized_decay_attention(
             q, k, v, rel, decay, causal=causal, key_mask=key_mask, query_offset=offset, horizon=horizon,
-            normalise=normalise,
+            normalise=normalise, feature_map=feature_map,
         )
         torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-12)
 

@@ -1,0 +1,162 @@
+"""The feature map choice and the decoder's joint attention (`feature_map`, `decoder_attention`) through the models:
+the joint layer against its formula, cached decoding against teacher forcing, generate() with and without the
+cache, and the configuration's errors."""
+
+import pytest
+import torch
+from torch.nn import functional as F
+
+from modeling_scaleformer import ScaleformerConfig, ScaleformerForCausalLM, ScaleformerForConditionalGeneration
+from modeling_scaleformer.ops_naive import naive_kernelized_decay_attention
+
+
+JOINT = dict(attention_type="kernelized_decay_gated", cross_attention_rpe=True, decoder_attention="joint")
+
+CONFIGS = [
+    pytest.param(dict(JOINT, feature_map="relu"), id="joint-relu"),
+    pytest.param(dict(JOINT, feature_map="elu", layer_norm_position="pre"), id="joint-elu-pre"),
+    pytest.param(dict(attention_type="kernelized_decay_gated", feature_map="relu"), id="gated-relu"),
+    pytest.param(dict(attention_type="kernelized_decay", cross_attention_rpe=True, feature_map="relu"),
+                 id="normalised-relu-cross-rpe"),
+]
+
+
+def randomised(model, seed=0):
+    """Move the relative tables and decay rates away from their initialisation."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith((".rel", ".decay")):
+                param.add_(0.3 * torch.randn(param.shape, generator=g, dtype=param.dtype))
+    return model
+
+
+def test_joint_decoder_layer_is_one_gated_sum_over_both_sources(tiny_config, batch):
+    """out = x + o_proj(RMSNorm(A_self + A_cross) * silu(g_proj(x))) (post-norm: then the layer norm), with A_self
+    the causal attention of the queries on the decoder's keys and A_cross their attention on the encoder's keys,
+    both with the configured feature map, then the feed-forward block."""
+    torch.manual_seed(0)
+    config = tiny_config(**JOINT, feature_map="relu")
+    model = randomised(ScaleformerForConditionalGeneration(config).double().eval())
+    layer = model.model.decoder.layers[1]
+    x = torch.randn(3, 9, 16, dtype=torch.float64)
+    encoder = torch.randn(3, 11, 16, dtype=torch.float64)
+    _, mask = batch(b=3, ls=9, padding="right")
+    _, encoder_mask = batch(b=3, ls=11, padding="left")
+    attn, cross = layer.self_attn, layer.encoder_attn
+
+    def heads(t):
+        return t.view(t.shape[0], t.shape[1], 2, 8).transpose(1, 2)
+
+    q = heads(attn.q_proj(x))
+    own = naive_kernelized_decay_attention(
+        q, heads(attn.k_proj(x)), heads(attn.v_proj(x)), attn.rel, F.softplus(attn.decay), causal=True,
+        key_mask=mask, feature_map="relu",
+    )
+    source = naive_kernelized_decay_attention(
+        q, heads(cross.k_proj(encoder)), heads(cross.v_proj(encoder)), cross.rel, F.softplus(cross.decay),
+        key_mask=encoder_mask, feature_map="relu",
+    )
+    total = own + source
+    normed = total * torch.rsqrt(total.pow(2).mean(-1, keepdim=True) + config.layer_norm_eps) * attn.out_norm.weight
+    out = attn.o_proj(normed.transpose(1, 2).reshape(3, 9, 16) * F.silu(attn.g_proj(x)))
+    hidden = layer.self_attn_layer_norm(x + out)
+    expected = layer.ffn_layer_norm(hidden + layer.ffn(hidden))
+    got = layer(x, encoder, key_mask=mask, encoder_key_mask=encoder_mask)
+    torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-12)
+    assert (source.abs().amax() > 1e-3) and (own.abs().amax() > 1e-3)  # both sums take part
+
+
+def test_joint_decoder_layer_has_one_set_of_queries_norm_gate_and_output(tiny_config):
+    separate = ScaleformerForConditionalGeneration(tiny_config(**dict(JOINT, decoder_attention="separate")))
+    joint = ScaleformerForConditionalGeneration(tiny_config(**JOINT))
+    layer = joint.model.decoder.layers[0]
+    assert layer.joint and not separate.model.decoder.layers[0].joint
+    assert sorted(name for name, _ in layer.encoder_attn.named_parameters()) == [
+        "decay", "k_proj.bias", "k_proj.weight", "rel", "v_proj.bias", "v_proj.weight"
+    ]
+    assert not hasattr(layer, "encoder_attn_layer_norm")
+    saved = sum(p.numel() for p in separate.parameters()) - sum(p.numel() for p in joint.parameters())
+    # per decoder layer: q_proj, o_proj, g_proj (16 x 16 + 16 each), the output RMSNorm (8) and a layer norm (32)
+    assert saved == 2 * (3 * (16 * 16 + 16) + 8 + 32)
+    # the encoder, and a decoder-only model, do not change
+    assert not any(layer.joint for layer in ScaleformerForCausalLM(tiny_config(**JOINT)).model.layers)
+
+
+@pytest.mark.parametrize("padding", ["left", "right"])
+@pytest.mark.parametrize("overrides", CONFIGS)
+def test_cached_decoding_equals_teacher_forcing(overrides, padding, tiny_config, batch):
+    torch.manual_seed(0)
+    model = randomised(ScaleformerForConditionalGeneration(tiny_config(**overrides)).double().eval())
+    src, src_mask = batch(padding=padding)
+    tgt, tgt_mask = batch(ls=9, padding=padding, seed=1)
+    full = model(input_ids=src, attention_mask=src_mask, decoder_input_ids=tgt, decoder_attention_mask=tgt_mask).logits
+    encoder_outputs = model.get_encoder()(input_ids=src, attention_mask=src_mask)
+    for pieces in ([1] * 9, [4, 1, 3, 1]):
+        cache, logits, start = None, [], 0
+        for n in pieces:
+            out = model(
+                encoder_outputs=encoder_outputs, attention_mask=src_mask,
+                decoder_input_ids=tgt[:, start : start + n], decoder_attention_mask=tgt_mask[:, : start + n],
+                past_key_values=cache, use_cache=True,
+            )
+            cache, start = out.past_key_values, start + n
+            logits.append(out.logits)
+        torch.testing.assert_close(torch.cat(logits, 1), full, rtol=0, atol=1e-9)
+
+
+@pytest.mark.parametrize("kwargs", [dict(do_sample=False), dict(num_beams=3, do_sample=False)], ids=["greedy", "beam"])
+def test_joint_generate_same_with_and_without_cache(kwargs, tiny_config, batch):
+    torch.manual_seed(0)
+    model = randomised(ScaleformerForConditionalGeneration(tiny_config(**JOINT, feature_map="relu",
+                                                                       layer_norm_position="pre")).eval())
+    src, src_mask = batch()
+    results = [
+        model.generate(src, attention_mask=src_mask, max_new_tokens=10, use_cache=use_cache, **kwargs)
+        for use_cache in (True, False)
+    ]
+    assert torch.equal(results[0], results[1])
+    assert len(set(results[0][:, 1:].flatten().tolist())) > 1
+
+
+def test_feature_map_changes_the_model(tiny_config, batch):
+    """The same weights under elu + 1 and max(x, 0) give different outputs: the option reaches the ops."""
+    torch.manual_seed(0)
+    elu = randomised(ScaleformerForConditionalGeneration(tiny_config(**JOINT)).double().eval())
+    relu = ScaleformerForConditionalGeneration(tiny_config(**JOINT, feature_map="relu")).double().eval()
+    relu.load_state_dict(elu.state_dict())
+    src, src_mask = batch()
+    tgt, _ = batch(ls=9, padding="right", seed=1)
+    a = elu(input_ids=src, attention_mask=src_mask, decoder_input_ids=tgt).logits
+    b = relu(input_ids=src, attention_mask=src_mask, decoder_input_ids=tgt).logits
+    assert (a - b).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        pytest.param(dict(attention_type="kernelized_rpe", feature_map="relu"),
+                     "`feature_map` 'relu' applies to attention_type", id="relu-on-kernelized-rpe"),
+        pytest.param(dict(attention_type="kernelized_decay", cross_attention_rpe=True, decoder_attention="joint"),
+                     "`decoder_attention='joint'`.*attention_type 'kernelized_decay'", id="joint-normalised"),
+        pytest.param(
+            dict(attention_type="kernelized_decay_gated", cross_attention_rpe=False, decoder_attention="joint"),
+            "`decoder_attention='joint'`.*cross_attention_rpe", id="joint-without-cross-rpe",
+        ),
+        pytest.param(dict(attention_type="kernelized_decay_gated", feature_map="softplus"), "feature_map",
+                     id="unknown-feature-map"),
+        pytest.param(dict(decoder_attention="both"), "decoder_attention", id="unknown-decoder-attention"),
+    ],
+)
+def test_config_rejects_what_the_options_do_not_cover(overrides, message, tiny_config):
+    # huggingface_hub wraps the ValueError of validate_architecture in StrictDataclassClassValidationError
+    with pytest.raises(Exception, match=message):
+        tiny_config(**overrides)
+
+
+def test_config_round_trips_the_options(tmp_path):
+    config = ScaleformerConfig(**JOINT, feature_map="relu")
+    config.save_pretrained(tmp_path)
+    loaded = ScaleformerConfig.from_pretrained(tmp_path)
+    assert (loaded.feature_map, loaded.decoder_attention) == ("relu", "joint")
+    assert (ScaleformerConfig().feature_map, ScaleformerConfig().decoder_attention) == ("elu", "separate")
