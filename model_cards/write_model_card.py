@@ -68,7 +68,8 @@ ATTENTION_WORDS = {
 ARCHITECTURE_FIELDS: tuple[str, ...] = (
     "model_type", "is_encoder_decoder", "d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads",
     "decoder_attention_heads", "encoder_ffn_dim", "decoder_ffn_dim", "activation_function", "attention_type",
-    "attention_mode", "rpe_horizon", "rpe_shared_across_heads", "cross_attention_rpe", "absolute_positions",
+    "attention_mode", "rpe_horizon", "rpe_shared_across_heads", "cross_attention_rpe", "feature_map",
+    "decoder_attention", "absolute_positions",
     "layer_norm_position", "vocab_size", "tie_word_embeddings", "dropout", "attention_dropout", "activation_dropout",
 )
 METRICS = {  # metric (without its split prefix) -> (Hub metric id, what it is)
@@ -214,7 +215,14 @@ def architecture_paragraph(config: Mapping, n_parameters: int) -> str:
         shape = (f"Decoder-only stack of {config['decoder_layers']} layers ({norm}-norm), width {config['d_model']}, "
                  f"{config['decoder_attention_heads']} attention heads ({size})")
         objective = "Trained with next-token cross-entropy."
-    attention = "Attention is " + ATTENTION_WORDS[config["attention_type"]].format(h=config["rpe_horizon"])
+    words = ATTENTION_WORDS[config["attention_type"]].format(h=config["rpe_horizon"])
+    if config.get("feature_map", "elu") == "relu":
+        relu = words.replace("elu(x) + 1", "max(x, 0)")
+        words = relu if relu != words else words + ", with phi(x) = max(x, 0)"
+    attention = "Attention is " + words
+    if config["is_encoder_decoder"] and config.get("decoder_attention") == "joint":
+        attention += ("; each decoder layer reads its own tokens and the encoder's with one set of queries, the two "
+                      "sums added before one output norm, gate and projection")
     attention += f"; it costs time {'quadratic' if variant.softmax else 'linear'} in the sequence length, and "
     attention += ("generation keeps a state of constant size instead of a growing key/value cache"
                   if variant.constant_state else "generation keeps a key/value cache")

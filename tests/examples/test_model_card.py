@@ -82,6 +82,11 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, ScaleformerFo
                      ["softmax attention with no relative-position term", "quadratic", "no position information",
                       "bag of tokens", "`attention_type='softmax'` is softmax attention"],
                      ["kernelized", "linear in the sequence", "clipped"], id="softmax"),
+        pytest.param({"attention_type": "kernelized_decay_gated", "feature_map": "relu", "decoder_attention": "joint"},
+                     ["summed without a row normaliser", "with phi(x) = max(x, 0)", "reads its own tokens and the "
+                      "encoder's with one set of queries"], ["elu"], id="joint-relu"),
+        pytest.param({"attention_type": "kernelized_decay", "feature_map": "relu"},
+                     ["phi(k) with phi(x) = max(x, 0), normalised"], ["elu", "one set of queries"], id="relu"),
         pytest.param({"attention_type": "toeplitz", "rpe_horizon": 8},
                      ["exp(b), offsets clipped to [-8, 8], by FFT", "linear in the sequence length",
                       "clipped at a horizon of 8"], ["quadratic"], id="toeplitz"),
