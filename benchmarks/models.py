@@ -281,7 +281,7 @@ class ModelSpec(NamedTuple):
     decoder_attention: str = "separate"
 
 
-MODEL_SUFFIXES = ("cross_rpe", "fast_decay", "slow_decay", "relu", "joint", "sinusoidal", "post_ln")
+MODEL_SUFFIXES = ("cross_rpe", "fast_decay", "slow_decay", "relu", "joint", "count", "sinusoidal", "post_ln")
 FAST_DECAY_RATE_RANGE = (0.5, 0.0625)  # `+fast_decay`: half-lives of 1.4 to 11 positions beyond the horizon
 SLOW_DECAY_RATE_RANGE = (1e-4, 1e-5)  # `+slow_decay`: half-lives of 6,900 to 69,000 positions (almost none)
 CROSS_RPE_TYPES = tuple(name for name, variant in ATTENTION_VARIANTS.items() if variant.cross_attention_rpe)
@@ -294,15 +294,15 @@ def parse_model_name(name: str, baselines: Sequence[str] = BASELINES) -> ModelSp
     `scaleformer:TYPE` followed by any of `+cross_rpe` (relative positions in cross-attention too, for the types
     whose `cross_attention_rpe` fact is set), `+fast_decay` / `+slow_decay` (decay types: `decay_rate_range`
     `FAST_DECAY_RATE_RANGE` / `SLOW_DECAY_RATE_RANGE`), `+relu` (`feature_map="relu"`, `RELU_TYPES`), `+joint`
-    (`decoder_attention="joint"`, `JOINT_TYPES` with `+cross_rpe`), `+sinusoidal` (absolute positions) and
-    `+post_ln` (post-norm blocks), in that order."""
+    or `+count` (`decoder_attention="joint"` / `"count"`, `JOINT_TYPES` with `+cross_rpe`), `+sinusoidal`
+    (absolute positions) and `+post_ln` (post-norm blocks), in that order."""
     base, *suffixes = name.split("+")
     kind, _, attention_type = base.partition(":")
     usage = (f"unknown model {name!r}; use {', '.join(baselines)}, or scaleformer or scaleformer:TYPE with TYPE in "
              f"{', '.join(ATTENTION_TYPES)}, followed by any of " + ", ".join(f"+{x}" for x in MODEL_SUFFIXES)
              + " in that order (+cross_rpe with " + ", ".join(CROSS_RPE_TYPES) + " only, +fast_decay or +slow_decay "
-             "with " + ", ".join(DECAY_TYPES) + " only, +relu with " + ", ".join(RELU_TYPES) + " only, +joint with "
-             + ", ".join(JOINT_TYPES) + " and +cross_rpe only)")
+             "with " + ", ".join(DECAY_TYPES) + " only, +relu with " + ", ".join(RELU_TYPES) + " only, +joint or +count "
+             "with " + ", ".join(JOINT_TYPES) + " and +cross_rpe only)")
     if kind in baselines and not attention_type and not suffixes:
         return ModelSpec(kind, None)
     if kind != "scaleformer" or (attention_type and attention_type not in ATTENTION_TYPES):
@@ -317,13 +317,14 @@ def parse_model_name(name: str, baselines: Sequence[str] = BASELINES) -> ModelSp
         raise ValueError(usage)
     if "relu" in suffixes and resolved not in RELU_TYPES:
         raise ValueError(usage)
-    if "joint" in suffixes and (resolved not in JOINT_TYPES or "cross_rpe" not in suffixes):
+    joint = [x for x in ("joint", "count") if x in suffixes]
+    if joint and (resolved not in JOINT_TYPES or "cross_rpe" not in suffixes or len(joint) > 1):
         raise ValueError(usage)
     rates = {"fast_decay": FAST_DECAY_RATE_RANGE, "slow_decay": SLOW_DECAY_RATE_RANGE}
     return ModelSpec(kind, attention_type or None, "cross_rpe" in suffixes,
                      "sinusoidal" if "sinusoidal" in suffixes else None, "post" if "post_ln" in suffixes else "pre",
                      rates[decays[0]] if decays else None, "relu" if "relu" in suffixes else "elu",
-                     "joint" if "joint" in suffixes else "separate")
+                     joint[0] if joint else "separate")
 
 
 def build_seq2seq(name: str, seed: int, size: ModelSize, dropout: float, bart_max_positions: int, *,

@@ -220,9 +220,12 @@ def architecture_paragraph(config: Mapping, n_parameters: int) -> str:
         relu = words.replace("elu(x) + 1", "max(x, 0)")
         words = relu if relu != words else words + ", with phi(x) = max(x, 0)"
     attention = "Attention is " + words
-    if config["is_encoder_decoder"] and config.get("decoder_attention") == "joint":
+    if config["is_encoder_decoder"] and config.get("decoder_attention") in ("joint", "count"):
         attention += ("; each decoder layer reads its own tokens and the encoder's with one set of queries, the two "
                       "sums added before one output norm, gate and projection")
+    if config["is_encoder_decoder"] and config.get("decoder_attention") == "count":
+        attention += (", and the first reads the source tokens themselves in place of the encoder's output, with the "
+                      "written tokens' projections and the values negated: it sums what remains to be written")
     attention += f"; it costs time {'quadratic' if variant.softmax else 'linear'} in the sequence length, and "
     attention += ("generation keeps a state of constant size instead of a growing key/value cache"
                   if variant.constant_state else "generation keeps a key/value cache")

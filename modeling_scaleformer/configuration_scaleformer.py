@@ -114,8 +114,12 @@ class ScaleformerConfig(PreTrainedConfig):
             `"joint"`: one attention block whose queries read the decoder's keys (causal, `attention_type`) and
             the encoder's (cross attention with relative positions), the two sums added before one output norm,
             gate and projection; a count over the source and a count over what has been written then meet in
-            one sum. It needs an attention type without a row normaliser (`"kernelized_decay_gated"`) and
-            `cross_attention_rpe`; decoder-only models ignore it (they have no cross attention).
+            one sum. `"count"`: joint, and in the first decoder layer the source part reads the source tokens
+            themselves (their embeddings, prepared as the decoder's) with the written tokens' key and value
+            projections, the values negated: per symbol, that sum is the number written minus the number in the
+            source, exactly, at any length. `"joint"` and `"count"` need an attention type without a row normaliser
+            (`"kernelized_decay_gated"`) and `cross_attention_rpe`; decoder-only models ignore the field (they have
+            no cross attention).
         absolute_positions (`str`, *optional*):
             `None` (default): no absolute positions, the model sees order only through its attention.
             `"sinusoidal"`: fixed sine/cosine position encodings (Vaswani et al.) added to the token embeddings
@@ -176,7 +180,7 @@ class ScaleformerConfig(PreTrainedConfig):
     cross_attention_rpe: bool | None = None
     decay_rate_range: tuple[float, float] | list[float] = DEFAULT_DECAY_RATE_RANGE
     feature_map: Literal["elu", "relu"] = "elu"
-    decoder_attention: Literal["separate", "joint"] = "separate"
+    decoder_attention: Literal["separate", "joint", "count"] = "separate"
     absolute_positions: Literal["sinusoidal"] | None = None
     use_cache: bool = True
     pad_token_id: int | None = 0
@@ -263,11 +267,11 @@ class ScaleformerConfig(PreTrainedConfig):
                 f"`feature_map` {self.feature_map!r} applies to attention_type {allowed} only, got attention_type "
                 f"{self.attention_type!r} (whose feature maps are {variant.feature_maps})"
             )
-        if self.decoder_attention == "joint" and (variant.normalised or not self.cross_attention_rpe):
+        if self.decoder_attention != "separate" and (variant.normalised or not self.cross_attention_rpe):
             allowed = [name for name, v in ATTENTION_VARIANTS.items() if not v.normalised and v.cross_attention_rpe]
             raise ValueError(
-                f"`decoder_attention='joint'` adds the decoder's and the encoder's unnormalised sums: it needs "
-                f"attention_type in {allowed} with `cross_attention_rpe=True`, got attention_type "
+                f"`decoder_attention={self.decoder_attention!r}` adds the decoder's and the encoder's unnormalised "
+                f"sums: it needs attention_type in {allowed} with `cross_attention_rpe=True`, got attention_type "
                 f"{self.attention_type!r} and cross_attention_rpe {self.cross_attention_rpe}"
             )
         if self.attention_mode not in variant.modes:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor, nn
 from transformers.activations import ACT2FN
@@ -26,7 +28,8 @@ class ScaleformerAttention(nn.Module):
     `query` projects the queries, `read` gives the variant's attention of given queries on this module's keys
     (before the output norm), `finish` applies the norm, gate and output projection. A module built with
     `keys_only=True` has only the key and value projections and its variant's parameters: it is read with
-    the queries of another module.
+    the queries of another module. With `own_keys=False` as well it has only its variant's parameters, and
+    `read` takes the key and value projections (`projections`) of another module too.
     """
 
     def __init__(
@@ -38,6 +41,7 @@ class ScaleformerAttention(nn.Module):
         is_cross_attention: bool = False,
         layer_idx: int | None = None,
         keys_only: bool = False,
+        own_keys: bool = True,
     ):
         super().__init__()
         self.num_heads = num_heads
@@ -58,8 +62,10 @@ class ScaleformerAttention(nn.Module):
         self.q_proj = self.o_proj = None
         if not keys_only:
             self.q_proj = nn.Linear(config.d_model, config.d_model)
-        self.k_proj = nn.Linear(config.d_model, config.d_model)
-        self.v_proj = nn.Linear(config.d_model, config.d_model)
+        self.k_proj = self.v_proj = None
+        if own_keys:
+            self.k_proj = nn.Linear(config.d_model, config.d_model)
+            self.v_proj = nn.Linear(config.d_model, config.d_model)
         if not keys_only:
             self.o_proj = nn.Linear(config.d_model, config.d_model)
         self.parameter_specs: dict[str, ParameterSpec] = self.variant.parameters(
@@ -102,14 +108,17 @@ class ScaleformerAttention(nn.Module):
     def read(
         self, q: Tensor, source: Tensor, key_mask: Tensor | None = None,
         past_key_values: ScaleformerCache | None = None, query_offset: int = 0,
+        projections: tuple[Callable[[Tensor], Tensor], Callable[[Tensor], Tensor]] | None = None,
     ) -> Tensor:
         """The variant's attention (B, H, L, D) of the queries `q` on the keys and values of `source` (the
         hidden states for self-attention, the encoder output for cross attention), continuing or filling the
-        generation state of this layer when `past_key_values` is given; before the output norm."""
+        generation state of this layer when `past_key_values` is given; before the output norm. `projections`
+        (key, value) replace this module's `k_proj` and `v_proj`."""
         state = None if past_key_values is None else past_key_values.layers[self.layer_idx]
+        key_proj, value_proj = (self.k_proj, self.v_proj) if projections is None else projections
         k = v = None
         if not (self.is_cross_attention and state is not None and state.cross_summary is not None):
-            k, v = self._heads(self.k_proj(source)), self._heads(self.v_proj(source))
+            k, v = self._heads(key_proj(source)), self._heads(value_proj(source))
             key_mask = self._drop_keys(key_mask, source.shape[0], k.shape[2], k.device)
         # the ops accumulate half precision in float32 themselves: autocast must not downcast inside them
         with torch.autocast(device_type=q.device.type, enabled=False):

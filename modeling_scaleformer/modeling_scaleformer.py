@@ -2,6 +2,7 @@
 
 import copy
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -80,6 +81,14 @@ def check_no_attention_outputs(kwargs: dict, config: ScaleformerConfig) -> None:
         )
 
 
+@dataclass
+class ScaleformerEncoderOutput(BaseModelOutput):
+    """`BaseModelOutput` plus `source_embeddings` (B, L, d_model): the encoder's input embeddings, before
+    positions, which the first decoder layer reads with `config.decoder_attention="count"` (None otherwise)."""
+
+    source_embeddings: torch.FloatTensor | None = None
+
+
 class ScaleformerLayer(GradientCheckpointingLayer):
     """A block of sublayers, each wrapped in a residual connection with dropout and a layer norm: pre-norm
     (`config.layer_norm_position="pre"`) normalises a sublayer's input, x + dropout(f(norm(x))); post-norm
@@ -127,6 +136,11 @@ class ScaleformerDecoderLayer(ScaleformerLayer):
     then has only key and value projections and its relative positions), and the two unnormalised sums are
     added before the one output norm, gate and projection. Counts over the source and over what has been
     written meet in one sum, so that their difference is kept at any length.
+
+    With `config.decoder_attention="count"`, the first layer's source part reads `source_states` (the source
+    token embeddings, prepared as the decoder's own) through `self_attn`'s key projection and its value
+    projection negated: a source token and the same token written get equal weights and opposite values, and
+    the sum holds, per token, the number written minus the number in the source, exactly.
     """
 
     def __init__(self, config: ScaleformerConfig, layer_idx: int):
@@ -135,10 +149,12 @@ class ScaleformerDecoderLayer(ScaleformerLayer):
         self.self_attn = ScaleformerAttention(config, heads, is_causal=True, layer_idx=layer_idx)
         self.self_attn_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
         self.encoder_attn = None
-        self.joint = config.is_encoder_decoder and config.decoder_attention == "joint"
+        self.joint = config.is_encoder_decoder and config.decoder_attention in ("joint", "count")
+        self.count = self.joint and config.decoder_attention == "count" and layer_idx == 0
         if config.is_encoder_decoder:
             self.encoder_attn = ScaleformerAttention(
-                config, heads, is_causal=False, is_cross_attention=True, layer_idx=layer_idx, keys_only=self.joint
+                config, heads, is_causal=False, is_cross_attention=True, layer_idx=layer_idx, keys_only=self.joint,
+                own_keys=not self.count,
             )
         if config.is_encoder_decoder and not self.joint:
             self.encoder_attn_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
@@ -149,6 +165,7 @@ class ScaleformerDecoderLayer(ScaleformerLayer):
         self,
         hidden_states: Tensor,
         encoder_hidden_states: Tensor | None = None,
+        source_states: Tensor | None = None,
         key_mask: Tensor | None = None,
         encoder_key_mask: Tensor | None = None,
         past_key_values: ScaleformerCache | None = None,
@@ -159,8 +176,13 @@ class ScaleformerDecoderLayer(ScaleformerLayer):
         hidden_states = self.norm_input(hidden_states, self.self_attn_layer_norm)
         if self.joint:  # the same queries on the decoder's keys and on the encoder's, one sum
             q = self.self_attn.query(hidden_states)
+            source, projections = encoder_hidden_states, None
+            if self.count:  # the source tokens as written ones, with the opposite sign
+                # None once the cache holds the summary of the source part
+                source = None if source_states is None else self.norm_input(source_states, self.self_attn_layer_norm)
+                projections = (self.self_attn.k_proj, lambda x: -self.self_attn.v_proj(x))
             attended = self.self_attn.read(q, hidden_states, key_mask, past_key_values) + self.encoder_attn.read(
-                q, encoder_hidden_states, encoder_key_mask, past_key_values, query_offset
+                q, source, encoder_key_mask, past_key_values, query_offset, projections
             )
             hidden_states = self.self_attn.finish(attended, hidden_states)
         else:
@@ -264,6 +286,12 @@ class ScaleformerStack(ScaleformerPreTrainedModel):
         encoding = sinusoidal_positions(positions, inputs_embeds.shape[-1], self.config.init_std, inputs_embeds.dtype)
         return inputs_embeds + encoding
 
+    def _layer_input(self, inputs_embeds: Tensor) -> Tensor:
+        """What the first layer reads: the embeddings normalised (post-norm) or as they are (pre-norm), after
+        dropout."""
+        post_norm = self.config.layer_norm_position == "post"
+        return self.dropout(self.layer_norm(inputs_embeds) if post_norm else inputs_embeds)
+
     def _run_layers(self, inputs_embeds: Tensor, output_hidden_states: bool | None, *layer_args, **layer_kwargs):
         """(last hidden state, all hidden states or None): embeddings dropout, layers, final norm (pre-norm); or
         embeddings norm, dropout, layers (post-norm). `output_hidden_states=None` reads
@@ -274,7 +302,7 @@ class ScaleformerStack(ScaleformerPreTrainedModel):
         if output_hidden_states is None:
             output_hidden_states = self.config.output_hidden_states
         post_norm = self.config.layer_norm_position == "post"
-        hidden_states = self.dropout(self.layer_norm(inputs_embeds) if post_norm else inputs_embeds)
+        hidden_states = self._layer_input(inputs_embeds)
         all_hidden = [] if output_hidden_states else None
         for layer in self.layers:
             if all_hidden is not None:
@@ -301,12 +329,16 @@ class ScaleformerEncoder(ScaleformerStack):
         inputs_embeds: Tensor | None = None,
         output_hidden_states: bool | None = None,
         **kwargs,
-    ) -> BaseModelOutput:
+    ) -> ScaleformerEncoderOutput:
         inputs_embeds = self._embed(input_ids, inputs_embeds, kwargs)
         check_mask(attention_mask, "attention_mask", inputs_embeds.shape[0], (inputs_embeds.shape[1],))
+        count = self.config.decoder_attention == "count" and self.config.is_encoder_decoder
+        source_embeddings = inputs_embeds if count else None
         inputs_embeds = self._add_positions(inputs_embeds, attention_mask)
         hidden_states, all_hidden = self._run_layers(inputs_embeds, output_hidden_states, key_mask=attention_mask)
-        return BaseModelOutput(last_hidden_state=hidden_states, hidden_states=all_hidden)
+        return ScaleformerEncoderOutput(
+            last_hidden_state=hidden_states, hidden_states=all_hidden, source_embeddings=source_embeddings
+        )
 
 
 class ScaleformerDecoder(ScaleformerStack):
@@ -326,8 +358,14 @@ class ScaleformerDecoder(ScaleformerStack):
         inputs_embeds: Tensor | None = None,
         use_cache: bool | None = None,
         output_hidden_states: bool | None = None,
+        source_embeddings: Tensor | None = None,
         **kwargs,
     ) -> BaseModelOutputWithPastAndCrossAttentions:
+        r"""
+        source_embeddings (`torch.FloatTensor` of shape `(batch_size, source_length, d_model)`, *optional*):
+            The encoder's input embeddings (`ScaleformerEncoderOutput.source_embeddings`), read by the first
+            layer with `config.decoder_attention="count"` until the cache holds their summary.
+        """
         inputs_embeds = self._embed(input_ids, inputs_embeds, kwargs)
         batch, length = inputs_embeds.shape[:2]
         use_cache = self.config.use_cache if use_cache is None else use_cache
@@ -346,15 +384,27 @@ class ScaleformerDecoder(ScaleformerStack):
         inputs_embeds = self._add_positions(inputs_embeds, attention_mask, past_length)
         if attention_mask is not None:
             attention_mask = attention_mask[:, -length:]  # a mask covering past + new tokens
+        source_states = None
         if self.config.is_encoder_decoder:
             if encoder_hidden_states is None:
                 raise ValueError("`encoder_hidden_states` is required by an encoder-decoder decoder")
             check_mask(encoder_attention_mask, "encoder_attention_mask", batch, (encoder_hidden_states.shape[1],))
+            summarised = past_key_values is not None and past_key_values.layers[0].cross_summary is not None
+            if self.config.decoder_attention == "count" and not summarised:
+                if source_embeddings is None or source_embeddings.shape[:2] != encoder_hidden_states.shape[:2]:
+                    raise ValueError(
+                        "`decoder_attention='count'` needs `source_embeddings` (batch, source_length, d_model), the "
+                        "encoder's input embeddings (`ScaleformerEncoderOutput.source_embeddings`), got "
+                        f"{None if source_embeddings is None else tuple(source_embeddings.shape)} for encoder states "
+                        f"of shape {tuple(encoder_hidden_states.shape)}"
+                    )
+                source_states = self._layer_input(self._add_positions(source_embeddings, encoder_attention_mask))
 
         hidden_states, all_hidden = self._run_layers(
             inputs_embeds,
             output_hidden_states,
             encoder_hidden_states,
+            source_states,
             key_mask=attention_mask,
             encoder_key_mask=encoder_attention_mask,
             past_key_values=past_key_values,
@@ -426,6 +476,9 @@ class ScaleformerModel(ScaleformerPreTrainedModel):
                 last_hidden_state=encoder_outputs[0],
                 hidden_states=encoder_outputs[1] if len(encoder_outputs) > 1 else None,
             )
+        source_embeddings = getattr(encoder_outputs, "source_embeddings", None)
+        if source_embeddings is None and self.config.decoder_attention == "count":
+            source_embeddings = self.shared(input_ids) if input_ids is not None else inputs_embeds
         decoder_outputs = self.decoder(
             input_ids=decoder_input_ids,
             attention_mask=decoder_attention_mask,
@@ -435,6 +488,7 @@ class ScaleformerModel(ScaleformerPreTrainedModel):
             inputs_embeds=decoder_inputs_embeds,
             use_cache=use_cache,
             output_hidden_states=output_hidden_states,
+            source_embeddings=source_embeddings,
             return_dict=True,  # `return_dict` applies to the outermost call only
             **kwargs,
         )

@@ -102,11 +102,13 @@ def test_bench_quality_model_names(import_benchmark):
     assert parse_model_name("scaleformer:kernelized_decay_gated+cross_rpe+slow_decay+relu+joint+post_ln") == ModelSpec(
         "scaleformer", "kernelized_decay_gated", True, None, "post", models.SLOW_DECAY_RATE_RANGE, "relu", "joint")
     assert parse_model_name("scaleformer:kernelized_decay+relu").feature_map == "relu"
+    assert parse_model_name("scaleformer:kernelized_decay_gated+cross_rpe+count").decoder_attention == "count"
     for bad in ("scaleformer+sinusoidal+cross_rpe", "scaleformer:softmax+cross_rpe", "bart+sinusoidal",
                 "scaleformer+fast_decay", "scaleformer:kernelized_decay+fast_decay+cross_rpe",
                 "scaleformer:kernelized_decay+fast_decay+slow_decay", "scaleformer+relu",
                 "scaleformer:kernelized_decay+cross_rpe+joint", "scaleformer:kernelized_decay_gated+joint",
                 "scaleformer:kernelized_decay_gated+cross_rpe+joint+relu",
+                "scaleformer:kernelized_decay_gated+cross_rpe+joint+count", "scaleformer:kernelized_decay+cross_rpe+count",
                 "scaleformer:nope", "scaleformer+cross_rpe+cross_rpe", "scaleformer+post_ln+sinusoidal",
                 "scaleformer+", "t5+post_ln"):
         with pytest.raises(ValueError, match="unknown model"):

@@ -84,7 +84,9 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, ScaleformerFo
                      ["kernelized", "linear in the sequence", "clipped"], id="softmax"),
         pytest.param({"attention_type": "kernelized_decay_gated", "feature_map": "relu", "decoder_attention": "joint"},
                      ["summed without a row normaliser", "with phi(x) = max(x, 0)", "reads its own tokens and the "
-                      "encoder's with one set of queries"], ["elu"], id="joint-relu"),
+                      "encoder's with one set of queries"], ["elu", "source tokens themselves"], id="joint-relu"),
+        pytest.param({"attention_type": "kernelized_decay_gated", "feature_map": "relu", "decoder_attention": "count"},
+                     ["one set of queries", "the first reads the source tokens themselves"], ["elu"], id="count"),
         pytest.param({"attention_type": "kernelized_decay", "feature_map": "relu"},
                      ["phi(k) with phi(x) = max(x, 0), normalised"], ["elu", "one set of queries"], id="relu"),
         pytest.param({"attention_type": "toeplitz", "rpe_horizon": 8},

@@ -11,10 +11,13 @@ from modeling_scaleformer.ops_naive import naive_kernelized_decay_attention
 
 
 JOINT = dict(attention_type="kernelized_decay_gated", cross_attention_rpe=True, decoder_attention="joint")
+COUNT = dict(JOINT, decoder_attention="count")
 
 CONFIGS = [
     pytest.param(dict(JOINT, feature_map="relu"), id="joint-relu"),
     pytest.param(dict(JOINT, feature_map="elu", layer_norm_position="pre"), id="joint-elu-pre"),
+    pytest.param(dict(COUNT, feature_map="relu"), id="count-relu"),
+    pytest.param(dict(COUNT, feature_map="elu", layer_norm_position="pre"), id="count-elu-pre"),
     pytest.param(dict(attention_type="kernelized_decay_gated", feature_map="relu"), id="gated-relu"),
     pytest.param(dict(attention_type="kernelized_decay", cross_attention_rpe=True, feature_map="relu"),
                  id="normalised-relu-cross-rpe"),
@@ -67,6 +70,75 @@ def test_joint_decoder_layer_is_one_gated_sum_over_both_sources(tiny_config, bat
     assert (source.abs().amax() > 1e-3) and (own.abs().amax() > 1e-3)  # both sums take part
 
 
+@pytest.mark.parametrize("layer_norm_position", ["post", "pre"])
+def test_count_layer_reads_the_source_tokens_as_written_ones_with_the_opposite_sign(layer_norm_position, tiny_config):
+    """The first layer of `decoder_attention="count"`: A_cross is the attention of the queries on the source states
+    through self_attn's key and value projections, negated (the encoder output is not read); other layers are
+    joint layers."""
+    torch.manual_seed(0)
+    config = tiny_config(**COUNT, feature_map="relu", layer_norm_position=layer_norm_position)
+    model = randomised(ScaleformerForConditionalGeneration(config).double().eval())
+    layer = model.model.decoder.layers[0]
+    assert layer.count and not model.model.decoder.layers[1].count and model.model.decoder.layers[1].joint
+    x, source, encoder = (torch.randn(2, n, 16, dtype=torch.float64) for n in (7, 10, 10))
+    attn, cross = layer.self_attn, layer.encoder_attn
+    norm = (lambda t: t) if layer_norm_position == "post" else layer.self_attn_layer_norm
+    xn, sn = norm(x), norm(source)
+
+    def heads(t):
+        return t.view(t.shape[0], t.shape[1], 2, 8).transpose(1, 2)
+
+    q = heads(attn.q_proj(xn))
+    own = naive_kernelized_decay_attention(q, heads(attn.k_proj(xn)), heads(attn.v_proj(xn)), attn.rel,
+                                           F.softplus(attn.decay), causal=True, feature_map="relu")
+    read = naive_kernelized_decay_attention(q, heads(attn.k_proj(sn)), heads(attn.v_proj(sn)), cross.rel,
+                                            F.softplus(cross.decay), feature_map="relu")
+    out = attn.finish(own - read, xn)
+    expected = x + out
+    expected = layer.self_attn_layer_norm(expected) if layer_norm_position == "post" else expected
+    expected = (layer.ffn_layer_norm(expected + layer.ffn(expected)) if layer_norm_position == "post"
+                else expected + layer.ffn(layer.ffn_layer_norm(expected)))
+    got = layer(x, encoder, source)
+    torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(layer(x, encoder + 1.0, source), got, rtol=0, atol=0)  # the encoder output is unused
+
+
+def test_count_layer_sum_is_zero_once_every_source_token_is_written(tiny_config):
+    """Without relative terms (phi(rel) = 0 under relu) and without decay, the first layer's sum at the last written
+    token is exactly 0 when the written tokens are the source tokens in any order: equal weights, opposite values."""
+    torch.manual_seed(0)
+    model = ScaleformerForConditionalGeneration(tiny_config(**COUNT, feature_map="relu")).double().eval()
+    layer = model.model.decoder.layers[0]
+    with torch.no_grad():
+        for attn in (layer.self_attn, layer.encoder_attn):
+            attn.rel.fill_(-10.0)
+            attn.decay.fill_(-40.0)  # softplus: about 4e-18 per position
+    source = torch.randn(2, 9, 16, dtype=torch.float64)
+    written = source[:, torch.randperm(9)]
+    q = layer.self_attn.query(written)
+    total = layer.self_attn.read(q, written) + layer.encoder_attn.read(
+        q, source, projections=(layer.self_attn.k_proj, lambda t: -layer.self_attn.v_proj(t))
+    )
+    assert total[:, :, -1].abs().max() < 1e-12
+    assert total[:, :, :-1].abs().max() > 1e-2  # before the end, some source tokens are not written yet
+
+
+def test_count_needs_the_source_embeddings(tiny_config, batch):
+    torch.manual_seed(0)
+    model = ScaleformerForConditionalGeneration(tiny_config(**COUNT)).eval()
+    src, src_mask = batch()
+    tgt, _ = batch(ls=5, padding="right", seed=1)
+    encoder_outputs = model.get_encoder()(input_ids=src, attention_mask=src_mask)
+    expected = model(encoder_outputs=encoder_outputs, attention_mask=src_mask, decoder_input_ids=tgt).logits
+    # a plain tuple loses them: the input ids give them again, and without those the error names what is missing
+    as_tuple = (encoder_outputs.last_hidden_state,)
+    got = model(input_ids=src, encoder_outputs=as_tuple, attention_mask=src_mask, decoder_input_ids=tgt).logits
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="`decoder_attention='count'` needs `source_embeddings`"):
+        model(encoder_outputs=as_tuple, attention_mask=src_mask, decoder_input_ids=tgt)
+    assert ScaleformerForConditionalGeneration(tiny_config(**JOINT)).get_encoder()(input_ids=src).source_embeddings is None
+
+
 def test_joint_decoder_layer_has_one_set_of_queries_norm_gate_and_output(tiny_config):
     separate = ScaleformerForConditionalGeneration(tiny_config(**dict(JOINT, decoder_attention="separate")))
     joint = ScaleformerForConditionalGeneration(tiny_config(**JOINT))
@@ -105,10 +177,11 @@ def test_cached_decoding_equals_teacher_forcing(overrides, padding, tiny_config,
         torch.testing.assert_close(torch.cat(logits, 1), full, rtol=0, atol=1e-9)
 
 
+@pytest.mark.parametrize("mode", [JOINT, COUNT], ids=["joint", "count"])
 @pytest.mark.parametrize("kwargs", [dict(do_sample=False), dict(num_beams=3, do_sample=False)], ids=["greedy", "beam"])
-def test_joint_generate_same_with_and_without_cache(kwargs, tiny_config, batch):
+def test_joint_generate_same_with_and_without_cache(kwargs, mode, tiny_config, batch):
     torch.manual_seed(0)
-    model = randomised(ScaleformerForConditionalGeneration(tiny_config(**JOINT, feature_map="relu",
+    model = randomised(ScaleformerForConditionalGeneration(tiny_config(**mode, feature_map="relu",
                                                                        layer_norm_position="pre")).eval())
     src, src_mask = batch()
     results = [
@@ -146,6 +219,8 @@ def test_feature_map_changes_the_model(tiny_config, batch):
         pytest.param(dict(attention_type="kernelized_decay_gated", feature_map="softplus"), "feature_map",
                      id="unknown-feature-map"),
         pytest.param(dict(decoder_attention="both"), "decoder_attention", id="unknown-decoder-attention"),
+        pytest.param(dict(attention_type="local_softmax_decay", decoder_attention="count"),
+                     "`decoder_attention='count'`.*attention_type 'local_softmax_decay'", id="count-normalised"),
     ],
 )
 def test_config_rejects_what_the_options_do_not_cover(overrides, message, tiny_config):

@@ -278,6 +278,8 @@ print("remote ok")
 SAVED = [(t, t, {}) for t in ATTENTION_TYPES] + [
     ("joint-relu", "kernelized_decay_gated",
      dict(cross_attention_rpe=True, decoder_attention="joint", feature_map="relu")),
+    ("count-relu", "kernelized_decay_gated",
+     dict(cross_attention_rpe=True, decoder_attention="count", feature_map="relu")),
 ]
 
 
