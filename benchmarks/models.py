@@ -294,15 +294,16 @@ def parse_model_name(name: str, baselines: Sequence[str] = BASELINES) -> ModelSp
     `scaleformer:TYPE` followed by any of `+cross_rpe` (relative positions in cross-attention too, for the types
     whose `cross_attention_rpe` fact is set), `+fast_decay` / `+slow_decay` (decay types: `decay_rate_range`
     `FAST_DECAY_RATE_RANGE` / `SLOW_DECAY_RATE_RANGE`), `+relu` (`feature_map="relu"`, `RELU_TYPES`), `+joint`
-    or `+count` (`decoder_attention="joint"` / `"count"`, `JOINT_TYPES` with `+cross_rpe`), `+sinusoidal`
+    (`decoder_attention="joint"`, `JOINT_TYPES` with `+cross_rpe`), `+count` (`decoder_attention="count"`: any
+    type, with `+cross_rpe` for `JOINT_TYPES`), `+sinusoidal`
     (absolute positions) and `+post_ln` (post-norm blocks), in that order."""
     base, *suffixes = name.split("+")
     kind, _, attention_type = base.partition(":")
     usage = (f"unknown model {name!r}; use {', '.join(baselines)}, or scaleformer or scaleformer:TYPE with TYPE in "
              f"{', '.join(ATTENTION_TYPES)}, followed by any of " + ", ".join(f"+{x}" for x in MODEL_SUFFIXES)
              + " in that order (+cross_rpe with " + ", ".join(CROSS_RPE_TYPES) + " only, +fast_decay or +slow_decay "
-             "with " + ", ".join(DECAY_TYPES) + " only, +relu with " + ", ".join(RELU_TYPES) + " only, +joint or +count "
-             "with " + ", ".join(JOINT_TYPES) + " and +cross_rpe only)")
+             "with " + ", ".join(DECAY_TYPES) + " only, +relu with " + ", ".join(RELU_TYPES) + " only, +joint "
+             "with " + ", ".join(JOINT_TYPES) + " and +cross_rpe only, +count with +cross_rpe for those)")
     if kind in baselines and not attention_type and not suffixes:
         return ModelSpec(kind, None)
     if kind != "scaleformer" or (attention_type and attention_type not in ATTENTION_TYPES):
@@ -318,7 +319,8 @@ def parse_model_name(name: str, baselines: Sequence[str] = BASELINES) -> ModelSp
     if "relu" in suffixes and resolved not in RELU_TYPES:
         raise ValueError(usage)
     joint = [x for x in ("joint", "count") if x in suffixes]
-    if joint and (resolved not in JOINT_TYPES or "cross_rpe" not in suffixes or len(joint) > 1):
+    needs_joint_type = "joint" in suffixes or ("count" in suffixes and resolved in JOINT_TYPES)
+    if len(joint) > 1 or needs_joint_type and (resolved not in JOINT_TYPES or "cross_rpe" not in suffixes):
         raise ValueError(usage)
     rates = {"fast_decay": FAST_DECAY_RATE_RANGE, "slow_decay": SLOW_DECAY_RATE_RANGE}
     return ModelSpec(kind, attention_type or None, "cross_rpe" in suffixes,

@@ -220,12 +220,17 @@ def architecture_paragraph(config: Mapping, n_parameters: int) -> str:
         relu = words.replace("elu(x) + 1", "max(x, 0)")
         words = relu if relu != words else words + ", with phi(x) = max(x, 0)"
     attention = "Attention is " + words
-    if config["is_encoder_decoder"] and config.get("decoder_attention") in ("joint", "count"):
+    decoder_attention = config.get("decoder_attention") if config["is_encoder_decoder"] else None
+    if decoder_attention == "joint" or (decoder_attention == "count" and not variant.normalised):
         attention += ("; each decoder layer reads its own tokens and the encoder's with one set of queries, the two "
                       "sums added before one output norm, gate and projection")
-    if config["is_encoder_decoder"] and config.get("decoder_attention") == "count":
-        attention += (", and the first reads the source tokens themselves in place of the encoder's output, with the "
-                      "written tokens' projections and the values negated: it sums what remains to be written")
+        if decoder_attention == "count":
+            attention += (", and the first reads the source tokens themselves in place of the encoder's output, with "
+                          "the written tokens' projections and the values negated: it sums what remains to be written")
+    elif decoder_attention == "count":
+        attention += ("; the first decoder layer instead reads its own tokens and the source tokens themselves (not "
+                      "the encoder's output) with one set of queries, unnormalised kernelized sums with phi(x) = "
+                      "max(x, 0) and almost no decay, the source's values negated: it sums what remains to be written")
     attention += f"; it costs time {'quadratic' if variant.softmax else 'linear'} in the sequence length, and "
     attention += ("generation keeps a state of constant size instead of a growing key/value cache"
                   if variant.constant_state else "generation keeps a key/value cache")

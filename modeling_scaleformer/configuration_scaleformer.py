@@ -114,12 +114,17 @@ class ScaleformerConfig(PreTrainedConfig):
             `"joint"`: one attention block whose queries read the decoder's keys (causal, `attention_type`) and
             the encoder's (cross attention with relative positions), the two sums added before one output norm,
             gate and projection; a count over the source and a count over what has been written then meet in
-            one sum. `"count"`: joint, and in the first decoder layer the source part reads the source tokens
-            themselves (their embeddings, prepared as the decoder's) with the written tokens' key and value
-            projections, the values negated: per symbol, that sum is the number written minus the number in the
-            source, exactly, at any length. `"joint"` and `"count"` need an attention type without a row normaliser
-            (`"kernelized_decay_gated"`) and `cross_attention_rpe`; decoder-only models ignore the field (they have
-            no cross attention).
+            one sum. `"joint"` needs an attention type without a row normaliser (`"kernelized_decay_gated"`) and
+            `cross_attention_rpe`. `"count"`: the first decoder layer is joint, and its source part reads the
+            source tokens themselves (their embeddings, prepared as the decoder's) instead of the encoder output,
+            with the written tokens' key and value projections, the values negated: per symbol, that sum is the
+            number written minus the number in the source, at any length (up to the relative terms and the
+            decay, which see the two parts at different positions). With `"kernelized_decay_gated"` (and
+            `cross_attention_rpe`) the other layers are joint; with an attention type that has a row normaliser
+            (the default) they are separate, and the first layer's attention is `"kernelized_decay_gated"` with
+            `feature_map="relu"`, decay rates from 1e-4 to 1e-5 and relative positions in its source part
+            (`modeling_scaleformer.COUNT_ATTENTION`). Decoder-only models ignore the field (they have no cross
+            attention).
         absolute_positions (`str`, *optional*):
             `None` (default): no absolute positions, the model sees order only through its attention.
             `"sinusoidal"`: fixed sine/cosine position encodings (Vaswani et al.) added to the token embeddings
@@ -267,7 +272,8 @@ class ScaleformerConfig(PreTrainedConfig):
                 f"`feature_map` {self.feature_map!r} applies to attention_type {allowed} only, got attention_type "
                 f"{self.attention_type!r} (whose feature maps are {variant.feature_maps})"
             )
-        if self.decoder_attention != "separate" and (variant.normalised or not self.cross_attention_rpe):
+        joint = self.decoder_attention == "joint" or (self.decoder_attention == "count" and not variant.normalised)
+        if joint and (variant.normalised or not self.cross_attention_rpe):
             allowed = [name for name, v in ATTENTION_VARIANTS.items() if not v.normalised and v.cross_attention_rpe]
             raise ValueError(
                 f"`decoder_attention={self.decoder_attention!r}` adds the decoder's and the encoder's unnormalised "

@@ -57,6 +57,7 @@ class ScaleformerAttention(nn.Module):
         self.variant = get_attention_variant(self.attention_type)
         self.mode = self.variant.modes[config.attention_mode]
         self.key_dropout = config.attention_dropout
+        self.decay_rate_range = config.decay_rate_range  # the initial decay rates of the decay types
         # the configured feature map, for the variants that offer a choice (ops_registry's `feature_maps` fact)
         self.options = {"feature_map": config.feature_map} if len(self.variant.feature_maps) > 1 else {}
         self.q_proj = self.o_proj = None

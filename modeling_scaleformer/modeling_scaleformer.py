@@ -25,7 +25,7 @@ from .cache import ScaleformerCache
 from .configuration_scaleformer import ScaleformerConfig
 from .layers import ScaleformerAttention, ScaleformerFeedForward
 from .ops_common import compute_dtype
-from .ops_registry import decay_spectrum, inverse_softplus, rotary_spectrum
+from .ops_registry import decay_spectrum, get_attention_variant, inverse_softplus, rotary_spectrum
 
 
 logger = logging.get_logger(__name__)
@@ -128,6 +128,28 @@ class ScaleformerEncoderLayer(ScaleformerLayer):
         return self.norm_output(residual + self.dropout(hidden_states), self.ffn_layer_norm)
 
 
+# the first decoder layer's attention with `decoder_attention="count"` when `attention_type` has a row normaliser:
+# unnormalised sums, a feature map that can give a key no weight, and almost no decay (half-lives of 6,900 to
+# 69,000 positions), so that the sum over the source and the sum over the written tokens keep their counts
+COUNT_ATTENTION = {
+    "attention_type": "kernelized_decay_gated",
+    "feature_map": "relu",
+    "decay_rate_range": (1e-4, 1e-5),
+    "cross_attention_rpe": True,
+}
+
+
+def count_attention_config(config: ScaleformerConfig) -> ScaleformerConfig:
+    """The configuration of the count layer's attention: `config` itself for an attention type without a row
+    normaliser, else a copy with `COUNT_ATTENTION`."""
+    if not get_attention_variant(config.attention_type).normalised:
+        return config
+    count_config = copy.copy(config)
+    for name, value in COUNT_ATTENTION.items():
+        setattr(count_config, name, value)
+    return count_config
+
+
 class ScaleformerDecoderLayer(ScaleformerLayer):
     """Causal self-attention, cross-attention (encoder-decoder only), then feed-forward.
 
@@ -137,24 +159,31 @@ class ScaleformerDecoderLayer(ScaleformerLayer):
     added before the one output norm, gate and projection. Counts over the source and over what has been
     written meet in one sum, so that their difference is kept at any length.
 
-    With `config.decoder_attention="count"`, the first layer's source part reads `source_states` (the source
-    token embeddings, prepared as the decoder's own) through `self_attn`'s key projection and its value
-    projection negated: a source token and the same token written get equal weights and opposite values, and
-    the sum holds, per token, the number written minus the number in the source, exactly.
+    With `config.decoder_attention="count"`, the first layer is joint and its source part reads `source_states`
+    (the source token embeddings, prepared as the decoder's own) through `self_attn`'s key projection and its
+    value projection negated: a source token and the same token written get the same key and opposite values,
+    so that the sum holds, per token, the number written minus the number in the source (weighted by the
+    relative terms and the decay, which differ between the two parts only in the positions). When
+    `attention_type` has a row normaliser, that layer's attention is `COUNT_ATTENTION` and the other layers
+    are separate.
     """
 
     def __init__(self, config: ScaleformerConfig, layer_idx: int):
         super().__init__(config)
         heads = config.decoder_attention_heads
-        self.self_attn = ScaleformerAttention(config, heads, is_causal=True, layer_idx=layer_idx)
+        self.count = config.is_encoder_decoder and config.decoder_attention == "count" and layer_idx == 0
+        unnormalised = not get_attention_variant(config.attention_type).normalised
+        self.joint = self.count or (
+            config.is_encoder_decoder and config.decoder_attention in ("joint", "count") and unnormalised
+        )
+        attention_config = count_attention_config(config) if self.count else config
+        self.self_attn = ScaleformerAttention(attention_config, heads, is_causal=True, layer_idx=layer_idx)
         self.self_attn_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
         self.encoder_attn = None
-        self.joint = config.is_encoder_decoder and config.decoder_attention in ("joint", "count")
-        self.count = self.joint and config.decoder_attention == "count" and layer_idx == 0
         if config.is_encoder_decoder:
             self.encoder_attn = ScaleformerAttention(
-                config, heads, is_causal=False, is_cross_attention=True, layer_idx=layer_idx, keys_only=self.joint,
-                own_keys=not self.count,
+                attention_config, heads, is_causal=False, is_cross_attention=True, layer_idx=layer_idx,
+                keys_only=self.joint, own_keys=not self.count,
             )
         if config.is_encoder_decoder and not self.joint:
             self.encoder_attn_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
@@ -235,7 +264,7 @@ class ScaleformerPreTrainedModel(PreTrainedModel):
                 elif spec.init == "ones":
                     init.ones_(param)
                 elif spec.init == "decay_rates":
-                    rates = decay_spectrum(param.shape[0], self.config.decay_rate_range, param.dtype)
+                    rates = decay_spectrum(param.shape[0], module.decay_rate_range, param.dtype)
                     init.copy_(param, inverse_softplus(rates))
                 else:  # "frequencies": the rotary spectrum along the head dimension
                     spectrum = rotary_spectrum(param.shape[1], param.dtype)

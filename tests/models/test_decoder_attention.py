@@ -7,17 +7,22 @@ import torch
 from torch.nn import functional as F
 
 from modeling_scaleformer import ScaleformerConfig, ScaleformerForCausalLM, ScaleformerForConditionalGeneration
+from modeling_scaleformer.modeling_scaleformer import COUNT_ATTENTION
 from modeling_scaleformer.ops_naive import naive_kernelized_decay_attention
 
 
 JOINT = dict(attention_type="kernelized_decay_gated", cross_attention_rpe=True, decoder_attention="joint")
 COUNT = dict(JOINT, decoder_attention="count")
+DEFAULT_COUNT = dict(decoder_attention="count")  # the default attention type: COUNT_ATTENTION in the first layer
 
 CONFIGS = [
     pytest.param(dict(JOINT, feature_map="relu"), id="joint-relu"),
     pytest.param(dict(JOINT, feature_map="elu", layer_norm_position="pre"), id="joint-elu-pre"),
     pytest.param(dict(COUNT, feature_map="relu"), id="count-relu"),
     pytest.param(dict(COUNT, feature_map="elu", layer_norm_position="pre"), id="count-elu-pre"),
+    pytest.param(DEFAULT_COUNT, id="count-default-type"),
+    pytest.param(dict(DEFAULT_COUNT, layer_norm_position="pre"), id="count-default-type-pre"),
+    pytest.param(dict(DEFAULT_COUNT, attention_type="softmax"), id="count-softmax"),
     pytest.param(dict(attention_type="kernelized_decay_gated", feature_map="relu"), id="gated-relu"),
     pytest.param(dict(attention_type="kernelized_decay", cross_attention_rpe=True, feature_map="relu"),
                  id="normalised-relu-cross-rpe"),
@@ -71,15 +76,19 @@ def test_joint_decoder_layer_is_one_gated_sum_over_both_sources(tiny_config, bat
 
 
 @pytest.mark.parametrize("layer_norm_position", ["post", "pre"])
-def test_count_layer_reads_the_source_tokens_as_written_ones_with_the_opposite_sign(layer_norm_position, tiny_config):
+@pytest.mark.parametrize("overrides", [dict(COUNT, feature_map="relu"), DEFAULT_COUNT], ids=["gated", "default-type"])
+def test_count_layer_reads_the_source_tokens_as_written_ones_with_the_opposite_sign(
+    overrides, layer_norm_position, tiny_config
+):
     """The first layer of `decoder_attention="count"`: A_cross is the attention of the queries on the source states
-    through self_attn's key and value projections, negated (the encoder output is not read); other layers are
-    joint layers."""
+    through self_attn's key and value projections, negated (the encoder output is not read), with relu features;
+    the other layers are joint layers with a gated attention type and separate ones with the default type."""
     torch.manual_seed(0)
-    config = tiny_config(**COUNT, feature_map="relu", layer_norm_position=layer_norm_position)
+    config = tiny_config(**overrides, layer_norm_position=layer_norm_position)
     model = randomised(ScaleformerForConditionalGeneration(config).double().eval())
-    layer = model.model.decoder.layers[0]
-    assert layer.count and not model.model.decoder.layers[1].count and model.model.decoder.layers[1].joint
+    layer, second = model.model.decoder.layers[:2]
+    assert layer.count and layer.joint and not second.count
+    assert second.joint == (config.attention_type == "kernelized_decay_gated")
     x, source, encoder = (torch.randn(2, n, 16, dtype=torch.float64) for n in (7, 10, 10))
     attn, cross = layer.self_attn, layer.encoder_attn
     norm = (lambda t: t) if layer_norm_position == "post" else layer.self_attn_layer_norm
@@ -177,12 +186,14 @@ def test_cached_decoding_equals_teacher_forcing(overrides, padding, tiny_config,
         torch.testing.assert_close(torch.cat(logits, 1), full, rtol=0, atol=1e-9)
 
 
-@pytest.mark.parametrize("mode", [JOINT, COUNT], ids=["joint", "count"])
+@pytest.mark.parametrize(
+    "mode", [dict(JOINT, feature_map="relu"), dict(COUNT, feature_map="relu"), DEFAULT_COUNT],
+    ids=["joint", "count", "count-default-type"],
+)
 @pytest.mark.parametrize("kwargs", [dict(do_sample=False), dict(num_beams=3, do_sample=False)], ids=["greedy", "beam"])
 def test_joint_generate_same_with_and_without_cache(kwargs, mode, tiny_config, batch):
     torch.manual_seed(0)
-    model = randomised(ScaleformerForConditionalGeneration(tiny_config(**mode, feature_map="relu",
-                                                                       layer_norm_position="pre")).eval())
+    model = randomised(ScaleformerForConditionalGeneration(tiny_config(**mode, layer_norm_position="pre")).eval())
     src, src_mask = batch()
     results = [
         model.generate(src, attention_mask=src_mask, max_new_tokens=10, use_cache=use_cache, **kwargs)
@@ -219,8 +230,10 @@ def test_feature_map_changes_the_model(tiny_config, batch):
         pytest.param(dict(attention_type="kernelized_decay_gated", feature_map="softplus"), "feature_map",
                      id="unknown-feature-map"),
         pytest.param(dict(decoder_attention="both"), "decoder_attention", id="unknown-decoder-attention"),
-        pytest.param(dict(attention_type="local_softmax_decay", decoder_attention="count"),
-                     "`decoder_attention='count'`.*attention_type 'local_softmax_decay'", id="count-normalised"),
+        pytest.param(
+            dict(attention_type="kernelized_decay_gated", cross_attention_rpe=False, decoder_attention="count"),
+            "`decoder_attention='count'`.*cross_attention_rpe", id="count-gated-without-cross-rpe",
+        ),
     ],
 )
 def test_config_rejects_what_the_options_do_not_cover(overrides, message, tiny_config):
@@ -235,3 +248,22 @@ def test_config_round_trips_the_options(tmp_path):
     loaded = ScaleformerConfig.from_pretrained(tmp_path)
     assert (loaded.feature_map, loaded.decoder_attention) == ("relu", "joint")
     assert (ScaleformerConfig().feature_map, ScaleformerConfig().decoder_attention) == ("elu", "separate")
+
+
+def test_count_layer_of_a_normalised_type_is_the_count_attention(tiny_config):
+    """With the default attention type, the first decoder layer's attention is `COUNT_ATTENTION` (its decay rates
+    initialised in its own range), the other layers and the encoder keep the configured type, and the configuration
+    itself is unchanged."""
+    config = tiny_config(**DEFAULT_COUNT)
+    model = ScaleformerForConditionalGeneration(config).eval()
+    decoder = model.model.decoder
+    first, second = decoder.layers[0].self_attn, decoder.layers[1].self_attn
+    assert (first.attention_type, first.options) == ("kernelized_decay_gated", {"feature_map": "relu"})
+    assert decoder.layers[0].encoder_attn.attention_type == "kernelized_decay_gated"
+    assert second.attention_type == model.model.encoder.layers[0].self_attn.attention_type == "local_softmax_decay"
+    assert not hasattr(decoder.layers[0], "encoder_attn_layer_norm") and hasattr(decoder.layers[1], "encoder_attn_layer_norm")
+    rates = F.softplus(first.decay.detach())
+    torch.testing.assert_close(rates.max(), torch.tensor(COUNT_ATTENTION["decay_rate_range"][0]))
+    torch.testing.assert_close(rates.min(), torch.tensor(COUNT_ATTENTION["decay_rate_range"][1]))
+    assert F.softplus(second.decay.detach()).max() > 0.1  # the configured range, (1/4, 1/256)
+    assert (config.attention_type, config.feature_map) == ("local_softmax_decay", "elu")

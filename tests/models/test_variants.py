@@ -280,6 +280,7 @@ SAVED = [(t, t, {}) for t in ATTENTION_TYPES] + [
      dict(cross_attention_rpe=True, decoder_attention="joint", feature_map="relu")),
     ("count-relu", "kernelized_decay_gated",
      dict(cross_attention_rpe=True, decoder_attention="count", feature_map="relu")),
+    ("count-default-type", "local_softmax_decay", dict(decoder_attention="count")),
 ]
 
 
