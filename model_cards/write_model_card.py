@@ -56,6 +56,9 @@ ATTENTION_WORDS = {
     "kernelized_decay_gated": "kernelized attention with relative positions clipped to [-{h}, {h}] and a learned "
     "per-head geometric decay beyond the horizon, summed without a row normaliser, then a per-head RMSNorm and a "
     "SiLU output gate",
+    "kernelized_gated": "kernelized attention with a learned per-head geometric decay of the weights with distance "
+    "and no relative-position table, summed without a row normaliser, then a per-head RMSNorm and a SiLU output "
+    "gate",
     "local_softmax_decay": "softmax attention over the nearest keys, with relative keys clipped to [-{h}, {h}] (Shaw "
     "et al. 2018), and kernelized attention (phi(x) = elu(x) + 1) with a learned per-head geometric decay beyond "
     "them, under one row normaliser",
@@ -267,6 +270,10 @@ def architecture_limitations(config: Mapping) -> list[str]:
         items.append(f"Relative positions are clipped at a horizon of {horizon} tokens: keys farther away than that "
                      f"share one relative embedding{fade}, so one attention layer cannot tell positions beyond the "
                      f"horizon apart{beyond}.")
+    elif sees_relative_positions(variant) and not config["absolute_positions"]:
+        items.append("Positions enter only through the decay of the weights with distance, at a learned rate per "
+                     "head: there is no relative-position table, so the order of two keys at similar distances "
+                     "is hard to tell apart.")
     elif not sees_relative_positions(variant) and not config["absolute_positions"]:
         items.append(f"This model uses no position information (`attention_type={name!r}` without absolute "
                      "positions): its encoder sees the input as a bag of tokens.")

@@ -73,6 +73,8 @@ class ScaleformerConfig(PreTrainedConfig):
             the horizon, row-normalised, linear;
             `"kernelized_decay_gated"`: the same decayed scores without a row normaliser, then a per-head
             RMSNorm and a SiLU output gate, linear;
+            `"kernelized_gated"`: phi(q_i).phi(k_j) times the learned per-head decay from distance 0 (no relative
+            table), without a row normaliser, then the same RMSNorm and gate (retention with a feature map), linear;
             `"local_softmax_decay"` (default): softmax over the 2h+1 nearest keys (Shaw's relative keys) and,
             beyond the horizon, kernelized scores with a learned per-head geometric decay, under one row
             normaliser, linear;
@@ -99,12 +101,14 @@ class ScaleformerConfig(PreTrainedConfig):
             position minus encoder position); with `"kernelized_rpe"` and the three decay types only. `None`
             (default) turns it on for exactly those types.
         decay_rate_range (`tuple[float, float]`, *optional*, defaults to `(0.25, 0.00390625)`):
-            The decay types (`"kernelized_decay"`, `"kernelized_decay_gated"`, `"local_softmax_decay"`): the
+            The decay types (`"kernelized_decay"`, `"kernelized_decay_gated"`, `"kernelized_gated"`,
+            `"local_softmax_decay"`): the
             initial decay rates per position beyond the horizon of the fastest and the slowest head, spread
             geometrically over the heads (1/4 to 1/256: half-lives from under 3 to 177 positions). The rates
             are learned from there.
         feature_map (`str`, *optional*, defaults to `"elu"`):
-            The feature map phi of the kernelized scores of `"kernelized_decay"` and `"kernelized_decay_gated"`
+            The feature map phi of the kernelized scores of `"kernelized_decay"`, `"kernelized_decay_gated"` and
+            `"kernelized_gated"`
             (and of their cross attention with `cross_attention_rpe`): `"elu"`, phi(x) = elu(x) + 1, every score
             positive; `"relu"`, phi(x) = max(x, 0), so that a query can give a key no weight at all. The other
             types take `"elu"` only.
@@ -115,15 +119,14 @@ class ScaleformerConfig(PreTrainedConfig):
             the encoder's (cross attention with relative positions), the two sums added before one output norm,
             gate and projection; a count over the source and a count over what has been written then meet in
             one sum. `"joint"` needs an attention type without a row normaliser (`"kernelized_decay_gated"`) and
-            `cross_attention_rpe`. `"count"`: the first decoder layer is joint, and its source part reads the
+            `cross_attention_rpe` (`"kernelized_decay_gated"`, `"kernelized_gated"`). `"count"`: the first decoder layer is joint, and its source part reads the
             source tokens themselves (their embeddings, prepared as the decoder's) instead of the encoder output,
             with the written tokens' key and value projections, the values negated: per symbol, that sum is the
             number written minus the number in the source, at any length (up to the relative terms and the
-            decay, which see the two parts at different positions). With `"kernelized_decay_gated"` (and
-            `cross_attention_rpe`) the other layers are joint; with an attention type that has a row normaliser
-            (the default) they are separate, and the first layer's attention is `"kernelized_decay_gated"` with
-            `feature_map="relu"`, decay rates from 1e-4 to 1e-5 and relative positions in its source part
-            (`modeling_scaleformer.COUNT_ATTENTION`). Decoder-only models ignore the field (they have no cross
+            decay, which see the two parts at different positions). With an attention type without a row
+            normaliser (and `cross_attention_rpe`) the other layers are joint; with one that has a row
+            normaliser (the default) they are separate, and the first layer's attention is `"kernelized_gated"`
+            with `feature_map="relu"` and decay rates from 1e-4 to 1e-5 (`modeling_scaleformer.COUNT_ATTENTION`). Decoder-only models ignore the field (they have no cross
             attention).
         absolute_positions (`str`, *optional*):
             `None` (default): no absolute positions, the model sees order only through its attention.

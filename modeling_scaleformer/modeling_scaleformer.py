@@ -129,10 +129,11 @@ class ScaleformerEncoderLayer(ScaleformerLayer):
 
 
 # the first decoder layer's attention with `decoder_attention="count"` when `attention_type` has a row normaliser:
-# unnormalised sums, a feature map that can give a key no weight, and almost no decay (half-lives of 6,900 to
-# 69,000 positions), so that the sum over the source and the sum over the written tokens keep their counts
+# unnormalised sums without relative terms, a feature map that can give a key no weight, and almost no decay
+# (half-lives of 6,900 to 69,000 positions), so that the sum over the source and the sum over the written tokens
+# keep their counts
 COUNT_ATTENTION = {
-    "attention_type": "kernelized_decay_gated",
+    "attention_type": "kernelized_gated",
     "feature_map": "relu",
     "decay_rate_range": (1e-4, 1e-5),
     "cross_attention_rpe": True,
@@ -163,7 +164,7 @@ class ScaleformerDecoderLayer(ScaleformerLayer):
     (the source token embeddings, prepared as the decoder's own) through `self_attn`'s key projection and its
     value projection negated: a source token and the same token written get the same key and opposite values,
     so that the sum holds, per token, the number written minus the number in the source (weighted by the
-    relative terms and the decay, which differ between the two parts only in the positions). When
+    relative terms and the decay, if any, which differ between the two parts only in the positions). When
     `attention_type` has a row normaliser, that layer's attention is `COUNT_ATTENTION` and the other layers
     are separate.
     """

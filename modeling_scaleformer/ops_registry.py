@@ -213,7 +213,8 @@ KERNELIZED = AttentionVariant(
 
 
 # kernelized attention with clipped relative positions and a per-head decay beyond the horizon, row-normalised
-# ("kernelized_decay") or not, with a per-head RMSNorm and an output gate ("kernelized_decay_gated")
+# ("kernelized_decay") or not, with a per-head RMSNorm and an output gate ("kernelized_decay_gated"); the gated
+# sum without the relative table, the decay from distance 0 ("kernelized_gated")
 
 
 def decay_parameters(heads: int, head_dim: int, horizon: int, shared: bool) -> dict[str, ParameterSpec]:
@@ -261,30 +262,42 @@ def kernelized_decay_cross_decode(q, params, summary, *, query_offset):
     )
 
 
+def _horizon(params: dict[str, Tensor]) -> int:
+    """h of the relative table, or 0 without one (`kernelized_gated`: the decay starts at distance 0)."""
+    rel = _rel(params)
+    return 0 if rel is None else horizon_of(rel)
+
+
 def kernelized_decay_gated_forward(q, k, v, params, *, causal, key_mask, query_offset, mode):
     return kernelized_decay_attention(
         q, k, v, _rel(params), _decay_rates(params), causal=causal, key_mask=key_mask, query_offset=query_offset,
-        mode=mode, feature_map=_feature_map(params),
+        mode=mode, horizon=_horizon(params), feature_map=_feature_map(params),
     )
 
 
 def kernelized_decay_gated_prefill(k, v, params, *, key_mask):
     return kernelized_decay_prefill_state(
-        k, v, _decay_rates(params), horizon=horizon_of(_rel(params)), key_mask=key_mask,
-        feature_map=_feature_map(params),
+        k, v, _decay_rates(params), horizon=_horizon(params), key_mask=key_mask, feature_map=_feature_map(params),
     )
 
 
 def kernelized_decay_gated_decode(q, k, v, params, state, *, key_mask):
     return kernelized_decay_step(
-        q, k, v, _rel(params), _decay_rates(params), state, key_mask=key_mask, feature_map=_feature_map(params)
+        q, k, v, _rel(params), _decay_rates(params), state, key_mask=key_mask, horizon=_horizon(params),
+        feature_map=_feature_map(params),
     )
 
 
 def kernelized_decay_gated_cross_decode(q, params, summary, *, query_offset):
     return kernelized_decay_cross_step(
-        q, _rel(params), _decay_rates(params), summary, query_offset=query_offset, feature_map=_feature_map(params)
+        q, _rel(params), _decay_rates(params), summary, query_offset=query_offset, horizon=_horizon(params),
+        feature_map=_feature_map(params),
     )
+
+
+def decay_only_parameters(heads: int, head_dim: int, horizon: int, shared: bool) -> dict[str, ParameterSpec]:
+    """`decay` (H,) only: softplus(decay) is each head's rate per position of distance."""
+    return {"decay": ParameterSpec((heads,), "decay_rates")}
 
 
 KERNELIZED_DECAY = AttentionVariant(
@@ -300,6 +313,16 @@ KERNELIZED_DECAY_GATED = AttentionVariant(
     "normaliser (per-head RMSNorm and output gate): linear",
     softmax=False, modes=LINEAR_MODES, constant_state=True, rpe_shareable=True, cross_attention_rpe=True,
     normalised=False, parameters=decay_parameters, attention=kernelized_decay_gated_forward,
+    prefill_state=kernelized_decay_gated_prefill, step=kernelized_decay_gated_decode,
+    cross_summary=kernelized_decay_cross_prefill, cross_step=kernelized_decay_gated_cross_decode,
+    feature_maps=("elu", "relu"),
+)
+
+KERNELIZED_GATED = AttentionVariant(
+    description="phi(q_i).phi(k_j) exp(-lambda |i - j|), no row normaliser (per-head RMSNorm and output gate): "
+    "a per-head decay and no other position information (retention with a feature map), linear",
+    softmax=False, modes=LINEAR_MODES, constant_state=True, rpe_shareable=False, cross_attention_rpe=True,
+    normalised=False, parameters=decay_only_parameters, attention=kernelized_decay_gated_forward,
     prefill_state=kernelized_decay_gated_prefill, step=kernelized_decay_gated_decode,
     cross_summary=kernelized_decay_cross_prefill, cross_step=kernelized_decay_gated_cross_decode,
     feature_maps=("elu", "relu"),
@@ -491,6 +514,7 @@ ATTENTION_VARIANTS: dict[str, AttentionVariant] = {
     "kernelized": KERNELIZED,
     "kernelized_decay": KERNELIZED_DECAY,
     "kernelized_decay_gated": KERNELIZED_DECAY_GATED,
+    "kernelized_gated": KERNELIZED_GATED,
     "local_softmax_decay": LOCAL_SOFTMAX_DECAY,
     "fourier": FOURIER,
     "toeplitz": TOEPLITZ,

@@ -98,10 +98,13 @@ def test_count_layer_reads_the_source_tokens_as_written_ones_with_the_opposite_s
         return t.view(t.shape[0], t.shape[1], 2, 8).transpose(1, 2)
 
     q = heads(attn.q_proj(xn))
-    own = naive_kernelized_decay_attention(q, heads(attn.k_proj(xn)), heads(attn.v_proj(xn)), attn.rel,
-                                           F.softplus(attn.decay), causal=True, feature_map="relu")
-    read = naive_kernelized_decay_attention(q, heads(attn.k_proj(sn)), heads(attn.v_proj(sn)), cross.rel,
-                                            F.softplus(cross.decay), feature_map="relu")
+    # the gated type's relative tables; the count attention of the default type has none (decay from distance 0)
+    rel, cross_rel = (getattr(m, "rel", None) for m in (attn, cross))
+    horizon = config.rpe_horizon if rel is not None else 0
+    own = naive_kernelized_decay_attention(q, heads(attn.k_proj(xn)), heads(attn.v_proj(xn)), rel,
+                                           F.softplus(attn.decay), causal=True, feature_map="relu", horizon=horizon)
+    read = naive_kernelized_decay_attention(q, heads(attn.k_proj(sn)), heads(attn.v_proj(sn)), cross_rel,
+                                            F.softplus(cross.decay), feature_map="relu", horizon=horizon)
     out = attn.finish(own - read, xn)
     expected = x + out
     expected = layer.self_attn_layer_norm(expected) if layer_norm_position == "post" else expected
@@ -258,8 +261,9 @@ def test_count_layer_of_a_normalised_type_is_the_count_attention(tiny_config):
     model = ScaleformerForConditionalGeneration(config).eval()
     decoder = model.model.decoder
     first, second = decoder.layers[0].self_attn, decoder.layers[1].self_attn
-    assert (first.attention_type, first.options) == ("kernelized_decay_gated", {"feature_map": "relu"})
-    assert decoder.layers[0].encoder_attn.attention_type == "kernelized_decay_gated"
+    assert (first.attention_type, first.options) == ("kernelized_gated", {"feature_map": "relu"})
+    assert decoder.layers[0].encoder_attn.attention_type == "kernelized_gated"
+    assert set(first.parameter_specs) == set(decoder.layers[0].encoder_attn.parameter_specs) == {"decay"}
     assert second.attention_type == model.model.encoder.layers[0].self_attn.attention_type == "local_softmax_decay"
     assert not hasattr(decoder.layers[0], "encoder_attn_layer_norm") and hasattr(decoder.layers[1], "encoder_attn_layer_norm")
     rates = F.softplus(first.decay.detach())

@@ -372,6 +372,8 @@ def make_decay_inputs(b=2, h=3, lq=9, lk=9, d=5, dv=4, horizon=3, shared=False, 
 DECAY_CASES = RELATIVE_CASES + [
     pytest.param(dict(lq=17, lk=17, shared=True), id="shared-rel"),
     pytest.param(dict(lq=13, lk=13, no_rel=True), id="no-rel"),
+    pytest.param(dict(lq=12, lk=7, horizon=0, no_rel=True, offset=3), id="no-rel-horizon-0-cross"),
+    pytest.param(dict(lq=1, lk=1, horizon=0, no_rel=True), id="no-rel-horizon-0-length-1"),
     pytest.param(dict(lq=40, lk=40, horizon=2, mask="padding"), id="long-tails"),
     pytest.param(dict(lq=9, lk=33, horizon=2, offset=11), id="cross-offset-both-tails"),
     pytest.param(dict(lq=5, lk=6, horizon=2, offset=20), id="queries-past-the-keys"),

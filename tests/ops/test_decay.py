@@ -218,15 +218,17 @@ def test_errors_name_the_argument(decay_inputs):
 @FEATURE_MAP
 @NORMALISE
 @pytest.mark.parametrize("mask", [None, "random"])
-def test_cross_summary_and_steps_match_the_full_attention(mask, normalise, feature_map, decay_inputs):
+@pytest.mark.parametrize("horizon, no_rel", [(2, False), (0, True)], ids=["rel", "no-rel-horizon-0"])
+def test_cross_summary_and_steps_match_the_full_attention(horizon, no_rel, mask, normalise, feature_map, decay_inputs):
     from modeling_scaleformer.ops_decay import kernelized_decay_cross_step, kernelized_decay_cross_summary
 
-    q, k, v, rel, decay, key_mask, horizon = decay_inputs(b=2, h=2, lq=12, lk=30, horizon=2, mask=mask)
+    q, k, v, rel, decay, key_mask, horizon = decay_inputs(b=2, h=2, lq=12, lk=30, horizon=horizon, mask=mask,
+                                                          no_rel=no_rel)
     full = naive_kernelized_decay_attention(q, k, v, rel, decay, key_mask=key_mask, normalise=normalise,
-                                            feature_map=feature_map)
+                                            feature_map=feature_map, horizon=horizon)
     summary = kernelized_decay_cross_summary(k, v, key_mask=key_mask)
     steps = [kernelized_decay_cross_step(q[:, :, i:i + 1], rel, decay, summary, query_offset=i, normalise=normalise,
-                                         feature_map=feature_map)
+                                         feature_map=feature_map, horizon=horizon)
              for i in range(12)]
     torch.testing.assert_close(torch.cat(steps, dim=2), full, rtol=1e-10, atol=1e-12)
     with pytest.raises(ValueError, match="`summary` must be a KernelizedDecayCrossSummary"):
