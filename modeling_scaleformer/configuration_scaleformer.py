@@ -102,14 +102,12 @@ class ScaleformerConfig(PreTrainedConfig):
             (default) turns it on for exactly those types.
         decay_rate_range (`tuple[float, float]`, *optional*, defaults to `(0.25, 0.00390625)`):
             The decay types (`"kernelized_decay"`, `"kernelized_decay_gated"`, `"kernelized_gated"`,
-            `"local_softmax_decay"`): the
-            initial decay rates per position beyond the horizon of the fastest and the slowest head, spread
-            geometrically over the heads (1/4 to 1/256: half-lives from under 3 to 177 positions). The rates
+            `"local_softmax_decay"`): the initial decay rates per position beyond the horizon of the fastest and
+            the slowest head, spread geometrically over the heads (1/4 to 1/256: half-lives from under 3 to 177 positions). The rates
             are learned from there.
         feature_map (`str`, *optional*, defaults to `"elu"`):
             The feature map phi of the kernelized scores of `"kernelized_decay"`, `"kernelized_decay_gated"` and
-            `"kernelized_gated"`
-            (and of their cross attention with `cross_attention_rpe`): `"elu"`, phi(x) = elu(x) + 1, every score
+            `"kernelized_gated"` (and of their cross attention with `cross_attention_rpe`): `"elu"`, phi(x) = elu(x) + 1, every score
             positive; `"relu"`, phi(x) = max(x, 0), so that a query can give a key no weight at all. The other
             types take `"elu"` only.
         decoder_attention (`str`, *optional*, defaults to `"separate"`):
@@ -118,16 +116,16 @@ class ScaleformerConfig(PreTrainedConfig):
             `"joint"`: one attention block whose queries read the decoder's keys (causal, `attention_type`) and
             the encoder's (cross attention with relative positions), the two sums added before one output norm,
             gate and projection; a count over the source and a count over what has been written then meet in
-            one sum. `"joint"` needs an attention type without a row normaliser (`"kernelized_decay_gated"`) and
-            `cross_attention_rpe` (`"kernelized_decay_gated"`, `"kernelized_gated"`). `"count"`: the first decoder layer is joint, and its source part reads the
-            source tokens themselves (their embeddings, prepared as the decoder's) instead of the encoder output,
-            with the written tokens' key and value projections, the values negated: per symbol, that sum is the
-            number written minus the number in the source, at any length (up to the relative terms and the
+            one sum. `"joint"` needs an attention type without a row normaliser (`"kernelized_decay_gated"`,
+            `"kernelized_gated"`) and `cross_attention_rpe`. `"count"`: the first decoder layer is joint, and its
+            source part reads the source tokens themselves (their embeddings, prepared as the decoder's) instead
+            of the encoder output, with the written tokens' key and value projections, the values negated: per
+            symbol, that sum is the number written minus the number in the source, at any length (up to the relative terms and the
             decay, which see the two parts at different positions). With an attention type without a row
             normaliser (and `cross_attention_rpe`) the other layers are joint; with one that has a row
             normaliser (the default) they are separate, and the first layer's attention is `"kernelized_gated"`
-            with `feature_map="relu"` and decay rates from 1e-4 to 1e-5 (`modeling_scaleformer.COUNT_ATTENTION`). Decoder-only models ignore the field (they have no cross
-            attention).
+            with `feature_map="relu"` and decay rates from 1e-4 to 1e-5 (`modeling_scaleformer.COUNT_ATTENTION`).
+            Decoder-only models ignore the field (they have no cross attention).
         absolute_positions (`str`, *optional*):
             `None` (default): no absolute positions, the model sees order only through its attention.
             `"sinusoidal"`: fixed sine/cosine position encodings (Vaswani et al.) added to the token embeddings

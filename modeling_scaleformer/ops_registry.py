@@ -318,14 +318,11 @@ KERNELIZED_DECAY_GATED = AttentionVariant(
     feature_maps=("elu", "relu"),
 )
 
-KERNELIZED_GATED = AttentionVariant(
+# the same ops without the relative table: `_horizon` is 0, so the decay starts at distance 0
+KERNELIZED_GATED = KERNELIZED_DECAY_GATED._replace(
     description="phi(q_i).phi(k_j) exp(-lambda |i - j|), no row normaliser (per-head RMSNorm and output gate): "
     "a per-head decay and no other position information (retention with a feature map), linear",
-    softmax=False, modes=LINEAR_MODES, constant_state=True, rpe_shareable=False, cross_attention_rpe=True,
-    normalised=False, parameters=decay_only_parameters, attention=kernelized_decay_gated_forward,
-    prefill_state=kernelized_decay_gated_prefill, step=kernelized_decay_gated_decode,
-    cross_summary=kernelized_decay_cross_prefill, cross_step=kernelized_decay_gated_cross_decode,
-    feature_maps=("elu", "relu"),
+    rpe_shareable=False, parameters=decay_only_parameters,
 )
 
 
