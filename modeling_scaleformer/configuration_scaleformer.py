@@ -204,6 +204,15 @@ class ScaleformerConfig(PreTrainedConfig):
         # every saved folder can be loaded by each Auto class with trust_remote_code=True
         self.auto_map = {**AUTO_MAP, **(getattr(self, "auto_map", None) or {})}
 
+    @property
+    def joint_decoder_layers(self) -> bool:
+        """Whether the decoder layers other than a count layer read the source and the written tokens in one
+        attention: with `decoder_attention="joint"`, and with `"count"` for an attention type without a row
+        normaliser."""
+        if self.decoder_attention == "joint":
+            return True
+        return self.decoder_attention == "count" and not get_attention_variant(self.attention_type).normalised
+
     def update_from_string(self, update_str: str):
         """
         Update fields from `"key=value,key=value"`, as [`PreTrainedConfig.update_from_string`] does, and also the
@@ -273,8 +282,7 @@ class ScaleformerConfig(PreTrainedConfig):
                 f"`feature_map` {self.feature_map!r} applies to attention_type {allowed} only, got attention_type "
                 f"{self.attention_type!r} (whose feature maps are {variant.feature_maps})"
             )
-        joint = self.decoder_attention == "joint" or (self.decoder_attention == "count" and not variant.normalised)
-        if joint and (variant.normalised or not self.cross_attention_rpe):
+        if self.joint_decoder_layers and (variant.normalised or not self.cross_attention_rpe):
             allowed = [name for name, v in ATTENTION_VARIANTS.items() if not v.normalised and v.cross_attention_rpe]
             raise ValueError(
                 f"`decoder_attention={self.decoder_attention!r}` adds the decoder's and the encoder's unnormalised "

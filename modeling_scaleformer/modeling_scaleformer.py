@@ -173,10 +173,7 @@ class ScaleformerDecoderLayer(ScaleformerLayer):
         super().__init__(config)
         heads = config.decoder_attention_heads
         self.count = config.is_encoder_decoder and config.decoder_attention == "count" and layer_idx == 0
-        unnormalised = not get_attention_variant(config.attention_type).normalised
-        self.joint = self.count or (
-            config.is_encoder_decoder and config.decoder_attention in ("joint", "count") and unnormalised
-        )
+        self.joint = self.count or (config.is_encoder_decoder and config.joint_decoder_layers)
         attention_config = count_attention_config(config) if self.count else config
         self.self_attn = ScaleformerAttention(attention_config, heads, is_causal=True, layer_idx=layer_idx)
         self.self_attn_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)

@@ -271,3 +271,24 @@ def test_count_layer_of_a_normalised_type_is_the_count_attention(tiny_config):
     torch.testing.assert_close(rates.min(), torch.tensor(COUNT_ATTENTION["decay_rate_range"][1]))
     assert F.softplus(second.decay.detach()).max() > 0.1  # the configured range, (1/4, 1/256)
     assert (config.attention_type, config.feature_map) == ("local_softmax_decay", "elu")
+
+
+@pytest.mark.parametrize(
+    "overrides, first, others",
+    [
+        pytest.param({}, False, False, id="separate"),
+        pytest.param(JOINT, True, True, id="joint"),
+        pytest.param(COUNT, True, True, id="count-gated"),
+        pytest.param(DEFAULT_COUNT, True, False, id="count-default-type"),
+        pytest.param(dict(DEFAULT_COUNT, attention_type="softmax"), True, False, id="count-softmax"),
+    ],
+)
+def test_joint_decoder_layers_names_the_layers_built(overrides, first, others, tiny_config, tmp_path):
+    """`config.joint_decoder_layers` says whether the decoder layers after the first are joint; the first is also
+    joint when it is a count layer. The property is derived, not saved."""
+    config = tiny_config(**overrides)
+    layers = ScaleformerForConditionalGeneration(config).model.decoder.layers
+    assert len(layers) > 1 and config.joint_decoder_layers == others
+    assert [layer.joint for layer in layers] == [first] + [others] * (len(layers) - 1)
+    config.save_pretrained(tmp_path)
+    assert "joint_decoder_layers" not in ScaleformerConfig.from_pretrained(tmp_path).to_dict()
