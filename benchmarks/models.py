@@ -281,7 +281,9 @@ class ModelSpec(NamedTuple):
     decoder_attention: str = "separate"
 
 
-MODEL_SUFFIXES = ("cross_rpe", "fast_decay", "slow_decay", "relu", "joint", "count", "sinusoidal", "post_ln")
+MODEL_SUFFIXES = (
+    "cross_rpe", "fast_decay", "slow_decay", "relu", "joint", "count", "count_block", "sinusoidal", "post_ln"
+)
 FAST_DECAY_RATE_RANGE = (0.5, 0.0625)  # `+fast_decay`: half-lives of 1.4 to 11 positions beyond the horizon
 SLOW_DECAY_RATE_RANGE = (1e-4, 1e-5)  # `+slow_decay`: half-lives of 6,900 to 69,000 positions (almost none)
 CROSS_RPE_TYPES = tuple(name for name, variant in ATTENTION_VARIANTS.items() if variant.cross_attention_rpe)
@@ -295,7 +297,8 @@ def parse_model_name(name: str, baselines: Sequence[str] = BASELINES) -> ModelSp
     whose `cross_attention_rpe` fact is set), `+fast_decay` / `+slow_decay` (decay types: `decay_rate_range`
     `FAST_DECAY_RATE_RANGE` / `SLOW_DECAY_RATE_RANGE`), `+relu` (`feature_map="relu"`, `RELU_TYPES`), `+joint`
     (`decoder_attention="joint"`, `JOINT_TYPES` with `+cross_rpe`), `+count` (`decoder_attention="count"`: any
-    type, with `+cross_rpe` for `JOINT_TYPES`), `+sinusoidal`
+    type, with `+cross_rpe` for `JOINT_TYPES`), `+count_block` (`decoder_attention="count_block"`: any type,
+    with `+cross_rpe` for `JOINT_TYPES`), `+sinusoidal`
     (absolute positions) and `+post_ln` (post-norm blocks), in that order."""
     base, *suffixes = name.split("+")
     kind, _, attention_type = base.partition(":")
@@ -303,7 +306,7 @@ def parse_model_name(name: str, baselines: Sequence[str] = BASELINES) -> ModelSp
              f"{', '.join(ATTENTION_TYPES)}, followed by any of " + ", ".join(f"+{x}" for x in MODEL_SUFFIXES)
              + " in that order (+cross_rpe with " + ", ".join(CROSS_RPE_TYPES) + " only, +fast_decay or +slow_decay "
              "with " + ", ".join(DECAY_TYPES) + " only, +relu with " + ", ".join(RELU_TYPES) + " only, +joint "
-             "with " + ", ".join(JOINT_TYPES) + " and +cross_rpe only, +count with +cross_rpe for those)")
+             "with " + ", ".join(JOINT_TYPES) + " and +cross_rpe only, +count or +count_block with +cross_rpe for those)")
     if kind in baselines and not attention_type and not suffixes:
         return ModelSpec(kind, None)
     if kind != "scaleformer" or (attention_type and attention_type not in ATTENTION_TYPES):
@@ -318,8 +321,8 @@ def parse_model_name(name: str, baselines: Sequence[str] = BASELINES) -> ModelSp
         raise ValueError(usage)
     if "relu" in suffixes and resolved not in RELU_TYPES:
         raise ValueError(usage)
-    joint = [x for x in ("joint", "count") if x in suffixes]
-    needs_joint_type = "joint" in suffixes or ("count" in suffixes and resolved in JOINT_TYPES)
+    joint = [x for x in ("joint", "count", "count_block") if x in suffixes]
+    needs_joint_type = "joint" in suffixes or (bool(joint) and resolved in JOINT_TYPES)
     if len(joint) > 1 or needs_joint_type and (resolved not in JOINT_TYPES or "cross_rpe" not in suffixes):
         raise ValueError(usage)
     rates = {"fast_decay": FAST_DECAY_RATE_RANGE, "slow_decay": SLOW_DECAY_RATE_RANGE}

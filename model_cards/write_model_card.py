@@ -234,6 +234,11 @@ def architecture_paragraph(config: Mapping, n_parameters: int) -> str:
         attention += ("; the first decoder layer instead reads its own tokens and the source tokens themselves (not "
                       "the encoder's output) with one set of queries, unnormalised kernelized sums with phi(x) = "
                       "max(x, 0) and almost no decay, the source's values negated: it sums what remains to be written")
+    elif decoder_attention == "count_block":
+        attention += ("; the first decoder layer also has a count block before its self-attention: one set of "
+                      "queries on its own tokens and on the source tokens themselves (not the encoder's output)"
+                      + (", unnormalised kernelized sums with phi(x) = max(x, 0) and almost no decay" if variant.normalised
+                         else "") + ", the source's values negated: it sums what remains to be written")
     attention += f"; it costs time {'quadratic' if variant.softmax else 'linear'} in the sequence length, and "
     attention += ("generation keeps a state of constant size instead of a growing key/value cache"
                   if variant.constant_state else "generation keeps a key/value cache")

@@ -125,7 +125,10 @@ class ScaleformerConfig(PreTrainedConfig):
             normaliser (and `cross_attention_rpe`) the other layers are joint; with one that has a row
             normaliser (the default) they are separate, and the first layer's attention is `"kernelized_gated"`
             with `feature_map="relu"` and decay rates from 1e-4 to 1e-5 (`modeling_scaleformer.COUNT_ATTENTION`).
-            Decoder-only models ignore the field (they have no cross attention).
+            `"count_block"`: the decoder layers are separate, and the first also has a count block before its
+            self-attention: the same count over the source tokens and the written ones, in an attention block of its
+            own (`COUNT_ATTENTION` for a type with a row normaliser), so that no layer gives up its attention to the
+            encoder's output. Decoder-only models ignore the field (they have no cross attention).
         absolute_positions (`str`, *optional*):
             `None` (default): no absolute positions, the model sees order only through its attention.
             `"sinusoidal"`: fixed sine/cosine position encodings (Vaswani et al.) added to the token embeddings
@@ -186,7 +189,7 @@ class ScaleformerConfig(PreTrainedConfig):
     cross_attention_rpe: bool | None = None
     decay_rate_range: tuple[float, float] | list[float] = DEFAULT_DECAY_RATE_RANGE
     feature_map: Literal["elu", "relu"] = "elu"
-    decoder_attention: Literal["separate", "joint", "count"] = "separate"
+    decoder_attention: Literal["separate", "joint", "count", "count_block"] = "separate"
     absolute_positions: Literal["sinusoidal"] | None = None
     use_cache: bool = True
     pad_token_id: int | None = 0
@@ -212,6 +215,12 @@ class ScaleformerConfig(PreTrainedConfig):
         if self.decoder_attention == "joint":
             return True
         return self.decoder_attention == "count" and not get_attention_variant(self.attention_type).normalised
+
+    @property
+    def counts_source(self) -> bool:
+        """Whether the decoder reads the source tokens' embeddings (`decoder_attention` `"count"` or
+        `"count_block"` in an encoder-decoder)."""
+        return self.is_encoder_decoder and self.decoder_attention in ("count", "count_block")
 
     def update_from_string(self, update_str: str):
         """
@@ -287,6 +296,12 @@ class ScaleformerConfig(PreTrainedConfig):
             raise ValueError(
                 f"`decoder_attention={self.decoder_attention!r}` adds the decoder's and the encoder's unnormalised "
                 f"sums: it needs attention_type in {allowed} with `cross_attention_rpe=True`, got attention_type "
+                f"{self.attention_type!r} and cross_attention_rpe {self.cross_attention_rpe}"
+            )
+        if self.decoder_attention == "count_block" and not variant.normalised and not self.cross_attention_rpe:
+            raise ValueError(
+                "`decoder_attention='count_block'` with an attention type without a row normaliser reads the source "
+                f"with that type's cross attention: it needs `cross_attention_rpe=True`, got attention_type "
                 f"{self.attention_type!r} and cross_attention_rpe {self.cross_attention_rpe}"
             )
         if self.attention_mode not in variant.modes:

@@ -84,7 +84,8 @@ def check_no_attention_outputs(kwargs: dict, config: ScaleformerConfig) -> None:
 @dataclass
 class ScaleformerEncoderOutput(BaseModelOutput):
     """`BaseModelOutput` plus `source_embeddings` (B, L, d_model): the encoder's input embeddings, before
-    positions, which the first decoder layer reads with `config.decoder_attention="count"` (None otherwise)."""
+    positions, which the first decoder layer reads with `config.decoder_attention` `"count"` or `"count_block"`
+    (None otherwise)."""
 
     source_embeddings: torch.FloatTensor | None = None
 
@@ -128,10 +129,10 @@ class ScaleformerEncoderLayer(ScaleformerLayer):
         return self.norm_output(residual + self.dropout(hidden_states), self.ffn_layer_norm)
 
 
-# the first decoder layer's attention with `decoder_attention="count"` when `attention_type` has a row normaliser:
-# unnormalised sums without relative terms, a feature map that can give a key no weight, and almost no decay
-# (half-lives of 6,900 to 69,000 positions), so that the sum over the source and the sum over the written tokens
-# keep their counts
+# the attention of the count layer (`decoder_attention="count"`) and of the count block (`"count_block"`) when
+# `attention_type` has a row normaliser: unnormalised sums without relative terms, a feature map that can give a
+# key no weight, and almost no decay (half-lives of 6,900 to 69,000 positions), so that the sum over the source
+# and the sum over the written tokens keep their counts
 COUNT_ATTENTION = {
     "attention_type": "kernelized_gated",
     "feature_map": "relu",
@@ -151,6 +152,23 @@ def count_attention_config(config: ScaleformerConfig) -> ScaleformerConfig:
     return count_config
 
 
+def one_sum(
+    attention: ScaleformerAttention, source_attention: ScaleformerAttention, hidden_states: Tensor,
+    source: Tensor | None, *, counting: bool, key_mask: Tensor | None, encoder_key_mask: Tensor | None,
+    past_key_values: ScaleformerCache | None, query_offset: int,
+) -> Tensor:
+    """The queries of `attention` on the written tokens `hidden_states` (causal, with `attention`'s keys) and on
+    `source` (with `source_attention`'s variant), the two unnormalised sums added before `attention`'s output
+    norm, gate and projection. With `counting`, `source` holds source tokens read as written ones: `attention`'s
+    key projection and its value projection negated. `source` is None once the cache holds its summary."""
+    q = attention.query(hidden_states)
+    projections = (attention.k_proj, lambda x: -attention.v_proj(x)) if counting else None
+    attended = attention.read(q, hidden_states, key_mask, past_key_values) + source_attention.read(
+        q, source, encoder_key_mask, past_key_values, query_offset, projections
+    )
+    return attention.finish(attended, hidden_states)
+
+
 class ScaleformerDecoderLayer(ScaleformerLayer):
     """Causal self-attention, cross-attention (encoder-decoder only), then feed-forward.
 
@@ -167,6 +185,11 @@ class ScaleformerDecoderLayer(ScaleformerLayer):
     relative terms and the decay, if any, which differ between the two parts only in the positions). When
     `attention_type` has a row normaliser, that layer's attention is `COUNT_ATTENTION` and the other layers
     are separate.
+
+    With `config.decoder_attention="count_block"`, every layer is separate and the first has one more block
+    before its self-attention, `count_attn` with `count_source`: the same sum as the count layer's, in a block of
+    its own (`COUNT_ATTENTION` for a type with a row normaliser), whose generation state is the cache slot after
+    the layers'.
     """
 
     def __init__(self, config: ScaleformerConfig, layer_idx: int):
@@ -185,6 +208,16 @@ class ScaleformerDecoderLayer(ScaleformerLayer):
             )
         if config.is_encoder_decoder and not self.joint:
             self.encoder_attn_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.count_attn = self.count_source = None
+        if config.counts_source and config.decoder_attention == "count_block" and layer_idx == 0:
+            count_config = count_attention_config(config)
+            slot = config.decoder_layers  # the count block's generation state: the cache slot after the layers'
+            self.count_attn = ScaleformerAttention(count_config, heads, is_causal=True, layer_idx=slot)
+            self.count_source = ScaleformerAttention(
+                count_config, heads, is_causal=False, is_cross_attention=True, layer_idx=slot, keys_only=True,
+                own_keys=False,
+            )
+            self.count_attn_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
         self.ffn = ScaleformerFeedForward(config, config.decoder_ffn_dim)
         self.ffn_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
 
@@ -198,20 +231,27 @@ class ScaleformerDecoderLayer(ScaleformerLayer):
         past_key_values: ScaleformerCache | None = None,
         query_offset: int = 0,
     ) -> Tensor:
+        reads = dict(key_mask=key_mask, encoder_key_mask=encoder_key_mask, past_key_values=past_key_values,
+                     query_offset=query_offset)
+        # the count block (`decoder_attention="count_block"`), before the layer's own attention blocks
+        if self.count_attn is not None:
+            residual = hidden_states
+            hidden_states = self.norm_input(hidden_states, self.count_attn_layer_norm)
+            # None once the cache holds the summary of the source part
+            source = None if source_states is None else self.norm_input(source_states, self.count_attn_layer_norm)
+            hidden_states = one_sum(self.count_attn, self.count_source, hidden_states, source, counting=True, **reads)
+            hidden_states = self.norm_output(residual + self.dropout(hidden_states), self.count_attn_layer_norm)
+
         # causal self-attention, continuing the cached state when there is one
         residual = hidden_states
         hidden_states = self.norm_input(hidden_states, self.self_attn_layer_norm)
         if self.joint:  # the same queries on the decoder's keys and on the encoder's, one sum
-            q = self.self_attn.query(hidden_states)
-            source, projections = encoder_hidden_states, None
+            source = encoder_hidden_states
             if self.count:  # the source tokens as written ones, with the opposite sign
-                # None once the cache holds the summary of the source part
                 source = None if source_states is None else self.norm_input(source_states, self.self_attn_layer_norm)
-                projections = (self.self_attn.k_proj, lambda x: -self.self_attn.v_proj(x))
-            attended = self.self_attn.read(q, hidden_states, key_mask, past_key_values) + self.encoder_attn.read(
-                q, source, encoder_key_mask, past_key_values, query_offset, projections
+            hidden_states = one_sum(
+                self.self_attn, self.encoder_attn, hidden_states, source, counting=self.count, **reads
             )
-            hidden_states = self.self_attn.finish(attended, hidden_states)
         else:
             hidden_states = self.self_attn(hidden_states, key_mask=key_mask, past_key_values=past_key_values)
         hidden_states = self.norm_output(residual + self.dropout(hidden_states), self.self_attn_layer_norm)
@@ -359,8 +399,7 @@ class ScaleformerEncoder(ScaleformerStack):
     ) -> ScaleformerEncoderOutput:
         inputs_embeds = self._embed(input_ids, inputs_embeds, kwargs)
         check_mask(attention_mask, "attention_mask", inputs_embeds.shape[0], (inputs_embeds.shape[1],))
-        count = self.config.decoder_attention == "count" and self.config.is_encoder_decoder
-        source_embeddings = inputs_embeds if count else None
+        source_embeddings = inputs_embeds if self.config.counts_source else None
         inputs_embeds = self._add_positions(inputs_embeds, attention_mask)
         hidden_states, all_hidden = self._run_layers(inputs_embeds, output_hidden_states, key_mask=attention_mask)
         return ScaleformerEncoderOutput(
@@ -391,7 +430,7 @@ class ScaleformerDecoder(ScaleformerStack):
         r"""
         source_embeddings (`torch.FloatTensor` of shape `(batch_size, source_length, d_model)`, *optional*):
             The encoder's input embeddings (`ScaleformerEncoderOutput.source_embeddings`), read by the first
-            layer with `config.decoder_attention="count"` until the cache holds their summary.
+            layer with `config.decoder_attention` `"count"` or `"count_block"` until the cache holds their summary.
         """
         inputs_embeds = self._embed(input_ids, inputs_embeds, kwargs)
         batch, length = inputs_embeds.shape[:2]
@@ -404,8 +443,10 @@ class ScaleformerDecoder(ScaleformerStack):
                 f"`past_key_values` must be a ScaleformerCache (or None), got {type(past_key_values).__name__}: "
                 "Scaleformer keeps a constant-size recurrent state, not keys and values"
             )
+        # the count block of `decoder_attention="count_block"` keeps its state after the layers'
+        count_slot = len(self.layers) if self.config.decoder_attention == "count_block" else 0
         if past_key_values is None and use_cache:
-            past_key_values = ScaleformerCache(len(self.layers))
+            past_key_values = ScaleformerCache(len(self.layers) + (count_slot > 0))
         past_length = 0 if past_key_values is None else past_key_values.get_seq_length()
         check_mask(attention_mask, "attention_mask", batch, (length, past_length + length))
         inputs_embeds = self._add_positions(inputs_embeds, attention_mask, past_length)
@@ -416,11 +457,11 @@ class ScaleformerDecoder(ScaleformerStack):
             if encoder_hidden_states is None:
                 raise ValueError("`encoder_hidden_states` is required by an encoder-decoder decoder")
             check_mask(encoder_attention_mask, "encoder_attention_mask", batch, (encoder_hidden_states.shape[1],))
-            summarised = past_key_values is not None and past_key_values.layers[0].cross_summary is not None
-            if self.config.decoder_attention == "count" and not summarised:
+            summarised = past_key_values is not None and past_key_values.layers[count_slot].cross_summary is not None
+            if self.config.counts_source and not summarised:
                 if source_embeddings is None or source_embeddings.shape[:2] != encoder_hidden_states.shape[:2]:
                     raise ValueError(
-                        "`decoder_attention='count'` needs `source_embeddings` (batch, source_length, d_model), the "
+                        f"`decoder_attention={self.config.decoder_attention!r}` needs `source_embeddings` (batch, source_length, d_model), the "
                         "encoder's input embeddings (`ScaleformerEncoderOutput.source_embeddings`), got "
                         f"{None if source_embeddings is None else tuple(source_embeddings.shape)} for encoder states "
                         f"of shape {tuple(encoder_hidden_states.shape)}"
@@ -504,7 +545,7 @@ class ScaleformerModel(ScaleformerPreTrainedModel):
                 hidden_states=encoder_outputs[1] if len(encoder_outputs) > 1 else None,
             )
         source_embeddings = getattr(encoder_outputs, "source_embeddings", None)
-        if source_embeddings is None and self.config.decoder_attention == "count":
+        if source_embeddings is None and self.config.counts_source:
             source_embeddings = self.shared(input_ids) if input_ids is not None else inputs_embeds
         decoder_outputs = self.decoder(
             input_ids=decoder_input_ids,

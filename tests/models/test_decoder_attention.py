@@ -14,6 +14,7 @@ from modeling_scaleformer.ops_naive import naive_kernelized_decay_attention
 JOINT = dict(attention_type="kernelized_decay_gated", cross_attention_rpe=True, decoder_attention="joint")
 COUNT = dict(JOINT, decoder_attention="count")
 DEFAULT_COUNT = dict(decoder_attention="count")  # the default attention type: COUNT_ATTENTION in the first layer
+COUNT_BLOCK = dict(decoder_attention="count_block")  # separate layers, a COUNT_ATTENTION block in the first
 
 CONFIGS = [
     pytest.param(dict(JOINT, feature_map="relu"), id="joint-relu"),
@@ -23,6 +24,9 @@ CONFIGS = [
     pytest.param(DEFAULT_COUNT, id="count-default-type"),
     pytest.param(dict(DEFAULT_COUNT, layer_norm_position="pre"), id="count-default-type-pre"),
     pytest.param(dict(DEFAULT_COUNT, attention_type="softmax"), id="count-softmax"),
+    pytest.param(COUNT_BLOCK, id="count-block"),
+    pytest.param(dict(COUNT_BLOCK, layer_norm_position="pre"), id="count-block-pre"),
+    pytest.param(dict(COUNT, decoder_attention="count_block", feature_map="relu"), id="count-block-gated"),
     pytest.param(dict(attention_type="kernelized_decay_gated", feature_map="relu"), id="gated-relu"),
     pytest.param(dict(attention_type="kernelized_decay", cross_attention_rpe=True, feature_map="relu"),
                  id="normalised-relu-cross-rpe"),
@@ -190,8 +194,8 @@ def test_cached_decoding_equals_teacher_forcing(overrides, padding, tiny_config,
 
 
 @pytest.mark.parametrize(
-    "mode", [dict(JOINT, feature_map="relu"), dict(COUNT, feature_map="relu"), DEFAULT_COUNT],
-    ids=["joint", "count", "count-default-type"],
+    "mode", [dict(JOINT, feature_map="relu"), dict(COUNT, feature_map="relu"), DEFAULT_COUNT, COUNT_BLOCK],
+    ids=["joint", "count", "count-default-type", "count-block"],
 )
 @pytest.mark.parametrize("kwargs", [dict(do_sample=False), dict(num_beams=3, do_sample=False)], ids=["greedy", "beam"])
 def test_joint_generate_same_with_and_without_cache(kwargs, mode, tiny_config, batch):
@@ -237,6 +241,10 @@ def test_feature_map_changes_the_model(tiny_config, batch):
             dict(attention_type="kernelized_decay_gated", cross_attention_rpe=False, decoder_attention="count"),
             "`decoder_attention='count'`.*cross_attention_rpe", id="count-gated-without-cross-rpe",
         ),
+        pytest.param(
+            dict(attention_type="kernelized_decay_gated", cross_attention_rpe=False, decoder_attention="count_block"),
+            "`decoder_attention='count_block'`.*cross_attention_rpe", id="count-block-gated-without-cross-rpe",
+        ),
     ],
 )
 def test_config_rejects_what_the_options_do_not_cover(overrides, message, tiny_config):
@@ -281,6 +289,7 @@ def test_count_layer_of_a_normalised_type_is_the_count_attention(tiny_config):
         pytest.param(COUNT, True, True, id="count-gated"),
         pytest.param(DEFAULT_COUNT, True, False, id="count-default-type"),
         pytest.param(dict(DEFAULT_COUNT, attention_type="softmax"), True, False, id="count-softmax"),
+        pytest.param(COUNT_BLOCK, False, False, id="count-block"),
     ],
 )
 def test_joint_decoder_layers_names_the_layers_built(overrides, first, others, tiny_config, tmp_path):
@@ -292,3 +301,54 @@ def test_joint_decoder_layers_names_the_layers_built(overrides, first, others, t
     assert [layer.joint for layer in layers] == [first] + [others] * (len(layers) - 1)
     config.save_pretrained(tmp_path)
     assert "joint_decoder_layers" not in ScaleformerConfig.from_pretrained(tmp_path).to_dict()
+
+
+@pytest.mark.parametrize("layer_norm_position", ["post", "pre"])
+def test_count_block_is_the_count_sum_before_a_separate_layer(layer_norm_position, tiny_config):
+    """`decoder_attention="count_block"`: the first layer adds the count sum (queries on the written tokens less the
+    source tokens, COUNT_ATTENTION) as one more residual block before its own self- and cross-attention, which keep
+    the configured type and read the encoder output; the other layers have no count block."""
+    torch.manual_seed(0)
+    config = tiny_config(**COUNT_BLOCK, layer_norm_position=layer_norm_position)
+    model = randomised(ScaleformerForConditionalGeneration(config).double().eval())
+    layer, second = model.model.decoder.layers[:2]
+    assert second.count_attn is None and not layer.count and not layer.joint
+    assert layer.count_attn.attention_type == layer.count_source.attention_type == "kernelized_gated"
+    assert layer.self_attn.attention_type == layer.encoder_attn.attention_type == config.attention_type
+    assert (layer.count_attn.layer_idx, layer.count_source.layer_idx) == (config.decoder_layers,) * 2
+    assert sorted(name for name, _ in layer.count_source.named_parameters()) == ["decay"]
+    x, source, encoder = (torch.randn(2, n, 16, dtype=torch.float64) for n in (7, 10, 10))
+    attn, cross = layer.count_attn, layer.count_source
+    pre = layer_norm_position == "pre"
+    norm = layer.count_attn_layer_norm if pre else (lambda t: t)
+    xn, sn = norm(x), norm(source)
+
+    def heads(t):
+        return t.view(t.shape[0], t.shape[1], 2, 8).transpose(1, 2)
+
+    q = heads(attn.q_proj(xn))
+    own = naive_kernelized_decay_attention(q, heads(attn.k_proj(xn)), heads(attn.v_proj(xn)), None,
+                                           F.softplus(attn.decay), causal=True, feature_map="relu", horizon=0)
+    read = naive_kernelized_decay_attention(q, heads(attn.k_proj(sn)), heads(attn.v_proj(sn)), None,
+                                            F.softplus(cross.decay), feature_map="relu", horizon=0)
+    counted = x + attn.finish(own - read, xn)
+    counted = counted if pre else layer.count_attn_layer_norm(counted)
+
+    layer.count_attn, saved = None, layer.count_attn  # the same layer without its count block
+    expected = layer(counted, encoder, source)
+    layer.count_attn = saved
+    got = layer(x, encoder, source)
+    torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-12)
+    assert not torch.allclose(layer(x, encoder + 1.0, source), got)  # the encoder output is read
+
+
+def test_count_block_keeps_its_state_in_the_slot_after_the_layers(tiny_config, batch):
+    torch.manual_seed(0)
+    config = tiny_config(**COUNT_BLOCK)
+    model = ScaleformerForConditionalGeneration(config).eval()
+    src, src_mask = batch()
+    out = model(input_ids=src, attention_mask=src_mask, decoder_input_ids=src[:, :3], use_cache=True)
+    cache = out.past_key_values
+    assert len(cache.layers) == config.decoder_layers + 1
+    assert all(layer.self_state is not None and layer.cross_summary is not None for layer in cache.layers)
+    assert cache.get_seq_length() == 3
