@@ -444,9 +444,16 @@ class ScaleformerDecoder(ScaleformerStack):
                 "Scaleformer keeps a constant-size recurrent state, not keys and values"
             )
         # the count block of `decoder_attention="count_block"` keeps its state after the layers'
-        count_slot = len(self.layers) if self.config.decoder_attention == "count_block" else 0
+        count_block = self.config.counts_source and self.config.decoder_attention == "count_block"
+        count_slot = len(self.layers) if count_block else 0
+        slots = len(self.layers) + count_block
         if past_key_values is None and use_cache:
-            past_key_values = ScaleformerCache(len(self.layers) + (count_slot > 0))
+            past_key_values = ScaleformerCache(slots)
+        if past_key_values is not None and len(past_key_values.layers) != slots:
+            raise ValueError(
+                "`past_key_values` must have one layer per decoder layer"
+                f"{' and one for the count block' if count_block else ''} ({slots}), got {len(past_key_values.layers)}"
+            )
         past_length = 0 if past_key_values is None else past_key_values.get_seq_length()
         check_mask(attention_mask, "attention_mask", batch, (length, past_length + length))
         inputs_embeds = self._add_positions(inputs_embeds, attention_mask, past_length)

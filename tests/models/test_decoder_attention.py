@@ -7,6 +7,7 @@ import torch
 from torch.nn import functional as F
 
 from modeling_scaleformer import ScaleformerConfig, ScaleformerForCausalLM, ScaleformerForConditionalGeneration
+from modeling_scaleformer.cache import ScaleformerCache
 from modeling_scaleformer.modeling_scaleformer import COUNT_ATTENTION
 from modeling_scaleformer.ops_naive import naive_kernelized_decay_attention
 
@@ -352,3 +353,6 @@ def test_count_block_keeps_its_state_in_the_slot_after_the_layers(tiny_config, b
     assert len(cache.layers) == config.decoder_layers + 1
     assert all(layer.self_state is not None and layer.cross_summary is not None for layer in cache.layers)
     assert cache.get_seq_length() == 3
+    with pytest.raises(ValueError, match=r"`past_key_values` must have one layer per decoder layer and one for the count"):
+        model(input_ids=src, attention_mask=src_mask, decoder_input_ids=src[:, :3],
+              past_key_values=ScaleformerCache(config.decoder_layers))
