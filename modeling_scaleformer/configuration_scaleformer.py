@@ -222,6 +222,12 @@ class ScaleformerConfig(PreTrainedConfig):
         `"count_block"` in an encoder-decoder)."""
         return self.is_encoder_decoder and self.decoder_attention in ("count", "count_block")
 
+    @property
+    def has_count_block(self) -> bool:
+        """Whether the first decoder layer has a count block (`decoder_attention="count_block"` in an
+        encoder-decoder), whose generation state is one more cache slot after the layers'."""
+        return self.is_encoder_decoder and self.decoder_attention == "count_block"
+
     def update_from_string(self, update_str: str):
         """
         Update fields from `"key=value,key=value"`, as [`PreTrainedConfig.update_from_string`] does, and also the

@@ -209,7 +209,7 @@ class ScaleformerDecoderLayer(ScaleformerLayer):
         if config.is_encoder_decoder and not self.joint:
             self.encoder_attn_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
         self.count_attn = self.count_source = None
-        if config.counts_source and config.decoder_attention == "count_block" and layer_idx == 0:
+        if config.has_count_block and layer_idx == 0:
             count_config = count_attention_config(config)
             slot = config.decoder_layers  # the count block's generation state: the cache slot after the layers'
             self.count_attn = ScaleformerAttention(count_config, heads, is_causal=True, layer_idx=slot)
@@ -444,7 +444,7 @@ class ScaleformerDecoder(ScaleformerStack):
                 "Scaleformer keeps a constant-size recurrent state, not keys and values"
             )
         # the count block of `decoder_attention="count_block"` keeps its state after the layers'
-        count_block = self.config.counts_source and self.config.decoder_attention == "count_block"
+        count_block = self.config.has_count_block
         count_slot = len(self.layers) if count_block else 0
         slots = len(self.layers) + count_block
         if past_key_values is None and use_cache:
@@ -468,8 +468,9 @@ class ScaleformerDecoder(ScaleformerStack):
             if self.config.counts_source and not summarised:
                 if source_embeddings is None or source_embeddings.shape[:2] != encoder_hidden_states.shape[:2]:
                     raise ValueError(
-                        f"`decoder_attention={self.config.decoder_attention!r}` needs `source_embeddings` (batch, source_length, d_model), the "
-                        "encoder's input embeddings (`ScaleformerEncoderOutput.source_embeddings`), got "
+                        f"`decoder_attention={self.config.decoder_attention!r}` needs `source_embeddings` (batch, "
+                        "source_length, d_model), the encoder's input embeddings "
+                        "(`ScaleformerEncoderOutput.source_embeddings`), got "
                         f"{None if source_embeddings is None else tuple(source_embeddings.shape)} for encoder states "
                         f"of shape {tuple(encoder_hidden_states.shape)}"
                     )
