@@ -321,15 +321,17 @@ def parse_model_name(name: str, baselines: Sequence[str] = BASELINES) -> ModelSp
         raise ValueError(usage)
     if "relu" in suffixes and resolved not in RELU_TYPES:
         raise ValueError(usage)
-    joint = [x for x in ("joint", "count", "count_block") if x in suffixes]
-    needs_joint_type = "joint" in suffixes or (bool(joint) and resolved in JOINT_TYPES)
-    if len(joint) > 1 or needs_joint_type and (resolved not in JOINT_TYPES or "cross_rpe" not in suffixes):
+    decoder_modes = [x for x in ("joint", "count", "count_block") if x in suffixes]
+    # joint layers, and the count sums of an unnormalised type, add unnormalised sums: JOINT_TYPES with +cross_rpe
+    needs_unnormalised_type = "joint" in suffixes or (bool(decoder_modes) and resolved in JOINT_TYPES)
+    if len(decoder_modes) > 1 or needs_unnormalised_type and (
+            resolved not in JOINT_TYPES or "cross_rpe" not in suffixes):
         raise ValueError(usage)
     rates = {"fast_decay": FAST_DECAY_RATE_RANGE, "slow_decay": SLOW_DECAY_RATE_RANGE}
     return ModelSpec(kind, attention_type or None, "cross_rpe" in suffixes,
                      "sinusoidal" if "sinusoidal" in suffixes else None, "post" if "post_ln" in suffixes else "pre",
                      rates[decays[0]] if decays else None, "relu" if "relu" in suffixes else "elu",
-                     joint[0] if joint else "separate")
+                     decoder_modes[0] if decoder_modes else "separate")
 
 
 def build_seq2seq(name: str, seed: int, size: ModelSize, dropout: float, bart_max_positions: int, *,

@@ -228,6 +228,12 @@ class ScaleformerConfig(PreTrainedConfig):
         encoder-decoder), whose generation state is one more cache slot after the layers'."""
         return self.is_encoder_decoder and self.decoder_attention == "count_block"
 
+    @property
+    def count_block_cache_index(self) -> int | None:
+        """The cache slot of the count block's generation state, the one after the decoder layers' (None without a
+        count block)."""
+        return self.decoder_layers if self.has_count_block else None
+
     def update_from_string(self, update_str: str):
         """
         Update fields from `"key=value,key=value"`, as [`PreTrainedConfig.update_from_string`] does, and also the

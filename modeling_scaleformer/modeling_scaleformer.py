@@ -211,7 +211,7 @@ class ScaleformerDecoderLayer(ScaleformerLayer):
         self.count_attn = self.count_source = None
         if config.has_count_block and layer_idx == 0:
             count_config = count_attention_config(config)
-            slot = config.decoder_layers  # the count block's generation state: the cache slot after the layers'
+            slot = config.count_block_cache_index
             self.count_attn = ScaleformerAttention(count_config, heads, is_causal=True, layer_idx=slot)
             self.count_source = ScaleformerAttention(
                 count_config, heads, is_causal=False, is_cross_attention=True, layer_idx=slot, keys_only=True,
@@ -443,9 +443,8 @@ class ScaleformerDecoder(ScaleformerStack):
                 f"`past_key_values` must be a ScaleformerCache (or None), got {type(past_key_values).__name__}: "
                 "Scaleformer keeps a constant-size recurrent state, not keys and values"
             )
-        # the count block of `decoder_attention="count_block"` keeps its state after the layers'
-        count_block = self.config.has_count_block
-        count_slot = len(self.layers) if count_block else 0
+        count_slot = self.config.count_block_cache_index
+        count_block = count_slot is not None
         slots = len(self.layers) + count_block
         if past_key_values is None and use_cache:
             past_key_values = ScaleformerCache(slots)
@@ -464,7 +463,7 @@ class ScaleformerDecoder(ScaleformerStack):
             if encoder_hidden_states is None:
                 raise ValueError("`encoder_hidden_states` is required by an encoder-decoder decoder")
             check_mask(encoder_attention_mask, "encoder_attention_mask", batch, (encoder_hidden_states.shape[1],))
-            summarised = past_key_values is not None and past_key_values.layers[count_slot].cross_summary is not None
+            summarised = past_key_values is not None and past_key_values.layers[count_slot or 0].cross_summary is not None
             if self.config.counts_source and not summarised:
                 if source_embeddings is None or source_embeddings.shape[:2] != encoder_hidden_states.shape[:2]:
                     raise ValueError(

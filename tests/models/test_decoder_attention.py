@@ -352,6 +352,8 @@ def test_count_block_keeps_its_state_in_the_slot_after_the_layers(tiny_config, b
     cache = out.past_key_values
     assert len(cache.layers) == config.decoder_layers + 1
     assert config.has_count_block and not tiny_config(**DEFAULT_COUNT).has_count_block
+    assert config.count_block_cache_index == config.decoder_layers
+    assert tiny_config(**DEFAULT_COUNT).count_block_cache_index is None
     assert all(layer.self_state is not None and layer.cross_summary is not None for layer in cache.layers)
     assert cache.get_seq_length() == 3
     with pytest.raises(ValueError, match=r"`past_key_values` must have one layer per decoder layer and one for the count"):
