@@ -59,6 +59,8 @@ ATTENTION_WORDS = {
     "kernelized_gated": "kernelized attention with a learned per-head geometric decay of the weights with distance "
     "and no relative-position table, summed without a row normaliser, then a per-head RMSNorm and a SiLU output "
     "gate",
+    "kernelized_sum": "kernelized attention with no decay and no position information, summed without a row "
+    "normaliser, then a per-head RMSNorm and a SiLU output gate",
     "local_softmax_decay": "softmax attention over the nearest keys, with relative keys clipped to [-{h}, {h}] (Shaw "
     "et al. 2018), and kernelized attention (phi(x) = elu(x) + 1) with a learned per-head geometric decay beyond "
     "them, under one row normaliser",
@@ -237,7 +239,7 @@ def architecture_paragraph(config: Mapping, n_parameters: int) -> str:
     elif decoder_attention == "count_block":
         attention += ("; the first decoder layer also has a count block before its self-attention: one set of "
                       "queries on its own tokens and on the source tokens themselves (not the encoder's output)"
-                      + (", unnormalised kernelized sums with phi(x) = max(x, 0) and almost no decay" if variant.normalised
+                      + (", unnormalised kernelized sums with phi(x) = max(x, 0) and no decay" if variant.normalised
                          else "") + ", the source's values negated: it sums what remains to be written")
     attention += f"; it costs time {'quadratic' if variant.softmax else 'linear'} in the sequence length, and "
     attention += ("generation keeps a state of constant size instead of a growing key/value cache"
@@ -264,9 +266,10 @@ def architecture_limitations(config: Mapping) -> list[str]:
                  "kernelized weights phi(q).phi(k) / d that fade with distance, which cannot single out one distant key, "
                  "and the weights of softmax-attention models do not carry over."]
     else:
-        items = ["Kernelized attention is not softmax attention: a weight is phi(q).phi(k) over its row sum, with no "
-                 "exponential, so sharply focused (near one-hot) attention is harder to express, and the weights of "
-                 "softmax-attention models do not carry over."]
+        weight = "phi(q).phi(k) over its row sum" if variant.normalised else "phi(q).phi(k), summed without a row sum"
+        items = [f"Kernelized attention is not softmax attention: a weight is {weight}, with no exponential, so sharply "
+                 "focused (near one-hot) attention is harder to express, and the weights of softmax-attention models "
+                 "do not carry over."]
     if clips_positions(variant):
         beyond = (" except through the absolute positions added to the embeddings" if config["absolute_positions"]
                   else "")

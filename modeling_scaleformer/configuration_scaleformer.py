@@ -75,6 +75,8 @@ class ScaleformerConfig(PreTrainedConfig):
             RMSNorm and a SiLU output gate, linear;
             `"kernelized_gated"`: phi(q_i).phi(k_j) times the learned per-head decay from distance 0 (no relative
             table), without a row normaliser, then the same RMSNorm and gate (retention with a feature map), linear;
+            `"kernelized_sum"`: phi(q_i).phi(k_j) with no decay and no position information, without a row
+            normaliser, then the same RMSNorm and gate: every key keeps its weight at any distance, linear;
             `"local_softmax_decay"` (default): softmax over the 2h+1 nearest keys (Shaw's relative keys) and,
             beyond the horizon, kernelized scores with a learned per-head geometric decay, under one row
             normaliser, linear;
@@ -97,17 +99,17 @@ class ScaleformerConfig(PreTrainedConfig):
             One relative table shared by the heads of a layer instead of one per head (`"kernelized_rpe"`,
             the three decay types and `"shaw_softmax"`).
         cross_attention_rpe (`bool`, *optional*):
-            Whether cross-attention uses the self-attention variant with its relative positions (decoder
-            position minus encoder position); with `"kernelized_rpe"` and the three decay types only. `None`
-            (default) turns it on for exactly those types.
+            Whether cross-attention uses the self-attention variant itself, with its relative positions and decay
+            where it has them (decoder position minus encoder position); with `"kernelized_rpe"`, the decay types
+            and `"kernelized_sum"` only. `None` (default) turns it on for exactly those types.
         decay_rate_range (`tuple[float, float]`, *optional*, defaults to `(0.25, 0.00390625)`):
             The decay types (`"kernelized_decay"`, `"kernelized_decay_gated"`, `"kernelized_gated"`,
             `"local_softmax_decay"`): the initial decay rates per position beyond the horizon of the fastest and
             the slowest head, spread geometrically over the heads (1/4 to 1/256: half-lives from under 3 to 177 positions). The rates
             are learned from there.
         feature_map (`str`, *optional*, defaults to `"elu"`):
-            The feature map phi of the kernelized scores of `"kernelized_decay"`, `"kernelized_decay_gated"` and
-            `"kernelized_gated"` (and of their cross attention with `cross_attention_rpe`): `"elu"`, phi(x) = elu(x) + 1, every score
+            The feature map phi of the kernelized scores of `"kernelized_decay"`, `"kernelized_decay_gated"`,
+            `"kernelized_gated"` and `"kernelized_sum"` (and of their cross attention with `cross_attention_rpe`): `"elu"`, phi(x) = elu(x) + 1, every score
             positive; `"relu"`, phi(x) = max(x, 0), so that a query can give a key no weight at all. The other
             types take `"elu"` only.
         decoder_attention (`str`, *optional*, defaults to `"separate"`):
@@ -117,7 +119,7 @@ class ScaleformerConfig(PreTrainedConfig):
             the encoder's (cross attention with relative positions), the two sums added before one output norm,
             gate and projection; a count over the source and a count over what has been written then meet in
             one sum. `"joint"` needs an attention type without a row normaliser (`"kernelized_decay_gated"`,
-            `"kernelized_gated"`) and `cross_attention_rpe`. `"count"`: the first decoder layer is joint, and its
+            `"kernelized_gated"`, `"kernelized_sum"`) and `cross_attention_rpe`. `"count"`: the first decoder layer is joint, and its
             source part reads the source tokens themselves (their embeddings, prepared as the decoder's) instead
             of the encoder output, with the written tokens' key and value projections, the values negated: per
             symbol, that sum is the number written minus the number in the source, at any length (up to the relative terms and the
@@ -127,8 +129,9 @@ class ScaleformerConfig(PreTrainedConfig):
             with `feature_map="relu"` and decay rates from 1e-4 to 1e-5 (`modeling_scaleformer.COUNT_ATTENTION`).
             `"count_block"`: the decoder layers are separate, and the first also has a count block before its
             self-attention: the same count over the source tokens and the written ones, in an attention block of its
-            own (`COUNT_ATTENTION` for a type with a row normaliser), so that no layer gives up its attention to the
-            encoder's output. Decoder-only models ignore the field (they have no cross attention).
+            own, so that no layer gives up its attention to the encoder's output; for a type with a row normaliser
+            its attention is `"kernelized_sum"` with `feature_map="relu"` (`modeling_scaleformer.COUNT_BLOCK_ATTENTION`):
+            no decay at all, so that the sum is the difference of the counts at any length. Decoder-only models ignore the field (they have no cross attention).
         absolute_positions (`str`, *optional*):
             `None` (default): no absolute positions, the model sees order only through its attention.
             `"sinusoidal"`: fixed sine/cosine position encodings (Vaswani et al.) added to the token embeddings

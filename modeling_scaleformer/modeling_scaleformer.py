@@ -129,25 +129,32 @@ class ScaleformerEncoderLayer(ScaleformerLayer):
         return self.norm_output(residual + self.dropout(hidden_states), self.ffn_layer_norm)
 
 
-# the attention of the count layer (`decoder_attention="count"`) and of the count block (`"count_block"`) when
-# `attention_type` has a row normaliser: unnormalised sums without relative terms, a feature map that can give a
-# key no weight, and almost no decay (half-lives of 6,900 to 69,000 positions), so that the sum over the source
-# and the sum over the written tokens keep their counts
+# the attention of the count layer (`decoder_attention="count"`) when `attention_type` has a row normaliser:
+# unnormalised sums without relative terms, a feature map that can give a key no weight, and almost no decay
+# (half-lives of 6,900 to 69,000 positions, the layer's only position information), so that the sum over the
+# source and the sum over the written tokens keep their counts
 COUNT_ATTENTION = {
     "attention_type": "kernelized_gated",
     "feature_map": "relu",
     "decay_rate_range": (1e-4, 1e-5),
     "cross_attention_rpe": True,
 }
+# the attention of the count block (`decoder_attention="count_block"`) when `attention_type` has a row normaliser:
+# the same sums with no decay at all, so that they are the counts at any length
+COUNT_BLOCK_ATTENTION = {
+    "attention_type": "kernelized_sum",
+    "feature_map": "relu",
+    "cross_attention_rpe": True,
+}
 
 
-def count_attention_config(config: ScaleformerConfig) -> ScaleformerConfig:
-    """The configuration of the count layer's attention: `config` itself for an attention type without a row
-    normaliser, else a copy with `COUNT_ATTENTION`."""
+def count_attention_config(config: ScaleformerConfig, attention: dict[str, object]) -> ScaleformerConfig:
+    """The configuration of a count sum's attention: `config` itself for an attention type without a row
+    normaliser, else a copy with the fields of `attention` (`COUNT_ATTENTION` or `COUNT_BLOCK_ATTENTION`)."""
     if not get_attention_variant(config.attention_type).normalised:
         return config
     count_config = copy.copy(config)
-    for name, value in COUNT_ATTENTION.items():
+    for name, value in attention.items():
         setattr(count_config, name, value)
     return count_config
 
@@ -188,8 +195,8 @@ class ScaleformerDecoderLayer(ScaleformerLayer):
 
     With `config.decoder_attention="count_block"`, every layer is separate and the first has one more block
     before its self-attention, `count_attn` with `count_source`: the same sum as the count layer's, in a block of
-    its own (`COUNT_ATTENTION` for a type with a row normaliser), whose generation state is the cache slot after
-    the layers'.
+    its own (`COUNT_BLOCK_ATTENTION`, the sum without decay, for a type with a row normaliser), whose generation
+    state is the cache slot after the layers'.
     """
 
     def __init__(self, config: ScaleformerConfig, layer_idx: int):
@@ -197,7 +204,7 @@ class ScaleformerDecoderLayer(ScaleformerLayer):
         heads = config.decoder_attention_heads
         self.count = config.is_encoder_decoder and config.decoder_attention == "count" and layer_idx == 0
         self.joint = self.count or (config.is_encoder_decoder and config.joint_decoder_layers)
-        attention_config = count_attention_config(config) if self.count else config
+        attention_config = count_attention_config(config, COUNT_ATTENTION) if self.count else config
         self.self_attn = ScaleformerAttention(attention_config, heads, is_causal=True, layer_idx=layer_idx)
         self.self_attn_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
         self.encoder_attn = None
@@ -210,7 +217,7 @@ class ScaleformerDecoderLayer(ScaleformerLayer):
             self.encoder_attn_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
         self.count_attn = self.count_source = None
         if config.has_count_block and layer_idx == 0:
-            count_config = count_attention_config(config)
+            count_config = count_attention_config(config, COUNT_BLOCK_ATTENTION)
             slot = config.count_block_cache_index
             self.count_attn = ScaleformerAttention(count_config, heads, is_causal=True, layer_idx=slot)
             self.count_source = ScaleformerAttention(

@@ -20,7 +20,7 @@ a named function of this module, `<family>_forward`, `_prefill`, `_decode`, `_cr
 transformers' `eager_attention_forward` in `ALL_ATTENTION_FUNCTIONS`. Cross attention uses the variant
 named by `cross_attention_type`: the self-attention family without its position term (kernelized or
 softmax), or, when `config.cross_attention_rpe` is set, the self-attention variant with its relative
-positions (kernelized_rpe and the three decay types).
+positions (kernelized_rpe, the decay types and kernelized_sum).
 """
 
 from __future__ import annotations
@@ -326,6 +326,48 @@ KERNELIZED_GATED = KERNELIZED_DECAY_GATED._replace(
 )
 
 
+# the plain sum of the same ops, without relative table and without decay ("kernelized_sum"): what a key adds
+# never fades, so a sum over matching keys is their count at any length
+
+
+def no_decay(x: Tensor) -> Tensor:
+    """Rates of 0 for the heads of `x` (B, H, L, D)."""
+    return x.new_zeros(x.shape[1])
+
+
+def kernelized_sum_forward(q, k, v, params, *, causal, key_mask, query_offset, mode):
+    return kernelized_decay_attention(
+        q, k, v, None, no_decay(q), causal=causal, key_mask=key_mask, query_offset=query_offset, mode=mode,
+        horizon=0, feature_map=_feature_map(params),
+    )
+
+
+def kernelized_sum_prefill(k, v, params, *, key_mask):
+    return kernelized_decay_prefill_state(
+        k, v, no_decay(k), horizon=0, key_mask=key_mask, feature_map=_feature_map(params),
+    )
+
+
+def kernelized_sum_decode(q, k, v, params, state, *, key_mask):
+    return kernelized_decay_step(
+        q, k, v, None, no_decay(q), state, key_mask=key_mask, horizon=0, feature_map=_feature_map(params),
+    )
+
+
+def kernelized_sum_cross_decode(q, params, summary, *, query_offset):
+    return kernelized_decay_cross_step(
+        q, None, no_decay(q), summary, query_offset=query_offset, horizon=0, feature_map=_feature_map(params),
+    )
+
+
+KERNELIZED_SUM = KERNELIZED_DECAY_GATED._replace(
+    description="phi(q_i).phi(k_j), no row normaliser (per-head RMSNorm and output gate) and no position "
+    "information: sums that keep every key's weight at any distance, linear",
+    rpe_shareable=False, parameters=no_parameters, attention=kernelized_sum_forward,
+    prefill_state=kernelized_sum_prefill, step=kernelized_sum_decode, cross_step=kernelized_sum_cross_decode,
+)
+
+
 # softmax over the 2h+1 nearest keys (Shaw relative keys), kernelized attention with a per-head decay beyond
 # them, one row normaliser ("local_softmax_decay")
 
@@ -512,6 +554,7 @@ ATTENTION_VARIANTS: dict[str, AttentionVariant] = {
     "kernelized_decay": KERNELIZED_DECAY,
     "kernelized_decay_gated": KERNELIZED_DECAY_GATED,
     "kernelized_gated": KERNELIZED_GATED,
+    "kernelized_sum": KERNELIZED_SUM,
     "local_softmax_decay": LOCAL_SOFTMAX_DECAY,
     "fourier": FOURIER,
     "toeplitz": TOEPLITZ,

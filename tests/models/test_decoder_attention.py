@@ -8,14 +8,14 @@ from torch.nn import functional as F
 
 from modeling_scaleformer import ScaleformerConfig, ScaleformerForCausalLM, ScaleformerForConditionalGeneration
 from modeling_scaleformer.cache import ScaleformerCache
-from modeling_scaleformer.modeling_scaleformer import COUNT_ATTENTION
+from modeling_scaleformer.modeling_scaleformer import COUNT_ATTENTION, COUNT_BLOCK_ATTENTION
 from modeling_scaleformer.ops_naive import naive_kernelized_decay_attention
 
 
 JOINT = dict(attention_type="kernelized_decay_gated", cross_attention_rpe=True, decoder_attention="joint")
 COUNT = dict(JOINT, decoder_attention="count")
 DEFAULT_COUNT = dict(decoder_attention="count")  # the default attention type: COUNT_ATTENTION in the first layer
-COUNT_BLOCK = dict(decoder_attention="count_block")  # separate layers, a COUNT_ATTENTION block in the first
+COUNT_BLOCK = dict(decoder_attention="count_block")  # separate layers, a COUNT_BLOCK_ATTENTION block in the first
 
 CONFIGS = [
     pytest.param(dict(JOINT, feature_map="relu"), id="joint-relu"),
@@ -307,19 +307,21 @@ def test_joint_decoder_layers_names_the_layers_built(overrides, first, others, t
 @pytest.mark.parametrize("layer_norm_position", ["post", "pre"])
 def test_count_block_is_the_count_sum_before_a_separate_layer(layer_norm_position, tiny_config):
     """`decoder_attention="count_block"`: the first layer adds the count sum (queries on the written tokens less the
-    source tokens, COUNT_ATTENTION) as one more residual block before its own self- and cross-attention, which keep
-    the configured type and read the encoder output; the other layers have no count block."""
+    source tokens, COUNT_BLOCK_ATTENTION: relu features, no decay, no positions) as one more residual block before its
+    own self- and cross-attention, which keep the configured type and read the encoder output; the other layers have
+    no count block."""
     torch.manual_seed(0)
     config = tiny_config(**COUNT_BLOCK, layer_norm_position=layer_norm_position)
     model = randomised(ScaleformerForConditionalGeneration(config).double().eval())
     layer, second = model.model.decoder.layers[:2]
     assert second.count_attn is None and not layer.count and not layer.joint
-    assert layer.count_attn.attention_type == layer.count_source.attention_type == "kernelized_gated"
+    assert layer.count_attn.attention_type == layer.count_source.attention_type == "kernelized_sum"
+    assert COUNT_BLOCK_ATTENTION["attention_type"] == "kernelized_sum"
     assert layer.self_attn.attention_type == layer.encoder_attn.attention_type == config.attention_type
     assert (layer.count_attn.layer_idx, layer.count_source.layer_idx) == (config.decoder_layers,) * 2
-    assert sorted(name for name, _ in layer.count_source.named_parameters()) == ["decay"]
+    assert list(layer.count_source.named_parameters()) == [] and not hasattr(layer.count_attn, "decay")
     x, source, encoder = (torch.randn(2, n, 16, dtype=torch.float64) for n in (7, 10, 10))
-    attn, cross = layer.count_attn, layer.count_source
+    attn = layer.count_attn
     pre = layer_norm_position == "pre"
     norm = layer.count_attn_layer_norm if pre else (lambda t: t)
     xn, sn = norm(x), norm(source)
@@ -327,11 +329,10 @@ def test_count_block_is_the_count_sum_before_a_separate_layer(layer_norm_positio
     def heads(t):
         return t.view(t.shape[0], t.shape[1], 2, 8).transpose(1, 2)
 
-    q = heads(attn.q_proj(xn))
-    own = naive_kernelized_decay_attention(q, heads(attn.k_proj(xn)), heads(attn.v_proj(xn)), None,
-                                           F.softplus(attn.decay), causal=True, feature_map="relu", horizon=0)
-    read = naive_kernelized_decay_attention(q, heads(attn.k_proj(sn)), heads(attn.v_proj(sn)), None,
-                                            F.softplus(cross.decay), feature_map="relu", horizon=0)
+    # the plain sums: every written token up to i, every source token, weight relu(q).relu(k) at any distance
+    q = F.relu(heads(attn.q_proj(xn)))
+    own = (q @ F.relu(heads(attn.k_proj(xn))).transpose(-1, -2)).tril() @ heads(attn.v_proj(xn))
+    read = (q @ F.relu(heads(attn.k_proj(sn))).transpose(-1, -2)) @ heads(attn.v_proj(sn))
     counted = x + attn.finish(own - read, xn)
     counted = counted if pre else layer.count_attn_layer_norm(counted)
 

@@ -47,10 +47,11 @@ def test_facts_and_what_is_derived_from_them():
                 cross_attention_type(name, True)
         assert variant.normalised or not variant.softmax, name
     assert [n for n, v in ATTENTION_VARIANTS.items() if v.cross_attention_rpe] == [
-        "kernelized_rpe", "kernelized_decay", "kernelized_decay_gated", "kernelized_gated", "local_softmax_decay"
+        "kernelized_rpe", "kernelized_decay", "kernelized_decay_gated", "kernelized_gated", "kernelized_sum",
+        "local_softmax_decay",
     ]
     assert [n for n, v in ATTENTION_VARIANTS.items() if not v.normalised] == [
-        "kernelized_decay_gated", "kernelized_gated"
+        "kernelized_decay_gated", "kernelized_gated", "kernelized_sum"
     ]
     assert ops_registry.DECAY_TYPES == (
         "kernelized_decay", "kernelized_decay_gated", "kernelized_gated", "local_softmax_decay"
