@@ -109,8 +109,8 @@ class ScaleformerConfig(PreTrainedConfig):
             are learned from there.
         feature_map (`str`, *optional*, defaults to `"elu"`):
             The feature map phi of the kernelized scores of `"kernelized_decay"`, `"kernelized_decay_gated"`,
-            `"kernelized_gated"` and `"kernelized_sum"` (and of their cross attention with `cross_attention_rpe`): `"elu"`, phi(x) = elu(x) + 1, every score
-            positive; `"relu"`, phi(x) = max(x, 0), so that a query can give a key no weight at all. The other
+            `"kernelized_gated"` and `"kernelized_sum"` (and of their cross attention with `cross_attention_rpe`):
+            `"elu"`, phi(x) = elu(x) + 1, every score positive; `"relu"`, phi(x) = max(x, 0), so that a query can give a key no weight at all. The other
             types take `"elu"` only.
         decoder_attention (`str`, *optional*, defaults to `"separate"`):
             How a decoder layer of an encoder-decoder reads its own tokens and the encoder's. `"separate"`: a
@@ -130,8 +130,9 @@ class ScaleformerConfig(PreTrainedConfig):
             `"count_block"`: the decoder layers are separate, and the first also has a count block before its
             self-attention: the same count over the source tokens and the written ones, in an attention block of its
             own, so that no layer gives up its attention to the encoder's output; for a type with a row normaliser
-            its attention is `"kernelized_sum"` with `feature_map="relu"` (`modeling_scaleformer.COUNT_BLOCK_ATTENTION`):
-            no decay at all, so that the sum is the difference of the counts at any length. Decoder-only models ignore the field (they have no cross attention).
+            its attention is `"kernelized_sum"` with `feature_map="relu"`
+            (`modeling_scaleformer.COUNT_BLOCK_ATTENTION`): no decay at all, so that the sum is the difference of
+            the counts at any length. Decoder-only models ignore the field (they have no cross attention).
         absolute_positions (`str`, *optional*):
             `None` (default): no absolute positions, the model sees order only through its attention.
             `"sinusoidal"`: fixed sine/cosine position encodings (Vaswani et al.) added to the token embeddings
