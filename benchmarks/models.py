@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -279,6 +280,7 @@ class ModelSpec(NamedTuple):
     decay_rate_range: tuple[float, float] | None = None  # None: the config's default
     feature_map: str = "elu"
     decoder_attention: str = "separate"
+    count_block_heads: int | None = None  # None: the config's default (decoder_attention_heads)
 
 
 MODEL_SUFFIXES = (
@@ -298,13 +300,16 @@ def parse_model_name(name: str, baselines: Sequence[str] = BASELINES) -> ModelSp
     `FAST_DECAY_RATE_RANGE` / `SLOW_DECAY_RATE_RANGE`), `+relu` (`feature_map="relu"`, `RELU_TYPES`), `+joint`
     (`decoder_attention="joint"`, `JOINT_TYPES` with `+cross_rpe`), `+count` (`decoder_attention="count"`: any
     type, with `+cross_rpe` for `JOINT_TYPES`), `+count_block` (`decoder_attention="count_block"`: any type,
-    with `+cross_rpe` for `JOINT_TYPES`), `+sinusoidal`
+    with `+cross_rpe` for `JOINT_TYPES`; `+count_blockN`, N a number, also sets `count_block_heads=N`), `+sinusoidal`
     (absolute positions) and `+post_ln` (post-norm blocks), in that order."""
     base, *suffixes = name.split("+")
+    # `count_blockN`: the count block with N heads
+    count_block_heads = [int(x[len("count_block"):]) for x in suffixes if re.fullmatch(r"count_block[1-9][0-9]*", x)]
+    suffixes = [re.sub(r"^count_block[1-9][0-9]*$", "count_block", x) for x in suffixes]
     kind, _, attention_type = base.partition(":")
     usage = (f"unknown model {name!r}; use {', '.join(baselines)}, or scaleformer or scaleformer:TYPE with TYPE in "
              f"{', '.join(ATTENTION_TYPES)}, followed by any of " + ", ".join(f"+{x}" for x in MODEL_SUFFIXES)
-             + " in that order (+cross_rpe with " + ", ".join(CROSS_RPE_TYPES) + " only, +fast_decay or +slow_decay "
+             + " in that order, +count_blockN for N heads in the count block (+cross_rpe with " + ", ".join(CROSS_RPE_TYPES) + " only, +fast_decay or +slow_decay "
              "with " + ", ".join(DECAY_TYPES) + " only, +relu with " + ", ".join(RELU_TYPES) + " only, +joint "
              "with " + ", ".join(JOINT_TYPES) + " and +cross_rpe only, +count or +count_block with +cross_rpe for those)")
     if kind in baselines and not attention_type and not suffixes:
@@ -331,7 +336,8 @@ def parse_model_name(name: str, baselines: Sequence[str] = BASELINES) -> ModelSp
     return ModelSpec(kind, attention_type or None, "cross_rpe" in suffixes,
                      "sinusoidal" if "sinusoidal" in suffixes else None, "post" if "post_ln" in suffixes else "pre",
                      rates[decays[0]] if decays else None, "relu" if "relu" in suffixes else "elu",
-                     decoder_modes[0] if decoder_modes else "separate")
+                     decoder_modes[0] if decoder_modes else "separate",
+                     count_block_heads[0] if count_block_heads else None)
 
 
 def build_seq2seq(name: str, seed: int, size: ModelSize, dropout: float, bart_max_positions: int, *,
@@ -352,7 +358,7 @@ def build_seq2seq(name: str, seed: int, size: ModelSize, dropout: float, bart_ma
         **config_shape(size), dropout=dropout, attention_type=spec.attention_type or DEFAULT_ATTENTION_TYPE,
         cross_attention_rpe=spec.cross_attention_rpe, absolute_positions=spec.absolute_positions,
         layer_norm_position=spec.layer_norm_position, feature_map=spec.feature_map,
-        decoder_attention=spec.decoder_attention, **ids,
+        decoder_attention=spec.decoder_attention, count_block_heads=spec.count_block_heads, **ids,
         **({} if spec.decay_rate_range is None else {"decay_rate_range": spec.decay_rate_range}),
     )
     return build_model("scaleformer", config, seed)

@@ -237,7 +237,9 @@ def architecture_paragraph(config: Mapping, n_parameters: int) -> str:
                       "the encoder's output) with one set of queries, unnormalised kernelized sums with phi(x) = "
                       "max(x, 0) and almost no decay, the source's values negated: it sums what remains to be written")
     elif decoder_attention == "count_block":
-        attention += ("; the first decoder layer also has a count block before its self-attention: one set of "
+        heads = config.get("count_block_heads")
+        attention += ("; the first decoder layer also has a count block before its self-attention"
+                      + (f" in {heads} heads" if heads else "") + ": one set of "
                       "queries on its own tokens and on the source tokens themselves (not the encoder's output)"
                       + (", unnormalised kernelized sums with phi(x) = max(x, 0) and no decay" if variant.normalised
                          else "") + ", the source's values negated: it sums what remains to be written")

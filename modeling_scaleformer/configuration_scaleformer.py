@@ -133,6 +133,11 @@ class ScaleformerConfig(PreTrainedConfig):
             its attention is `"kernelized_sum"` with `feature_map="relu"`
             (`modeling_scaleformer.COUNT_BLOCK_ATTENTION`): no decay at all, so that the sum is the difference of
             the counts at any length. Decoder-only models ignore the field (they have no cross attention).
+        count_block_heads (`int`, *optional*):
+            The number of heads of the count block (`decoder_attention="count_block"`); `None` (default) gives it
+            `decoder_attention_heads`. More, narrower heads keep more symbols' counts apart: each head's sum is
+            normalised on its own, so that one symbol's count is mixed only with the others of its head. It must
+            divide `d_model`.
         absolute_positions (`str`, *optional*):
             `None` (default): no absolute positions, the model sees order only through its attention.
             `"sinusoidal"`: fixed sine/cosine position encodings (Vaswani et al.) added to the token embeddings
@@ -194,6 +199,7 @@ class ScaleformerConfig(PreTrainedConfig):
     decay_rate_range: tuple[float, float] | list[float] = DEFAULT_DECAY_RATE_RANGE
     feature_map: Literal["elu", "relu"] = "elu"
     decoder_attention: Literal["separate", "joint", "count", "count_block"] = "separate"
+    count_block_heads: int | None = None
     absolute_positions: Literal["sinusoidal"] | None = None
     use_cache: bool = True
     pad_token_id: int | None = 0
@@ -233,6 +239,12 @@ class ScaleformerConfig(PreTrainedConfig):
         return self.is_encoder_decoder and self.decoder_attention == "count_block"
 
     @property
+    def count_block_num_heads(self) -> int:
+        """The number of heads of the count block: `count_block_heads`, or `decoder_attention_heads` when it is
+        `None`."""
+        return self.decoder_attention_heads if self.count_block_heads is None else self.count_block_heads
+
+    @property
     def count_block_cache_index(self) -> int | None:
         """The cache slot of the count block's generation state, the one after the decoder layers' (None without a
         count block)."""
@@ -262,9 +274,9 @@ class ScaleformerConfig(PreTrainedConfig):
 
     def validate_architecture(self):
         """Raise ValueError, naming the field, for values no model can be built from."""
-        for name in ("encoder_attention_heads", "decoder_attention_heads"):
+        for name in ("encoder_attention_heads", "decoder_attention_heads", "count_block_heads"):
             heads = getattr(self, name)
-            if heads < 1 or self.d_model % heads != 0:
+            if heads is not None and (heads < 1 or self.d_model % heads != 0):  # None: count_block_heads unset
                 raise ValueError(f"`{name}` must be a positive divisor of `d_model` ({self.d_model}), got {heads}")
         for name in ("vocab_size", "d_model", "encoder_ffn_dim", "decoder_ffn_dim"):
             if getattr(self, name) < 1:

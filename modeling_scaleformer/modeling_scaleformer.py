@@ -219,9 +219,10 @@ class ScaleformerDecoderLayer(ScaleformerLayer):
         if config.has_count_block and layer_idx == 0:
             count_config = count_attention_config(config, COUNT_BLOCK_ATTENTION)
             slot = config.count_block_cache_index
-            self.count_attn = ScaleformerAttention(count_config, heads, is_causal=True, layer_idx=slot)
+            count_heads = config.count_block_num_heads
+            self.count_attn = ScaleformerAttention(count_config, count_heads, is_causal=True, layer_idx=slot)
             self.count_source = ScaleformerAttention(
-                count_config, heads, is_causal=False, is_cross_attention=True, layer_idx=slot, keys_only=True,
+                count_config, count_heads, is_causal=False, is_cross_attention=True, layer_idx=slot, keys_only=True,
                 own_keys=False,
             )
             self.count_attn_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)

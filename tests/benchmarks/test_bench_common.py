@@ -108,13 +108,16 @@ def test_bench_quality_model_names(import_benchmark):
     assert parse_model_name("scaleformer:kernelized_decay+count").decoder_attention == "count"
     assert parse_model_name("scaleformer:local_softmax_decay+cross_rpe+count_block+post_ln") == ModelSpec(
         "scaleformer", "local_softmax_decay", True, None, "post", None, "elu", "count_block")
+    assert parse_model_name("scaleformer+cross_rpe+count_block16+post_ln") == ModelSpec(
+        "scaleformer", None, True, None, "post", None, "elu", "count_block", 16)
     for bad in ("scaleformer+sinusoidal+cross_rpe", "scaleformer:softmax+cross_rpe", "bart+sinusoidal",
                 "scaleformer+fast_decay", "scaleformer:kernelized_decay+fast_decay+cross_rpe",
                 "scaleformer:kernelized_decay+fast_decay+slow_decay", "scaleformer+relu",
                 "scaleformer:kernelized_decay+cross_rpe+joint", "scaleformer:kernelized_decay_gated+joint",
                 "scaleformer:kernelized_decay_gated+cross_rpe+joint+relu",
                 "scaleformer:kernelized_decay_gated+cross_rpe+joint+count", "scaleformer:kernelized_decay_gated+count",
-                "scaleformer+count+count_block", "scaleformer:kernelized_decay_gated+count_block",
+                "scaleformer+count+count_block", "scaleformer+count_block+count_block16", "scaleformer+count_block0",
+                "scaleformer+count_block08", "scaleformer+count16", "scaleformer:kernelized_decay_gated+count_block",
                 "scaleformer:nope", "scaleformer+cross_rpe+cross_rpe", "scaleformer+post_ln+sinusoidal",
                 "scaleformer+", "t5+post_ln"):
         with pytest.raises(ValueError, match="unknown model"):

@@ -27,6 +27,7 @@ CONFIGS = [
     pytest.param(dict(DEFAULT_COUNT, attention_type="softmax"), id="count-softmax"),
     pytest.param(COUNT_BLOCK, id="count-block"),
     pytest.param(dict(COUNT_BLOCK, layer_norm_position="pre"), id="count-block-pre"),
+    pytest.param(dict(COUNT_BLOCK, count_block_heads=16), id="count-block-16-heads"),
     pytest.param(dict(COUNT, decoder_attention="count_block", feature_map="relu"), id="count-block-gated"),
     pytest.param(dict(attention_type="kernelized_decay_gated", feature_map="relu"), id="gated-relu"),
     pytest.param(dict(attention_type="kernelized_decay", cross_attention_rpe=True, feature_map="relu"),
@@ -195,8 +196,10 @@ def test_cached_decoding_equals_teacher_forcing(overrides, padding, tiny_config,
 
 
 @pytest.mark.parametrize(
-    "mode", [dict(JOINT, feature_map="relu"), dict(COUNT, feature_map="relu"), DEFAULT_COUNT, COUNT_BLOCK],
-    ids=["joint", "count", "count-default-type", "count-block"],
+    "mode",
+    [dict(JOINT, feature_map="relu"), dict(COUNT, feature_map="relu"), DEFAULT_COUNT, COUNT_BLOCK,
+     dict(COUNT_BLOCK, count_block_heads=8)],
+    ids=["joint", "count", "count-default-type", "count-block", "count-block-8-heads"],
 )
 @pytest.mark.parametrize("kwargs", [dict(do_sample=False), dict(num_beams=3, do_sample=False)], ids=["greedy", "beam"])
 def test_joint_generate_same_with_and_without_cache(kwargs, mode, tiny_config, batch):
@@ -246,6 +249,11 @@ def test_feature_map_changes_the_model(tiny_config, batch):
             dict(attention_type="kernelized_decay_gated", cross_attention_rpe=False, decoder_attention="count_block"),
             "`decoder_attention='count_block'`.*cross_attention_rpe", id="count-block-gated-without-cross-rpe",
         ),
+        pytest.param(dict(COUNT_BLOCK, count_block_heads=3),
+                     r"`count_block_heads` must be a positive divisor of `d_model` \(16\), got 3", id="count-block-3-heads"),
+        pytest.param(dict(COUNT_BLOCK, count_block_heads=0),
+                     r"`count_block_heads` must be a positive divisor of `d_model` \(16\), got 0", id="count-block-0-heads"),
+        pytest.param(dict(COUNT_BLOCK, count_block_heads=2.0), "count_block_heads", id="count-block-float-heads"),
     ],
 )
 def test_config_rejects_what_the_options_do_not_cover(overrides, message, tiny_config):
@@ -260,6 +268,10 @@ def test_config_round_trips_the_options(tmp_path):
     loaded = ScaleformerConfig.from_pretrained(tmp_path)
     assert (loaded.feature_map, loaded.decoder_attention) == ("relu", "joint")
     assert (ScaleformerConfig().feature_map, ScaleformerConfig().decoder_attention) == ("elu", "separate")
+    ScaleformerConfig(**COUNT_BLOCK, count_block_heads=64).save_pretrained(tmp_path)
+    loaded = ScaleformerConfig.from_pretrained(tmp_path)
+    assert (loaded.count_block_heads, loaded.count_block_num_heads, loaded.decoder_attention_heads) == (64, 64, 8)
+    assert (ScaleformerConfig().count_block_heads, ScaleformerConfig().count_block_num_heads) == (None, 8)
 
 
 def test_count_layer_of_a_normalised_type_is_the_count_attention(tiny_config):
@@ -304,14 +316,17 @@ def test_joint_decoder_layers_names_the_layers_built(overrides, first, others, t
     assert "joint_decoder_layers" not in ScaleformerConfig.from_pretrained(tmp_path).to_dict()
 
 
+@pytest.mark.parametrize("count_block_heads", [None, 8, 16], ids=["decoder-heads", "8-heads", "16-heads"])
 @pytest.mark.parametrize("layer_norm_position", ["post", "pre"])
-def test_count_block_is_the_count_sum_before_a_separate_layer(layer_norm_position, tiny_config):
+def test_count_block_is_the_count_sum_before_a_separate_layer(layer_norm_position, count_block_heads, tiny_config):
     """`decoder_attention="count_block"`: the first layer adds the count sum (queries on the written tokens less the
     source tokens, COUNT_BLOCK_ATTENTION: relu features, no decay, no positions) as one more residual block before its
     own self- and cross-attention, which keep the configured type and read the encoder output; the other layers have
-    no count block."""
+    no count block. With `count_block_heads`, the block's sums are split into that many heads (the layer's own
+    blocks keep `decoder_attention_heads`)."""
     torch.manual_seed(0)
-    config = tiny_config(**COUNT_BLOCK, layer_norm_position=layer_norm_position)
+    config = tiny_config(**COUNT_BLOCK, layer_norm_position=layer_norm_position, count_block_heads=count_block_heads)
+    n_heads = count_block_heads or config.decoder_attention_heads
     model = randomised(ScaleformerForConditionalGeneration(config).double().eval())
     layer, second = model.model.decoder.layers[:2]
     assert second.count_attn is None and not layer.count and not layer.joint
@@ -325,9 +340,10 @@ def test_count_block_is_the_count_sum_before_a_separate_layer(layer_norm_positio
     pre = layer_norm_position == "pre"
     norm = layer.count_attn_layer_norm if pre else (lambda t: t)
     xn, sn = norm(x), norm(source)
+    assert (attn.num_heads, layer.self_attn.num_heads) == (n_heads, config.decoder_attention_heads)
 
     def heads(t):
-        return t.view(t.shape[0], t.shape[1], 2, 8).transpose(1, 2)
+        return t.view(t.shape[0], t.shape[1], n_heads, 16 // n_heads).transpose(1, 2)
 
     # the plain sums: every written token up to i, every source token, weight relu(q).relu(k) at any distance
     q = F.relu(heads(attn.q_proj(xn)))
