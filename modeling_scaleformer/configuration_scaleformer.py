@@ -138,6 +138,13 @@ class ScaleformerConfig(PreTrainedConfig):
             `decoder_attention_heads`. More, narrower heads keep more symbols' counts apart: each head's sum is
             normalised on its own, so that one symbol's count is mixed only with the others of its head. It must
             divide `d_model`.
+        count_block_embeddings (`bool`, *optional*, defaults to `False`):
+            Whether the count block (`decoder_attention="count_block"`) reads the written and the source tokens
+            through a token embedding table of its own (`count_embed_tokens` of the first decoder layer, then a
+            layer norm) instead of the shared embeddings, without absolute positions. Tokens that the rest of the
+            model embeds close together (neighbouring symbols, related words) then keep keys of their own, so that
+            one token's count does not leak into another's. The model then needs `input_ids` (and
+            `decoder_input_ids`), not embeddings.
         absolute_positions (`str`, *optional*):
             `None` (default): no absolute positions, the model sees order only through its attention.
             `"sinusoidal"`: fixed sine/cosine position encodings (Vaswani et al.) added to the token embeddings
@@ -200,6 +207,7 @@ class ScaleformerConfig(PreTrainedConfig):
     feature_map: Literal["elu", "relu"] = "elu"
     decoder_attention: Literal["separate", "joint", "count", "count_block"] = "separate"
     count_block_heads: int | None = None
+    count_block_embeddings: bool = False
     absolute_positions: Literal["sinusoidal"] | None = None
     use_cache: bool = True
     pad_token_id: int | None = 0
@@ -331,6 +339,11 @@ class ScaleformerConfig(PreTrainedConfig):
                 "`decoder_attention='count_block'` with an attention type without a row normaliser reads the source "
                 f"with that type's cross attention: it needs `cross_attention_rpe=True`, got attention_type "
                 f"{self.attention_type!r} and cross_attention_rpe {self.cross_attention_rpe}"
+            )
+        if self.count_block_embeddings and self.decoder_attention != "count_block":
+            raise ValueError(
+                "`count_block_embeddings` applies to `decoder_attention='count_block'` only, got decoder_attention "
+                f"{self.decoder_attention!r}"
             )
         if self.attention_mode not in variant.modes:
             raise ValueError(

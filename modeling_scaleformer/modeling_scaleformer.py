@@ -85,9 +85,11 @@ def check_no_attention_outputs(kwargs: dict, config: ScaleformerConfig) -> None:
 class ScaleformerEncoderOutput(BaseModelOutput):
     """`BaseModelOutput` plus `source_embeddings` (B, L, d_model): the encoder's input embeddings, before
     positions, which the first decoder layer reads with `config.decoder_attention` `"count"` or `"count_block"`
-    (None otherwise)."""
+    (None otherwise); with `config.count_block_embeddings`, `source_ids` (B, L) instead: the source token ids,
+    which the count block embeds with its own table."""
 
     source_embeddings: torch.FloatTensor | None = None
+    source_ids: torch.LongTensor | None = None
 
 
 class ScaleformerLayer(GradientCheckpointingLayer):
@@ -196,7 +198,9 @@ class ScaleformerDecoderLayer(ScaleformerLayer):
     With `config.decoder_attention="count_block"`, every layer is separate and the first has one more block
     before its self-attention, `count_attn` with `count_source`: the same sum as the count layer's, in a block of
     its own (`COUNT_BLOCK_ATTENTION`, the sum without decay, for a type with a row normaliser), whose generation
-    state is the cache slot after the layers'.
+    state is the cache slot after the layers'. With `config.count_block_embeddings`, the block reads the written
+    and the source tokens (`token_ids`, `source_ids`) through its own embedding table `count_embed_tokens` and
+    a layer norm, in place of the layer's input and `source_states`.
     """
 
     def __init__(self, config: ScaleformerConfig, layer_idx: int):
@@ -215,7 +219,7 @@ class ScaleformerDecoderLayer(ScaleformerLayer):
             )
         if config.is_encoder_decoder and not self.joint:
             self.encoder_attn_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
-        self.count_attn = self.count_source = None
+        self.count_attn = self.count_source = self.count_embed_tokens = None
         if config.has_count_block and layer_idx == 0:
             count_config = count_attention_config(config, COUNT_BLOCK_ATTENTION)
             slot = config.count_block_cache_index
@@ -226,6 +230,9 @@ class ScaleformerDecoderLayer(ScaleformerLayer):
                 own_keys=False,
             )
             self.count_attn_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+            if config.count_block_embeddings:
+                self.count_embed_tokens = nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id)
+                self.count_embed_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
         self.ffn = ScaleformerFeedForward(config, config.decoder_ffn_dim)
         self.ffn_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
 
@@ -238,16 +245,21 @@ class ScaleformerDecoderLayer(ScaleformerLayer):
         encoder_key_mask: Tensor | None = None,
         past_key_values: ScaleformerCache | None = None,
         query_offset: int = 0,
+        token_ids: Tensor | None = None,
+        source_ids: Tensor | None = None,
     ) -> Tensor:
         reads = dict(key_mask=key_mask, encoder_key_mask=encoder_key_mask, past_key_values=past_key_values,
                      query_offset=query_offset)
         # the count block (`decoder_attention="count_block"`), before the layer's own attention blocks
         if self.count_attn is not None:
             residual = hidden_states
-            hidden_states = self.norm_input(hidden_states, self.count_attn_layer_norm)
-            # None once the cache holds the summary of the source part
-            source = None if source_states is None else self.norm_input(source_states, self.count_attn_layer_norm)
-            hidden_states = one_sum(self.count_attn, self.count_source, hidden_states, source, counting=True, **reads)
+            written, source = hidden_states, source_states  # source: None once the cache holds its summary
+            if self.count_embed_tokens is not None:  # the block's own embeddings of the written and source tokens
+                written = self.count_embed_layer_norm(self.count_embed_tokens(token_ids))
+                source = None if source_ids is None else self.count_embed_layer_norm(self.count_embed_tokens(source_ids))
+            written = self.norm_input(written, self.count_attn_layer_norm)
+            source = None if source is None else self.norm_input(source, self.count_attn_layer_norm)
+            hidden_states = one_sum(self.count_attn, self.count_source, written, source, counting=True, **reads)
             hidden_states = self.norm_output(residual + self.dropout(hidden_states), self.count_attn_layer_norm)
 
         # causal self-attention, continuing the cached state when there is one
@@ -407,11 +419,18 @@ class ScaleformerEncoder(ScaleformerStack):
     ) -> ScaleformerEncoderOutput:
         inputs_embeds = self._embed(input_ids, inputs_embeds, kwargs)
         check_mask(attention_mask, "attention_mask", inputs_embeds.shape[0], (inputs_embeds.shape[1],))
-        source_embeddings = inputs_embeds if self.config.counts_source else None
+        own_embeddings = self.config.counts_source and self.config.count_block_embeddings
+        if own_embeddings and input_ids is None:
+            raise ValueError(
+                "`count_block_embeddings=True`: the count block embeds the source tokens with its own table, so the "
+                "encoder needs `input_ids`, not `inputs_embeds`"
+            )
+        source_embeddings = inputs_embeds if self.config.counts_source and not own_embeddings else None
         inputs_embeds = self._add_positions(inputs_embeds, attention_mask)
         hidden_states, all_hidden = self._run_layers(inputs_embeds, output_hidden_states, key_mask=attention_mask)
         return ScaleformerEncoderOutput(
-            last_hidden_state=hidden_states, hidden_states=all_hidden, source_embeddings=source_embeddings
+            last_hidden_state=hidden_states, hidden_states=all_hidden, source_embeddings=source_embeddings,
+            source_ids=input_ids if own_embeddings else None,
         )
 
 
@@ -433,13 +452,23 @@ class ScaleformerDecoder(ScaleformerStack):
         use_cache: bool | None = None,
         output_hidden_states: bool | None = None,
         source_embeddings: Tensor | None = None,
+        source_ids: Tensor | None = None,
         **kwargs,
     ) -> BaseModelOutputWithPastAndCrossAttentions:
         r"""
         source_embeddings (`torch.FloatTensor` of shape `(batch_size, source_length, d_model)`, *optional*):
             The encoder's input embeddings (`ScaleformerEncoderOutput.source_embeddings`), read by the first
             layer with `config.decoder_attention` `"count"` or `"count_block"` until the cache holds their summary.
+        source_ids (`torch.LongTensor` of shape `(batch_size, source_length)`, *optional*):
+            The source token ids (`ScaleformerEncoderOutput.source_ids`), read in their place with
+            `config.count_block_embeddings`.
         """
+        own_embeddings = self.config.counts_source and self.config.count_block_embeddings
+        if own_embeddings and input_ids is None:
+            raise ValueError(
+                "`count_block_embeddings=True`: the count block embeds the written tokens with its own table, so the "
+                "decoder needs `input_ids` (`decoder_input_ids`), not embeddings"
+            )
         inputs_embeds = self._embed(input_ids, inputs_embeds, kwargs)
         batch, length = inputs_embeds.shape[:2]
         use_cache = self.config.use_cache if use_cache is None else use_cache
@@ -466,13 +495,22 @@ class ScaleformerDecoder(ScaleformerStack):
         inputs_embeds = self._add_positions(inputs_embeds, attention_mask, past_length)
         if attention_mask is not None:
             attention_mask = attention_mask[:, -length:]  # a mask covering past + new tokens
-        source_states = None
+        source_states = count_ids = None
         if self.config.is_encoder_decoder:
             if encoder_hidden_states is None:
                 raise ValueError("`encoder_hidden_states` is required by an encoder-decoder decoder")
             check_mask(encoder_attention_mask, "encoder_attention_mask", batch, (encoder_hidden_states.shape[1],))
             summarised = past_key_values is not None and past_key_values.layers[count_slot or 0].cross_summary is not None
-            if self.config.counts_source and not summarised:
+            if own_embeddings and not summarised:
+                if source_ids is None or source_ids.shape != encoder_hidden_states.shape[:2]:
+                    raise ValueError(
+                        "`count_block_embeddings=True` needs `source_ids` (batch, source_length), the source token ids "
+                        "(`ScaleformerEncoderOutput.source_ids`), got "
+                        f"{None if source_ids is None else tuple(source_ids.shape)} for encoder states of shape "
+                        f"{tuple(encoder_hidden_states.shape)}"
+                    )
+                count_ids = source_ids
+            elif self.config.counts_source and not summarised:
                 if source_embeddings is None or source_embeddings.shape[:2] != encoder_hidden_states.shape[:2]:
                     raise ValueError(
                         f"`decoder_attention={self.config.decoder_attention!r}` needs `source_embeddings` (batch, "
@@ -492,6 +530,7 @@ class ScaleformerDecoder(ScaleformerStack):
             encoder_key_mask=encoder_attention_mask,
             past_key_values=past_key_values,
             query_offset=past_length,
+            **({"token_ids": input_ids, "source_ids": count_ids} if own_embeddings else {}),
         )
         return BaseModelOutputWithPastAndCrossAttentions(
             last_hidden_state=hidden_states,
@@ -560,7 +599,10 @@ class ScaleformerModel(ScaleformerPreTrainedModel):
                 hidden_states=encoder_outputs[1] if len(encoder_outputs) > 1 else None,
             )
         source_embeddings = getattr(encoder_outputs, "source_embeddings", None)
-        if source_embeddings is None and self.config.counts_source:
+        source_ids = getattr(encoder_outputs, "source_ids", None)
+        if self.config.counts_source and self.config.count_block_embeddings:
+            source_ids = input_ids if source_ids is None else source_ids
+        elif source_embeddings is None and self.config.counts_source:
             source_embeddings = self.shared(input_ids) if input_ids is not None else inputs_embeds
         decoder_outputs = self.decoder(
             input_ids=decoder_input_ids,
@@ -572,6 +614,7 @@ class ScaleformerModel(ScaleformerPreTrainedModel):
             use_cache=use_cache,
             output_hidden_states=output_hidden_states,
             source_embeddings=source_embeddings,
+            source_ids=source_ids,
             return_dict=True,  # `return_dict` applies to the outermost call only
             **kwargs,
         )

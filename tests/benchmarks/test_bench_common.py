@@ -110,6 +110,8 @@ def test_bench_quality_model_names(import_benchmark):
         "scaleformer", "local_softmax_decay", True, None, "post", None, "elu", "count_block")
     assert parse_model_name("scaleformer+cross_rpe+count_block16+post_ln") == ModelSpec(
         "scaleformer", None, True, None, "post", None, "elu", "count_block", 16)
+    assert parse_model_name("scaleformer+cross_rpe+count_block64+count_embeddings+post_ln") == ModelSpec(
+        "scaleformer", None, True, None, "post", None, "elu", "count_block", 64, True)
     for bad in ("scaleformer+sinusoidal+cross_rpe", "scaleformer:softmax+cross_rpe", "bart+sinusoidal",
                 "scaleformer+fast_decay", "scaleformer:kernelized_decay+fast_decay+cross_rpe",
                 "scaleformer:kernelized_decay+fast_decay+slow_decay", "scaleformer+relu",
@@ -117,7 +119,8 @@ def test_bench_quality_model_names(import_benchmark):
                 "scaleformer:kernelized_decay_gated+cross_rpe+joint+relu",
                 "scaleformer:kernelized_decay_gated+cross_rpe+joint+count", "scaleformer:kernelized_decay_gated+count",
                 "scaleformer+count+count_block", "scaleformer+count_block+count_block16", "scaleformer+count_block0",
-                "scaleformer+count_block08", "scaleformer+count16", "scaleformer:kernelized_decay_gated+count_block",
+                "scaleformer+count_block08", "scaleformer+count16", "scaleformer+count_embeddings",
+                "scaleformer+count+count_embeddings", "scaleformer+count_embeddings+count_block", "scaleformer:kernelized_decay_gated+count_block",
                 "scaleformer:nope", "scaleformer+cross_rpe+cross_rpe", "scaleformer+post_ln+sinusoidal",
                 "scaleformer+", "t5+post_ln"):
         with pytest.raises(ValueError, match="unknown model"):

@@ -28,6 +28,7 @@ CONFIGS = [
     pytest.param(COUNT_BLOCK, id="count-block"),
     pytest.param(dict(COUNT_BLOCK, layer_norm_position="pre"), id="count-block-pre"),
     pytest.param(dict(COUNT_BLOCK, count_block_heads=16), id="count-block-16-heads"),
+    pytest.param(dict(COUNT_BLOCK, count_block_embeddings=True, count_block_heads=8), id="count-block-own-embeddings"),
     pytest.param(dict(COUNT, decoder_attention="count_block", feature_map="relu"), id="count-block-gated"),
     pytest.param(dict(attention_type="kernelized_decay_gated", feature_map="relu"), id="gated-relu"),
     pytest.param(dict(attention_type="kernelized_decay", cross_attention_rpe=True, feature_map="relu"),
@@ -198,8 +199,8 @@ def test_cached_decoding_equals_teacher_forcing(overrides, padding, tiny_config,
 @pytest.mark.parametrize(
     "mode",
     [dict(JOINT, feature_map="relu"), dict(COUNT, feature_map="relu"), DEFAULT_COUNT, COUNT_BLOCK,
-     dict(COUNT_BLOCK, count_block_heads=8)],
-    ids=["joint", "count", "count-default-type", "count-block", "count-block-8-heads"],
+     dict(COUNT_BLOCK, count_block_heads=8), dict(COUNT_BLOCK, count_block_embeddings=True)],
+    ids=["joint", "count", "count-default-type", "count-block", "count-block-8-heads", "count-block-own-embeddings"],
 )
 @pytest.mark.parametrize("kwargs", [dict(do_sample=False), dict(num_beams=3, do_sample=False)], ids=["greedy", "beam"])
 def test_joint_generate_same_with_and_without_cache(kwargs, mode, tiny_config, batch):
@@ -254,6 +255,9 @@ def test_feature_map_changes_the_model(tiny_config, batch):
         pytest.param(dict(COUNT_BLOCK, count_block_heads=0),
                      r"`count_block_heads` must be a positive divisor of `d_model` \(16\), got 0", id="count-block-0-heads"),
         pytest.param(dict(COUNT_BLOCK, count_block_heads=2.0), "count_block_heads", id="count-block-float-heads"),
+        pytest.param(dict(DEFAULT_COUNT, count_block_embeddings=True),
+                     "`count_block_embeddings` applies to `decoder_attention='count_block'` only, got decoder_attention "
+                     "'count'", id="own-embeddings-without-count-block"),
     ],
 )
 def test_config_rejects_what_the_options_do_not_cover(overrides, message, tiny_config):
@@ -376,3 +380,67 @@ def test_count_block_keeps_its_state_in_the_slot_after_the_layers(tiny_config, b
     with pytest.raises(ValueError, match=r"`past_key_values` must have one layer per decoder layer and one for the count"):
         model(input_ids=src, attention_mask=src_mask, decoder_input_ids=src[:, :3],
               past_key_values=ScaleformerCache(config.decoder_layers))
+
+
+@pytest.mark.parametrize("layer_norm_position", ["post", "pre"])
+def test_count_block_with_its_own_embeddings(layer_norm_position, tiny_config):
+    """`count_block_embeddings=True`: the count block reads LayerNorm(count_embed_tokens(ids)) of the written and of
+    the source tokens in place of the layer's input and the source states; the layer's input enters only through
+    the residual."""
+    torch.manual_seed(0)
+    config = tiny_config(**COUNT_BLOCK, count_block_embeddings=True, layer_norm_position=layer_norm_position)
+    model = randomised(ScaleformerForConditionalGeneration(config).double().eval())
+    layer, second = model.model.decoder.layers[:2]
+    assert second.count_embed_tokens is None and layer.count_embed_tokens.weight.shape == (config.vocab_size, 16)
+    ids, source_ids = torch.randint(3, config.vocab_size, (2, 7)), torch.randint(3, config.vocab_size, (2, 10))
+    x, encoder = torch.randn(2, 7, 16, dtype=torch.float64), torch.randn(2, 10, 16, dtype=torch.float64)
+    attn = layer.count_attn
+    pre = layer_norm_position == "pre"
+    block_norm = layer.count_attn_layer_norm if pre else (lambda t: t)
+    written, source = (block_norm(layer.count_embed_layer_norm(layer.count_embed_tokens(t))) for t in (ids, source_ids))
+
+    def heads(t):
+        return t.view(t.shape[0], t.shape[1], 2, 8).transpose(1, 2)
+
+    q = F.relu(heads(attn.q_proj(written)))
+    own = (q @ F.relu(heads(attn.k_proj(written))).transpose(-1, -2)).tril() @ heads(attn.v_proj(written))
+    read = (q @ F.relu(heads(attn.k_proj(source))).transpose(-1, -2)) @ heads(attn.v_proj(source))
+    counted = x + attn.finish(own - read, written)
+    counted = counted if pre else layer.count_attn_layer_norm(counted)
+
+    layer.count_attn, saved = None, layer.count_attn  # the same layer without its count block
+    expected = layer(counted, encoder)
+    layer.count_attn = saved
+    got = layer(x, encoder, None, token_ids=ids, source_ids=source_ids)
+    torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-12)
+    # the shared embeddings of the source (`source_states`) are not read
+    torch.testing.assert_close(layer(x, encoder, encoder, token_ids=ids, source_ids=source_ids), got, rtol=0, atol=0)
+    assert not torch.allclose(layer(x, encoder, None, token_ids=ids, source_ids=source_ids.flip(1)[:, :9]), got)
+
+
+def test_count_block_embeddings_need_token_ids_and_survive_save_and_load(tiny_config, batch, tmp_path):
+    torch.manual_seed(0)
+    config = tiny_config(**COUNT_BLOCK, count_block_embeddings=True)
+    model = ScaleformerForConditionalGeneration(config).eval()
+    src, src_mask = batch()
+    tgt, _ = batch(ls=5, seed=1)
+    encoder_outputs = model.get_encoder()(input_ids=src, attention_mask=src_mask)
+    assert torch.equal(encoder_outputs.source_ids, src) and encoder_outputs.source_embeddings is None
+    logits = model(input_ids=src, attention_mask=src_mask, decoder_input_ids=tgt).logits
+    model.save_pretrained(tmp_path)
+    loaded = ScaleformerForConditionalGeneration.from_pretrained(tmp_path).eval()
+    assert loaded.config.count_block_embeddings
+    torch.testing.assert_close(loaded(input_ids=src, attention_mask=src_mask, decoder_input_ids=tgt).logits, logits,
+                               rtol=0, atol=0)
+    embeds = model.get_input_embeddings()(src)
+    with pytest.raises(ValueError, match="the encoder needs `input_ids`, not `inputs_embeds`"):
+        model(inputs_embeds=embeds, attention_mask=src_mask, decoder_input_ids=tgt)
+    with pytest.raises(ValueError, match=r"the decoder needs `input_ids` \(`decoder_input_ids`\), not embeddings"):
+        model(input_ids=src, attention_mask=src_mask, decoder_inputs_embeds=model.get_input_embeddings()(tgt))
+    as_tuple = (encoder_outputs.last_hidden_state,)
+    with pytest.raises(ValueError, match="`count_block_embeddings=True` needs `source_ids`"):
+        model(encoder_outputs=as_tuple, attention_mask=src_mask, decoder_input_ids=tgt)
+    # a plain tuple loses them: the input ids give them again
+    torch.testing.assert_close(
+        model(input_ids=src, encoder_outputs=as_tuple, attention_mask=src_mask, decoder_input_ids=tgt).logits, logits,
+        rtol=0, atol=0)
