@@ -303,6 +303,19 @@ class ScaleformerPreTrainedModel(PreTrainedModel):
     _is_stateful = True
     _can_compile_fullgraph = False
 
+    def resize_token_embeddings(
+        self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None, mean_resizing: bool = True
+    ) -> nn.Embedding:
+        """[`PreTrainedModel.resize_token_embeddings`], and the count block's own embedding table
+        (`config.count_block_embeddings`) to the same number of tokens."""
+        embeddings = super().resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
+        for module in self.modules():
+            if isinstance(module, ScaleformerDecoderLayer) and module.count_embed_tokens is not None:
+                module.count_embed_tokens = self._get_resized_embeddings(
+                    module.count_embed_tokens, embeddings.num_embeddings, mean_resizing=mean_resizing
+                )
+        return embeddings
+
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
         # the model builds its own ScaleformerCache in forward; key/value caches do not apply

@@ -444,3 +444,18 @@ def test_count_block_embeddings_need_token_ids_and_survive_save_and_load(tiny_co
     torch.testing.assert_close(
         model(input_ids=src, encoder_outputs=as_tuple, attention_mask=src_mask, decoder_input_ids=tgt).logits, logits,
         rtol=0, atol=0)
+
+
+def test_resize_token_embeddings_resizes_the_count_block_table(tiny_config, batch):
+    torch.manual_seed(0)
+    model = ScaleformerForConditionalGeneration(tiny_config(**COUNT_BLOCK, count_block_embeddings=True)).eval()
+    table = model.model.decoder.layers[0].count_embed_tokens
+    before = table.weight.detach().clone()
+    model.resize_token_embeddings(70)
+    table = model.model.decoder.layers[0].count_embed_tokens
+    assert table.num_embeddings == model.get_input_embeddings().num_embeddings == model.config.vocab_size == 70
+    torch.testing.assert_close(table.weight[: before.shape[0]], before, rtol=0, atol=0)
+    src, src_mask = batch()
+    src[0, 0] = 69  # a new token reaches the count block
+    out = model(input_ids=src, attention_mask=src_mask, decoder_input_ids=torch.tensor([[1, 69]] * src.shape[0]))
+    assert torch.isfinite(out.logits).all()
