@@ -508,7 +508,7 @@ class ScaleformerDecoder(ScaleformerStack):
         inputs_embeds = self._add_positions(inputs_embeds, attention_mask, past_length)
         if attention_mask is not None:
             attention_mask = attention_mask[:, -length:]  # a mask covering past + new tokens
-        source_states = count_ids = None
+        source_states = count_source_ids = None
         if self.config.is_encoder_decoder:
             if encoder_hidden_states is None:
                 raise ValueError("`encoder_hidden_states` is required by an encoder-decoder decoder")
@@ -522,7 +522,7 @@ class ScaleformerDecoder(ScaleformerStack):
                         f"{None if source_ids is None else tuple(source_ids.shape)} for encoder states of shape "
                         f"{tuple(encoder_hidden_states.shape)}"
                     )
-                count_ids = source_ids
+                count_source_ids = source_ids
             elif self.config.counts_source and not summarised:
                 if source_embeddings is None or source_embeddings.shape[:2] != encoder_hidden_states.shape[:2]:
                     raise ValueError(
@@ -543,7 +543,7 @@ class ScaleformerDecoder(ScaleformerStack):
             encoder_key_mask=encoder_attention_mask,
             past_key_values=past_key_values,
             query_offset=past_length,
-            **({"token_ids": input_ids, "source_ids": count_ids} if own_embeddings else {}),
+            **({"token_ids": input_ids, "source_ids": count_source_ids} if own_embeddings else {}),
         )
         return BaseModelOutputWithPastAndCrossAttentions(
             last_hidden_state=hidden_states,
