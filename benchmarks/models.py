@@ -302,17 +302,19 @@ def parse_model_name(name: str, baselines: Sequence[str] = BASELINES) -> ModelSp
     `FAST_DECAY_RATE_RANGE` / `SLOW_DECAY_RATE_RANGE`), `+relu` (`feature_map="relu"`, `RELU_TYPES`), `+joint`
     (`decoder_attention="joint"`, `JOINT_TYPES` with `+cross_rpe`), `+count` (`decoder_attention="count"`: any
     type, with `+cross_rpe` for `JOINT_TYPES`), `+count_block` (`decoder_attention="count_block"`: any type,
-    with `+cross_rpe` for `JOINT_TYPES`; `+count_blockN`, N a number, also sets `count_block_heads=N`), `+count_embeddings` (after `+count_block`:
-    `count_block_embeddings=True`), `+sinusoidal`
-    (absolute positions) and `+post_ln` (post-norm blocks), in that order."""
+    with `+cross_rpe` for `JOINT_TYPES`; `+count_blockN`, N a number, also sets `count_block_heads=N`),
+    `+count_embeddings` (after `+count_block`: `count_block_embeddings=True`), `+sinusoidal` (absolute positions)
+    and `+post_ln` (post-norm blocks), in that order."""
     base, *suffixes = name.split("+")
-    # `count_blockN`: the count block with N heads
-    count_block_heads = [int(x[len("count_block"):]) for x in suffixes if re.fullmatch(r"count_block[1-9][0-9]*", x)]
-    suffixes = [re.sub(r"^count_block[1-9][0-9]*$", "count_block", x) for x in suffixes]
+    count_block_heads = None
+    for i, suffix in enumerate(suffixes):  # `count_blockN`: the count block with N heads
+        if match := re.fullmatch(r"count_block([1-9][0-9]*)", suffix):
+            count_block_heads, suffixes[i] = int(match[1]), "count_block"
     kind, _, attention_type = base.partition(":")
     usage = (f"unknown model {name!r}; use {', '.join(baselines)}, or scaleformer or scaleformer:TYPE with TYPE in "
              f"{', '.join(ATTENTION_TYPES)}, followed by any of " + ", ".join(f"+{x}" for x in MODEL_SUFFIXES)
-             + " in that order, +count_blockN for N heads in the count block, +count_embeddings after +count_block only (+cross_rpe with " + ", ".join(CROSS_RPE_TYPES) + " only, +fast_decay or +slow_decay "
+             + " in that order, +count_blockN for N heads in the count block, +count_embeddings after +count_block "
+             "only (+cross_rpe with " + ", ".join(CROSS_RPE_TYPES) + " only, +fast_decay or +slow_decay "
              "with " + ", ".join(DECAY_TYPES) + " only, +relu with " + ", ".join(RELU_TYPES) + " only, +joint "
              "with " + ", ".join(JOINT_TYPES) + " and +cross_rpe only, +count or +count_block with +cross_rpe for those)")
     if kind in baselines and not attention_type and not suffixes:
@@ -342,7 +344,7 @@ def parse_model_name(name: str, baselines: Sequence[str] = BASELINES) -> ModelSp
                      "sinusoidal" if "sinusoidal" in suffixes else None, "post" if "post_ln" in suffixes else "pre",
                      rates[decays[0]] if decays else None, "relu" if "relu" in suffixes else "elu",
                      decoder_modes[0] if decoder_modes else "separate",
-                     count_block_heads[0] if count_block_heads else None, "count_embeddings" in suffixes)
+                     count_block_heads, "count_embeddings" in suffixes)
 
 
 def build_seq2seq(name: str, seed: int, size: ModelSize, dropout: float, bart_max_positions: int, *,

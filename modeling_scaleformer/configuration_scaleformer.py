@@ -110,8 +110,8 @@ class ScaleformerConfig(PreTrainedConfig):
         feature_map (`str`, *optional*, defaults to `"elu"`):
             The feature map phi of the kernelized scores of `"kernelized_decay"`, `"kernelized_decay_gated"`,
             `"kernelized_gated"` and `"kernelized_sum"` (and of their cross attention with `cross_attention_rpe`):
-            `"elu"`, phi(x) = elu(x) + 1, every score positive; `"relu"`, phi(x) = max(x, 0), so that a query can give a key no weight at all. The other
-            types take `"elu"` only.
+            `"elu"`, phi(x) = elu(x) + 1, every score positive; `"relu"`, phi(x) = max(x, 0), so that a query can
+            give a key no weight at all. The other types take `"elu"` only.
         decoder_attention (`str`, *optional*, defaults to `"separate"`):
             How a decoder layer of an encoder-decoder reads its own tokens and the encoder's. `"separate"`: a
             self-attention block, then a cross-attention block, each with its own queries and output (BART).
@@ -245,6 +245,12 @@ class ScaleformerConfig(PreTrainedConfig):
         """Whether the first decoder layer has a count block (`decoder_attention="count_block"` in an
         encoder-decoder), whose generation state is one more cache slot after the layers'."""
         return self.is_encoder_decoder and self.decoder_attention == "count_block"
+
+    @property
+    def counts_source_ids(self) -> bool:
+        """Whether the count block reads the token ids through its own embedding table (`count_block_embeddings` in
+        an encoder-decoder): the encoder then passes on the source ids instead of its input embeddings."""
+        return self.counts_source and self.count_block_embeddings
 
     @property
     def count_block_num_heads(self) -> int:

@@ -256,7 +256,9 @@ class ScaleformerDecoderLayer(ScaleformerLayer):
             written, source = hidden_states, source_states  # source: None once the cache holds its summary
             if self.count_embed_tokens is not None:  # the block's own embeddings of the written and source tokens
                 written = self.count_embed_layer_norm(self.count_embed_tokens(token_ids))
-                source = None if source_ids is None else self.count_embed_layer_norm(self.count_embed_tokens(source_ids))
+                source = None if source_ids is None else self.count_embed_layer_norm(
+                    self.count_embed_tokens(source_ids)
+                )
             written = self.norm_input(written, self.count_attn_layer_norm)
             source = None if source is None else self.norm_input(source, self.count_attn_layer_norm)
             hidden_states = one_sum(self.count_attn, self.count_source, written, source, counting=True, **reads)
@@ -432,7 +434,7 @@ class ScaleformerEncoder(ScaleformerStack):
     ) -> ScaleformerEncoderOutput:
         inputs_embeds = self._embed(input_ids, inputs_embeds, kwargs)
         check_mask(attention_mask, "attention_mask", inputs_embeds.shape[0], (inputs_embeds.shape[1],))
-        own_embeddings = self.config.counts_source and self.config.count_block_embeddings
+        own_embeddings = self.config.counts_source_ids
         if own_embeddings and input_ids is None:
             raise ValueError(
                 "`count_block_embeddings=True`: the count block embeds the source tokens with its own table, so the "
@@ -476,7 +478,7 @@ class ScaleformerDecoder(ScaleformerStack):
             The source token ids (`ScaleformerEncoderOutput.source_ids`), read in their place with
             `config.count_block_embeddings`.
         """
-        own_embeddings = self.config.counts_source and self.config.count_block_embeddings
+        own_embeddings = self.config.counts_source_ids
         if own_embeddings and input_ids is None:
             raise ValueError(
                 "`count_block_embeddings=True`: the count block embeds the written tokens with its own table, so the "
@@ -613,7 +615,7 @@ class ScaleformerModel(ScaleformerPreTrainedModel):
             )
         source_embeddings = getattr(encoder_outputs, "source_embeddings", None)
         source_ids = getattr(encoder_outputs, "source_ids", None)
-        if self.config.counts_source and self.config.count_block_embeddings:
+        if self.config.counts_source_ids:
             source_ids = input_ids if source_ids is None else source_ids
         elif source_embeddings is None and self.config.counts_source:
             source_embeddings = self.shared(input_ids) if input_ids is not None else inputs_embeds

@@ -120,7 +120,8 @@ def test_bench_quality_model_names(import_benchmark):
                 "scaleformer:kernelized_decay_gated+cross_rpe+joint+count", "scaleformer:kernelized_decay_gated+count",
                 "scaleformer+count+count_block", "scaleformer+count_block+count_block16", "scaleformer+count_block0",
                 "scaleformer+count_block08", "scaleformer+count16", "scaleformer+count_embeddings",
-                "scaleformer+count+count_embeddings", "scaleformer+count_embeddings+count_block", "scaleformer:kernelized_decay_gated+count_block",
+                "scaleformer+count+count_embeddings", "scaleformer+count_embeddings+count_block",
+                "scaleformer:kernelized_decay_gated+count_block",
                 "scaleformer:nope", "scaleformer+cross_rpe+cross_rpe", "scaleformer+post_ln+sinusoidal",
                 "scaleformer+", "t5+post_ln"):
         with pytest.raises(ValueError, match="unknown model"):

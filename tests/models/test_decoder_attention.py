@@ -251,13 +251,15 @@ def test_feature_map_changes_the_model(tiny_config, batch):
             "`decoder_attention='count_block'`.*cross_attention_rpe", id="count-block-gated-without-cross-rpe",
         ),
         pytest.param(dict(COUNT_BLOCK, count_block_heads=3),
-                     r"`count_block_heads` must be a positive divisor of `d_model` \(16\), got 3", id="count-block-3-heads"),
+                     r"`count_block_heads` must be a positive divisor of `d_model` \(16\), got 3",
+                     id="count-block-3-heads"),
         pytest.param(dict(COUNT_BLOCK, count_block_heads=0),
-                     r"`count_block_heads` must be a positive divisor of `d_model` \(16\), got 0", id="count-block-0-heads"),
+                     r"`count_block_heads` must be a positive divisor of `d_model` \(16\), got 0",
+                     id="count-block-0-heads"),
         pytest.param(dict(COUNT_BLOCK, count_block_heads=2.0), "count_block_heads", id="count-block-float-heads"),
         pytest.param(dict(DEFAULT_COUNT, count_block_embeddings=True),
-                     "`count_block_embeddings` applies to `decoder_attention='count_block'` only, got decoder_attention "
-                     "'count'", id="own-embeddings-without-count-block"),
+                     "`count_block_embeddings` applies to `decoder_attention='count_block'` only, got "
+                     "decoder_attention 'count'", id="own-embeddings-without-count-block"),
     ],
 )
 def test_config_rejects_what_the_options_do_not_cover(overrides, message, tiny_config):
@@ -320,6 +322,29 @@ def test_joint_decoder_layers_names_the_layers_built(overrides, first, others, t
     assert "joint_decoder_layers" not in ScaleformerConfig.from_pretrained(tmp_path).to_dict()
 
 
+def counted_then_layer(layer, x, written, source, pre, encoder, source_states=None):
+    """The expected output of `layer` (the first decoder layer with a count block) for the input `x`: x plus the
+    count block's plain sums, written out (every written token up to i less every source token, weight
+    relu(q).relu(k) at any distance, over the block's inputs `written` and `source` after its pre-norm, if any),
+    then the layer without its count block."""
+    attn = layer.count_attn
+    n_heads = attn.num_heads
+
+    def heads(t):
+        return t.view(t.shape[0], t.shape[1], n_heads, t.shape[2] // n_heads).transpose(1, 2)
+
+    q = F.relu(heads(attn.q_proj(written)))
+    own = (q @ F.relu(heads(attn.k_proj(written))).transpose(-1, -2)).tril() @ heads(attn.v_proj(written))
+    read = (q @ F.relu(heads(attn.k_proj(source))).transpose(-1, -2)) @ heads(attn.v_proj(source))
+    counted = x + attn.finish(own - read, written)
+    counted = counted if pre else layer.count_attn_layer_norm(counted)
+    layer.count_attn = None  # the same layer without its count block
+    try:
+        return layer(counted, encoder, source_states)
+    finally:
+        layer.count_attn = attn
+
+
 @pytest.mark.parametrize("count_block_heads", [None, 8, 16], ids=["decoder-heads", "8-heads", "16-heads"])
 @pytest.mark.parametrize("layer_norm_position", ["post", "pre"])
 def test_count_block_is_the_count_sum_before_a_separate_layer(layer_norm_position, count_block_heads, tiny_config):
@@ -340,25 +365,10 @@ def test_count_block_is_the_count_sum_before_a_separate_layer(layer_norm_positio
     assert (layer.count_attn.layer_idx, layer.count_source.layer_idx) == (config.decoder_layers,) * 2
     assert list(layer.count_source.named_parameters()) == [] and not hasattr(layer.count_attn, "decay")
     x, source, encoder = (torch.randn(2, n, 16, dtype=torch.float64) for n in (7, 10, 10))
-    attn = layer.count_attn
     pre = layer_norm_position == "pre"
     norm = layer.count_attn_layer_norm if pre else (lambda t: t)
-    xn, sn = norm(x), norm(source)
-    assert (attn.num_heads, layer.self_attn.num_heads) == (n_heads, config.decoder_attention_heads)
-
-    def heads(t):
-        return t.view(t.shape[0], t.shape[1], n_heads, 16 // n_heads).transpose(1, 2)
-
-    # the plain sums: every written token up to i, every source token, weight relu(q).relu(k) at any distance
-    q = F.relu(heads(attn.q_proj(xn)))
-    own = (q @ F.relu(heads(attn.k_proj(xn))).transpose(-1, -2)).tril() @ heads(attn.v_proj(xn))
-    read = (q @ F.relu(heads(attn.k_proj(sn))).transpose(-1, -2)) @ heads(attn.v_proj(sn))
-    counted = x + attn.finish(own - read, xn)
-    counted = counted if pre else layer.count_attn_layer_norm(counted)
-
-    layer.count_attn, saved = None, layer.count_attn  # the same layer without its count block
-    expected = layer(counted, encoder, source)
-    layer.count_attn = saved
+    assert (layer.count_attn.num_heads, layer.self_attn.num_heads) == (n_heads, config.decoder_attention_heads)
+    expected = counted_then_layer(layer, x, norm(x), norm(source), pre, encoder, source)
     got = layer(x, encoder, source)
     torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-12)
     assert not torch.allclose(layer(x, encoder + 1.0, source), got)  # the encoder output is read
@@ -394,23 +404,10 @@ def test_count_block_with_its_own_embeddings(layer_norm_position, tiny_config):
     assert second.count_embed_tokens is None and layer.count_embed_tokens.weight.shape == (config.vocab_size, 16)
     ids, source_ids = torch.randint(3, config.vocab_size, (2, 7)), torch.randint(3, config.vocab_size, (2, 10))
     x, encoder = torch.randn(2, 7, 16, dtype=torch.float64), torch.randn(2, 10, 16, dtype=torch.float64)
-    attn = layer.count_attn
     pre = layer_norm_position == "pre"
     block_norm = layer.count_attn_layer_norm if pre else (lambda t: t)
     written, source = (block_norm(layer.count_embed_layer_norm(layer.count_embed_tokens(t))) for t in (ids, source_ids))
-
-    def heads(t):
-        return t.view(t.shape[0], t.shape[1], 2, 8).transpose(1, 2)
-
-    q = F.relu(heads(attn.q_proj(written)))
-    own = (q @ F.relu(heads(attn.k_proj(written))).transpose(-1, -2)).tril() @ heads(attn.v_proj(written))
-    read = (q @ F.relu(heads(attn.k_proj(source))).transpose(-1, -2)) @ heads(attn.v_proj(source))
-    counted = x + attn.finish(own - read, written)
-    counted = counted if pre else layer.count_attn_layer_norm(counted)
-
-    layer.count_attn, saved = None, layer.count_attn  # the same layer without its count block
-    expected = layer(counted, encoder)
-    layer.count_attn = saved
+    expected = counted_then_layer(layer, x, written, source, pre, encoder)
     got = layer(x, encoder, None, token_ids=ids, source_ids=source_ids)
     torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-12)
     # the shared embeddings of the source (`source_states`) are not read

@@ -235,12 +235,12 @@ def test_cross_summary_and_steps_match_the_full_attention(horizon, no_rel, mask,
         kernelized_decay_cross_step(q, rel, decay, (k, v), query_offset=0)
 
 
-
 def no_decay_loop(decay_loop, q, k, v, causal, key_mask, offset):
     """The loop reference of the decay ops with rates of 0, no table, horizon 0 and relu features: relu(q_i).relu(k_j)
     v_j summed over the visible keys at any distance."""
     return decay_loop(q, k, v, None, torch.zeros(q.shape[1], dtype=q.dtype), causal, key_mask, offset, 0,
                       feature_map="relu")
+
 
 SUM_CASES = pytest.mark.parametrize("lq, lk, offset, mask", [
     (1, 1, 0, None), (9, 9, 0, "padding"), (40, 40, 0, "random"), (12, 7, 3, None), (5, 17, 12, "padding"),
