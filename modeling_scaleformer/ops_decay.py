@@ -370,6 +370,75 @@ def kernelized_decay_attention(
     )
 
 
+# Fixed cost of the key-sum path of `kernelized_sum_attention` per call, in multiply-adds (a few tensor ops).
+SUM_OVERHEAD = 200_000
+
+
+def prefix_sums_fit(dim: int, value_dim: int, chunk_size: int = DEFAULT_CHUNK_SIZE) -> bool:
+    """Whether causal `kernelized_sum_attention` keeps a running key sum per key: its D x Dv entries take no
+    more memory per key than the chunked path's scores and inputs (2C + D + Dv)."""
+    return dim * value_dim <= 2 * max(chunk_size, 1) + dim + value_dim
+
+
+def kernelized_sum_choose_mode(lq: int, lk: int, dim: int, value_dim: int, *, causal: bool, batch_heads: int = 1
+                               ) -> str:
+    """The cheaper algorithm for one call of `kernelized_sum_attention`, "naive" or "linear", in multiply-adds:
+    about (D + Dv + 8) per score against about 4 D Dv per query and per key for the key sums (or the chunked
+    path's cost, `kernelized_decay_choose_mode`, where causal running sums do not fit)."""
+    if causal and not prefix_sums_fit(dim, value_dim):
+        return kernelized_decay_choose_mode(lq, lk, dim, value_dim, 0, causal=True, batch_heads=batch_heads)
+    naive = batch_heads * lq * lk * (dim + value_dim + 8)
+    summed = batch_heads * (lq + lk) * dim * value_dim * 4 + SUM_OVERHEAD
+    return "linear" if summed < naive else "naive"
+
+
+def kernelized_sum_attention(
+    q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, key_mask: Tensor | None = None, query_offset: int = 0,
+    mode: str = "auto", feature_map: str = "elu",
+) -> Tensor:
+    """out_i = sum_j phi(q_i).phi(k_j) v_j over the visible keys, with no decay and no position information:
+    `kernelized_decay_attention` with rates of 0, no table and horizon 0 (its naive mode is the reference).
+
+    The linear mode reads the sums of the keys' outer products phi(k_j) v_j^T: one (D, Dv) sum per head when
+    bidirectional, and their running sum along the keys when causal, query i reading the sum up to
+    p_i = i + query_offset; where a running sum per key would take more memory than the chunked path
+    (`prefix_sums_fit`: heads wider than about 11 x 11), causal attention runs on the chunked path of
+    `kernelized_decay_attention`. Time O(L D Dv), memory O(L D Dv) per head with D Dv <= 2C + D + Dv.
+
+    Args:
+        q (`Tensor` of shape `(B, H, Lq, D)`), k (`Tensor` of shape `(B, H, Lk, D)`), v (`Tensor` of shape
+            `(B, H, Lk, Dv)`): queries, keys and values; Lk may differ from Lq.
+        causal (`bool`, defaults to `False`): key j is visible to query i only if j <= p_i.
+        key_mask (`Tensor` of shape `(B, Lk)`, *optional*): 1 (or True) for keys to attend to.
+        query_offset (`int`, defaults to 0): absolute position of the first query.
+        mode (`str`, defaults to `"auto"`): `"naive"`, `"linear"` or `"auto"` (`kernelized_sum_choose_mode`).
+        feature_map (`str`, defaults to `"elu"`): phi, a key of `ops_common.FEATURE_MAPS`.
+
+    Returns:
+        `Tensor` of shape `(B, H, Lq, Dv)` in q's dtype; a row with no visible key is 0. Half precision
+        accumulates in float32.
+    """
+    check_attention_inputs(q, k, v, None, key_mask, query_offset, mode)
+    phi = get_feature_map(feature_map)
+    b, heads, lq, dim = q.shape
+    lk, value_dim = k.shape[2], v.shape[-1]
+    if mode == "auto":
+        mode = kernelized_sum_choose_mode(lq, lk, dim, value_dim, causal=causal, batch_heads=b * heads)
+    if mode == "naive" or (causal and not prefix_sums_fit(dim, value_dim)):
+        return kernelized_decay_attention(
+            q, k, v, None, q.new_zeros(heads), causal=causal, key_mask=key_mask, query_offset=query_offset,
+            mode=mode, horizon=0, feature_map=feature_map,
+        )
+    dtype = compute_dtype(q.dtype)
+    qf, kf = phi(q.to(dtype)), phi(k.to(dtype))
+    vm = _mask_values(v.to(dtype), key_mask)
+    if not causal:
+        return (qf @ (kf.transpose(-1, -2) @ vm)).to(q.dtype)
+    running = torch.cumsum(kf[..., :, None] * vm[..., None, :], dim=2)  # (B, H, Lk, D, Dv)
+    last = (torch.arange(lq, device=q.device) + query_offset).clamp(max=lk - 1)  # the last key each query sees
+    return torch.einsum("bhid,bhide->bhie", qf, running[:, :, last]).to(q.dtype)
+
+
 def resolve_horizon(rel: Tensor | None, horizon: int | None) -> int:
     """h from `horizon`, or from `rel` when it is None; ValueError when neither gives it or they disagree."""
     if horizon is None:

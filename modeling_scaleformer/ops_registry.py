@@ -38,6 +38,7 @@ from .ops_decay import (
     kernelized_decay_cross_summary,
     kernelized_decay_prefill_state,
     kernelized_decay_step,
+    kernelized_sum_attention,
 )
 from .ops_local_softmax import (
     local_softmax_decay_attention,
@@ -336,9 +337,9 @@ def no_decay(x: Tensor) -> Tensor:
 
 
 def kernelized_sum_forward(q, k, v, params, *, causal, key_mask, query_offset, mode):
-    return kernelized_decay_attention(
-        q, k, v, None, no_decay(q), causal=causal, key_mask=key_mask, query_offset=query_offset, mode=mode,
-        horizon=0, feature_map=_feature_map(params),
+    return kernelized_sum_attention(
+        q, k, v, causal=causal, key_mask=key_mask, query_offset=query_offset, mode=mode,
+        feature_map=_feature_map(params),
     )
 
 

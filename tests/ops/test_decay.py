@@ -15,6 +15,9 @@ from modeling_scaleformer.ops_decay import (
     kernelized_decay_initial_state,
     kernelized_decay_prefill_state,
     kernelized_decay_step,
+    kernelized_sum_attention,
+    kernelized_sum_choose_mode,
+    prefix_sums_fit,
 )
 from modeling_scaleformer.ops_naive import naive_kernelized_decay_attention, naive_kernelized_rpe_scores
 
@@ -267,6 +270,63 @@ def test_kernelized_sum_is_the_plain_sum_at_any_distance(lq, lk, offset, mask, c
         lambda q, k, v: no_decay_loop(decay_loop, q, k, v, causal, key_mask, offset),
         (q, k, v), "qkv", rtol=1e-10, atol=1e-12, grad_rtol=1e-10, grad_atol=1e-12,
     )
+
+
+@SUM_CASES
+@pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
+@pytest.mark.parametrize("d, dv, running", [(2, 2, True), (1, 3, True), (12, 16, False)],
+                         ids=["head-dim-2", "head-dim-1", "wide-chunked"])
+def test_kernelized_sum_linear_paths_match_the_loop(lq, lk, offset, mask, causal, d, dv, running, decay_inputs,
+                                                    decay_loop, assert_matches):
+    """The linear mode of `kernelized_sum_attention` at head widths on both sides of `prefix_sums_fit` (running
+    key sums for narrow heads, the chunked path for wide causal ones), outputs and gradients in float64."""
+    if causal and lq != lk and offset == 0:
+        pytest.skip("a causal case needs aligned positions")
+    assert prefix_sums_fit(d, dv) == running
+    q, k, v, _, _, key_mask, _ = decay_inputs(h=2, lq=lq, lk=lk, d=d, dv=dv, mask=mask, no_rel=True)
+    assert_matches(
+        lambda q, k, v: kernelized_sum_attention(q, k, v, causal=causal, key_mask=key_mask, query_offset=offset,
+                                                 mode="linear", feature_map="relu"),
+        lambda q, k, v: no_decay_loop(decay_loop, q, k, v, causal, key_mask, offset),
+        (q, k, v), "qkv", rtol=1e-10, atol=1e-12, grad_rtol=1e-10, grad_atol=1e-12,
+    )
+
+
+@pytest.mark.parametrize("offset", [0, 2, 9], ids=["aligned", "offset", "queries-past-every-key"])
+def test_kernelized_sum_running_sums_follow_the_query_offset(offset, decay_inputs):
+    """Causal running sums with queries placed on, after and past every key equal the naive sum in float64; a
+    query past every key reads the sum over all of them."""
+    q, k, v, _, _, _, _ = decay_inputs(lq=6, lk=5, d=2, dv=3, no_rel=True)
+    got = kernelized_sum_attention(q, k, v, causal=True, query_offset=offset, mode="linear")
+    torch.testing.assert_close(got, kernelized_sum_attention(q, k, v, causal=True, query_offset=offset, mode="naive"),
+                               rtol=1e-10, atol=1e-12)
+    sees_every_key = torch.arange(6) + offset >= 4
+    every_key = kernelized_sum_attention(q, k, v, causal=False, mode="naive")
+    torch.testing.assert_close(got[:, :, sees_every_key], every_key[:, :, sees_every_key], rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
+def test_kernelized_sum_half_precision_accumulates_in_float32(dtype, causal, decay_inputs, assert_low_precision):
+    q, k, v, _, _, key_mask, _ = decay_inputs(b=1, h=4, lq=200, lk=200, d=2, dv=2, mask="padding", no_rel=True,
+                                              dtype=dtype)
+    leaves = [t.requires_grad_(True) for t in (q, k, v)]
+    assert_low_precision(functools.partial(kernelized_sum_attention, mode="linear"),
+                         functools.partial(kernelized_sum_attention, mode="naive"), leaves,
+                         dict(causal=causal, key_mask=key_mask), tolerance=0.05, names="q k v".split())
+
+
+def test_kernelized_sum_choose_mode():
+    """Key sums for narrow heads from a few dozen keys on; the chunked path's cost model for wide causal heads;
+    short inputs stay quadratic."""
+    assert kernelized_sum_choose_mode(96, 96, 2, 2, causal=True, batch_heads=4096) == "linear"
+    assert kernelized_sum_choose_mode(64, 96, 2, 2, causal=False, batch_heads=4096) == "linear"
+    assert kernelized_sum_choose_mode(8, 8, 2, 2, causal=True) == "naive"
+    assert kernelized_sum_choose_mode(96, 96, 64, 64, causal=False, batch_heads=128) == "naive"
+    for length in (96, 4096):
+        assert kernelized_sum_choose_mode(length, length, 64, 64, causal=True, batch_heads=128) == (
+            kernelized_decay_choose_mode(length, length, 64, 64, 0, causal=True, batch_heads=128)
+        )
 
 
 @pytest.mark.parametrize("prompt", [0, 1, 5])
