@@ -282,11 +282,12 @@ class ModelSpec(NamedTuple):
     decoder_attention: str = "separate"
     count_block_heads: int | None = None  # None: the config's default (decoder_attention_heads)
     count_block_embeddings: bool = False
+    count_block_zero_init: bool = False
 
 
 MODEL_SUFFIXES = (
-    "cross_rpe", "fast_decay", "slow_decay", "relu", "joint", "count", "count_block", "count_embeddings", "sinusoidal",
-    "post_ln"
+    "cross_rpe", "fast_decay", "slow_decay", "relu", "joint", "count", "count_block", "count_embeddings", "zero_init",
+    "sinusoidal", "post_ln"
 )
 FAST_DECAY_RATE_RANGE = (0.5, 0.0625)  # `+fast_decay`: half-lives of 1.4 to 11 positions beyond the horizon
 SLOW_DECAY_RATE_RANGE = (1e-4, 1e-5)  # `+slow_decay`: half-lives of 6,900 to 69,000 positions (almost none)
@@ -303,7 +304,8 @@ def parse_model_name(name: str, baselines: Sequence[str] = BASELINES) -> ModelSp
     (`decoder_attention="joint"`, `JOINT_TYPES` with `+cross_rpe`), `+count` (`decoder_attention="count"`: any
     type, with `+cross_rpe` for `JOINT_TYPES`), `+count_block` (`decoder_attention="count_block"`: any type,
     with `+cross_rpe` for `JOINT_TYPES`; `+count_blockN`, N a number, also sets `count_block_heads=N`),
-    `+count_embeddings` (after `+count_block`: `count_block_embeddings=True`), `+sinusoidal` (absolute positions)
+    `+count_embeddings` (after `+count_block`: `count_block_embeddings=True`), `+zero_init` (after `+count_block`:
+    `count_block_zero_init=True`), `+sinusoidal` (absolute positions)
     and `+post_ln` (post-norm blocks), in that order."""
     base, *suffixes = name.split("+")
     count_block_heads = None
@@ -313,8 +315,9 @@ def parse_model_name(name: str, baselines: Sequence[str] = BASELINES) -> ModelSp
     kind, _, attention_type = base.partition(":")
     usage = (f"unknown model {name!r}; use {', '.join(baselines)}, or scaleformer or scaleformer:TYPE with TYPE in "
              f"{', '.join(ATTENTION_TYPES)}, followed by any of " + ", ".join(f"+{x}" for x in MODEL_SUFFIXES)
-             + " in that order, +count_blockN for N heads in the count block, +count_embeddings after +count_block "
-             "only (+cross_rpe with " + ", ".join(CROSS_RPE_TYPES) + " only, +fast_decay or +slow_decay "
+             + " in that order, +count_blockN for N heads in the count block, +count_embeddings and +zero_init "
+             "after +count_block only (+cross_rpe with " + ", ".join(CROSS_RPE_TYPES)
+             + " only, +fast_decay or +slow_decay "
              "with " + ", ".join(DECAY_TYPES) + " only, +relu with " + ", ".join(RELU_TYPES) + " only, +joint "
              "with " + ", ".join(JOINT_TYPES) + " and +cross_rpe only, +count or +count_block with +cross_rpe for those)")
     if kind in baselines and not attention_type and not suffixes:
@@ -334,7 +337,7 @@ def parse_model_name(name: str, baselines: Sequence[str] = BASELINES) -> ModelSp
     decoder_modes = [x for x in ("joint", "count", "count_block") if x in suffixes]
     # joint layers, and the count sums of an unnormalised type, add unnormalised sums: JOINT_TYPES with +cross_rpe
     needs_unnormalised_type = "joint" in suffixes or (bool(decoder_modes) and resolved in JOINT_TYPES)
-    if "count_embeddings" in suffixes and "count_block" not in suffixes:
+    if ("count_embeddings" in suffixes or "zero_init" in suffixes) and "count_block" not in suffixes:
         raise ValueError(usage)
     if len(decoder_modes) > 1 or needs_unnormalised_type and (
             resolved not in JOINT_TYPES or "cross_rpe" not in suffixes):
@@ -344,7 +347,7 @@ def parse_model_name(name: str, baselines: Sequence[str] = BASELINES) -> ModelSp
                      "sinusoidal" if "sinusoidal" in suffixes else None, "post" if "post_ln" in suffixes else "pre",
                      rates[decays[0]] if decays else None, "relu" if "relu" in suffixes else "elu",
                      decoder_modes[0] if decoder_modes else "separate",
-                     count_block_heads, "count_embeddings" in suffixes)
+                     count_block_heads, "count_embeddings" in suffixes, "zero_init" in suffixes)
 
 
 def build_seq2seq(name: str, seed: int, size: ModelSize, dropout: float, bart_max_positions: int, *,
@@ -366,7 +369,7 @@ def build_seq2seq(name: str, seed: int, size: ModelSize, dropout: float, bart_ma
         cross_attention_rpe=spec.cross_attention_rpe, absolute_positions=spec.absolute_positions,
         layer_norm_position=spec.layer_norm_position, feature_map=spec.feature_map,
         decoder_attention=spec.decoder_attention, count_block_heads=spec.count_block_heads,
-        count_block_embeddings=spec.count_block_embeddings, **ids,
+        count_block_embeddings=spec.count_block_embeddings, count_block_zero_init=spec.count_block_zero_init, **ids,
         **({} if spec.decay_rate_range is None else {"decay_rate_range": spec.decay_rate_range}),
     )
     return build_model("scaleformer", config, seed)

@@ -145,6 +145,10 @@ class ScaleformerConfig(PreTrainedConfig):
             model embeds close together (neighbouring symbols, related words) then keep keys of their own, so that
             one token's count does not leak into another's. The model then needs `input_ids` (and
             `decoder_input_ids`), not embeddings.
+        count_block_zero_init (`bool`, *optional*, defaults to `False`):
+            Whether the count block's output projection (`decoder_attention="count_block"`) starts at zero, so that
+            the block starts as the identity and its counts enter the model only as training makes use of them
+            (the projection's gradient is not zero: its input, the normalised sums, is not).
         absolute_positions (`str`, *optional*):
             `None` (default): no absolute positions, the model sees order only through its attention.
             `"sinusoidal"`: fixed sine/cosine position encodings (Vaswani et al.) added to the token embeddings
@@ -208,6 +212,7 @@ class ScaleformerConfig(PreTrainedConfig):
     decoder_attention: Literal["separate", "joint", "count", "count_block"] = "separate"
     count_block_heads: int | None = None
     count_block_embeddings: bool = False
+    count_block_zero_init: bool = False
     absolute_positions: Literal["sinusoidal"] | None = None
     use_cache: bool = True
     pad_token_id: int | None = 0
@@ -346,11 +351,12 @@ class ScaleformerConfig(PreTrainedConfig):
                 f"with that type's cross attention: it needs `cross_attention_rpe=True`, got attention_type "
                 f"{self.attention_type!r} and cross_attention_rpe {self.cross_attention_rpe}"
             )
-        if self.count_block_embeddings and self.decoder_attention != "count_block":
-            raise ValueError(
-                "`count_block_embeddings` applies to `decoder_attention='count_block'` only, got decoder_attention "
-                f"{self.decoder_attention!r}"
-            )
+        for name in ("count_block_embeddings", "count_block_zero_init"):
+            if getattr(self, name) and self.decoder_attention != "count_block":
+                raise ValueError(
+                    f"`{name}` applies to `decoder_attention='count_block'` only, got decoder_attention "
+                    f"{self.decoder_attention!r}"
+                )
         if self.attention_mode not in variant.modes:
             raise ValueError(
                 f"`attention_mode` {self.attention_mode!r} does not exist for attention_type {self.attention_type!r}: "

@@ -200,7 +200,8 @@ class ScaleformerDecoderLayer(ScaleformerLayer):
     its own (`COUNT_BLOCK_ATTENTION`, the sum without decay, for a type with a row normaliser), whose generation
     state is the cache slot after the layers'. With `config.count_block_embeddings`, the block reads the written
     and the source tokens (`token_ids`, `source_ids`) through its own embedding table `count_embed_tokens` and
-    a layer norm, in place of the layer's input and `source_states`.
+    a layer norm, in place of the layer's input and `source_states`. With `config.count_block_zero_init` the
+    block's output projection starts at zero (its `zero_init`, read by `_init_weights`).
     """
 
     def __init__(self, config: ScaleformerConfig, layer_idx: int):
@@ -229,6 +230,7 @@ class ScaleformerDecoderLayer(ScaleformerLayer):
                 count_config, count_heads, is_causal=False, is_cross_attention=True, layer_idx=slot, keys_only=True,
                 own_keys=False,
             )
+            self.count_attn.o_proj.zero_init = config.count_block_zero_init  # read by `_init_weights`
             self.count_attn_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
             if config.count_block_embeddings:
                 self.count_embed_tokens = nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id)
@@ -325,6 +327,9 @@ class ScaleformerPreTrainedModel(PreTrainedModel):
 
     def _init_weights(self, module):
         super()._init_weights(module)
+        if isinstance(module, nn.Linear) and getattr(module, "zero_init", False):  # `count_block_zero_init`
+            init.zeros_(module.weight)
+            init.zeros_(module.bias)
         if isinstance(module, ScaleformerAttention):
             if module.out_norm is not None:
                 init.ones_(module.out_norm.weight)

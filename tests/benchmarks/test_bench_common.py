@@ -112,6 +112,8 @@ def test_bench_quality_model_names(import_benchmark):
         "scaleformer", None, True, None, "post", None, "elu", "count_block", 16)
     assert parse_model_name("scaleformer+cross_rpe+count_block64+count_embeddings+post_ln") == ModelSpec(
         "scaleformer", None, True, None, "post", None, "elu", "count_block", 64, True)
+    zero_init = parse_model_name("scaleformer+cross_rpe+count_block64+zero_init+post_ln")
+    assert zero_init == ModelSpec("scaleformer", None, True, None, "post", None, "elu", "count_block", 64, False, True)
     for bad in ("scaleformer+sinusoidal+cross_rpe", "scaleformer:softmax+cross_rpe", "bart+sinusoidal",
                 "scaleformer+fast_decay", "scaleformer:kernelized_decay+fast_decay+cross_rpe",
                 "scaleformer:kernelized_decay+fast_decay+slow_decay", "scaleformer+relu",
@@ -121,6 +123,7 @@ def test_bench_quality_model_names(import_benchmark):
                 "scaleformer+count+count_block", "scaleformer+count_block+count_block16", "scaleformer+count_block0",
                 "scaleformer+count_block08", "scaleformer+count16", "scaleformer+count_embeddings",
                 "scaleformer+count+count_embeddings", "scaleformer+count_embeddings+count_block",
+                "scaleformer+count+zero_init", "scaleformer+count_block+zero_init+count_embeddings",
                 "scaleformer:kernelized_decay_gated+count_block",
                 "scaleformer:nope", "scaleformer+cross_rpe+cross_rpe", "scaleformer+post_ln+sinusoidal",
                 "scaleformer+", "t5+post_ln"):

@@ -260,6 +260,9 @@ def test_feature_map_changes_the_model(tiny_config, batch):
         pytest.param(dict(DEFAULT_COUNT, count_block_embeddings=True),
                      "`count_block_embeddings` applies to `decoder_attention='count_block'` only, got "
                      "decoder_attention 'count'", id="own-embeddings-without-count-block"),
+        pytest.param(dict(DEFAULT_COUNT, count_block_zero_init=True),
+                     "`count_block_zero_init` applies to `decoder_attention='count_block'` only, got "
+                     "decoder_attention 'count'", id="zero-init-without-count-block"),
     ],
 )
 def test_config_rejects_what_the_options_do_not_cover(overrides, message, tiny_config):
@@ -441,6 +444,40 @@ def test_count_block_embeddings_need_token_ids_and_survive_save_and_load(tiny_co
     torch.testing.assert_close(
         model(input_ids=src, encoder_outputs=as_tuple, attention_mask=src_mask, decoder_input_ids=tgt).logits, logits,
         rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("layer_norm_position", ["post", "pre"])
+def test_count_block_zero_init_starts_as_the_identity_and_learns(layer_norm_position, tiny_config, batch, tmp_path):
+    """`count_block_zero_init=True`: the block's output projection starts at zero, so that the first layer's
+    output is that of the layer without the block (post-norm: on the block's layer norm of the input); its
+    projection still gets a gradient; trained values survive save and load."""
+    torch.manual_seed(0)
+    config = tiny_config(**COUNT_BLOCK, count_block_zero_init=True, layer_norm_position=layer_norm_position)
+    model = ScaleformerForConditionalGeneration(config).double()
+    layer = model.model.decoder.layers[0]
+    assert layer.count_attn.o_proj.weight.abs().sum() == 0 and layer.count_attn.o_proj.bias.abs().sum() == 0
+    assert model.model.decoder.layers[1].self_attn.o_proj.weight.abs().sum() > 0
+    layer.eval()
+    x, encoder = torch.randn(2, 7, 16, dtype=torch.float64), torch.randn(2, 10, 16, dtype=torch.float64)
+    source = torch.randn(2, 10, 16, dtype=torch.float64)
+    got = layer(x, encoder, source)
+    count_attn, layer.count_attn = layer.count_attn, None
+    block_input = layer.count_attn_layer_norm(x) if layer_norm_position == "post" else x
+    torch.testing.assert_close(got, layer(block_input, encoder, None), rtol=1e-12, atol=1e-12)
+    layer.count_attn = count_attn
+    src, src_mask = batch()
+    tgt, _ = batch(ls=5, seed=1)
+    model.train()
+    model(input_ids=src, attention_mask=src_mask, labels=tgt).loss.backward()
+    assert layer.count_attn.o_proj.weight.grad.abs().sum() > 0
+    with torch.no_grad():
+        layer.count_attn.o_proj.weight.normal_()
+    model.save_pretrained(tmp_path)
+    loaded = ScaleformerForConditionalGeneration.from_pretrained(tmp_path)
+    assert loaded.config.count_block_zero_init
+    assert torch.equal(loaded.model.decoder.layers[0].count_attn.o_proj.weight.double(), layer.count_attn.o_proj.weight)
+    default = ScaleformerForConditionalGeneration(tiny_config(**COUNT_BLOCK))
+    assert default.model.decoder.layers[0].count_attn.o_proj.weight.abs().sum() > 0
 
 
 def test_resize_token_embeddings_resizes_the_count_block_table(tiny_config, batch):
