@@ -402,7 +402,7 @@ def kernelized_sum_attention(
     The linear mode reads the sums of the keys' outer products phi(k_j) v_j^T: one (D, Dv) sum per head when
     bidirectional, and their running sum along the keys when causal, query i reading the sum up to
     p_i = i + query_offset; where a running sum per key would take more memory than the chunked path
-    (`prefix_sums_fit`: heads wider than about 11 x 11), causal attention runs on the chunked path of
+    (`prefix_sums_fit`: square heads wider than 12 x 12), causal attention runs on the chunked path of
     `kernelized_decay_attention`. Time O(L D Dv), memory O(L D Dv) per head with D Dv <= 2C + D + Dv.
 
     Args:
