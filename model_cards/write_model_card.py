@@ -237,9 +237,10 @@ def architecture_paragraph(config: Mapping, n_parameters: int) -> str:
                       "the encoder's output) with one set of queries, unnormalised kernelized sums with phi(x) = "
                       "max(x, 0) and almost no decay, the source's values negated: it sums what remains to be written")
     elif decoder_attention == "count_block":
-        heads = config.get("count_block_heads")
+        heads, width = config.get("count_block_heads"), config.get("count_block_head_dim")
         attention += ("; the first decoder layer also has a count block before its self-attention"
-                      + (f" in {heads} heads" if heads else "") + ": one set of "
+                      + (f" in {heads} heads" if heads else "") + (f" of {width} channels" if width else "")
+                      + ": one set of "
                       "queries on its own tokens and on the source tokens themselves (not the encoder's output)"
                       + (", both read through a token embedding table of its own"
                          if config.get("count_block_embeddings") else "")

@@ -137,7 +137,12 @@ class ScaleformerConfig(PreTrainedConfig):
             The number of heads of the count block (`decoder_attention="count_block"`); `None` (default) gives it
             `decoder_attention_heads`. More, narrower heads keep more symbols' counts apart: each head's sum is
             normalised on its own, so that one symbol's count is mixed only with the others of its head. It must
-            divide `d_model`.
+            divide `d_model` unless `count_block_head_dim` is set.
+        count_block_head_dim (`int`, *optional*):
+            The width of each of the count block's heads (`decoder_attention="count_block"`); `None` (default) gives
+            `d_model // count_block_heads`. When set, the block projects `d_model` to `count_block_heads *
+            count_block_head_dim` channels and back, so that many narrow heads need not take the whole width: 64
+            heads of 2 channels are a block of 128 channels at any `d_model`.
         count_block_embeddings (`bool`, *optional*, defaults to `False`):
             Whether the count block (`decoder_attention="count_block"`) reads the written and the source tokens
             through a token embedding table of its own (`count_embed_tokens` of the first decoder layer, then a
@@ -211,6 +216,7 @@ class ScaleformerConfig(PreTrainedConfig):
     feature_map: Literal["elu", "relu"] = "elu"
     decoder_attention: Literal["separate", "joint", "count", "count_block"] = "separate"
     count_block_heads: int | None = None
+    count_block_head_dim: int | None = None
     count_block_embeddings: bool = False
     count_block_zero_init: bool = False
     absolute_positions: Literal["sinusoidal"] | None = None
@@ -264,6 +270,14 @@ class ScaleformerConfig(PreTrainedConfig):
         return self.decoder_attention_heads if self.count_block_heads is None else self.count_block_heads
 
     @property
+    def count_block_head_width(self) -> int:
+        """The width of each head of the count block: `count_block_head_dim`, or `d_model // count_block_num_heads`
+        when it is `None`."""
+        if self.count_block_head_dim is None:
+            return self.d_model // self.count_block_num_heads
+        return self.count_block_head_dim
+
+    @property
     def count_block_cache_index(self) -> int | None:
         """The cache slot of the count block's generation state, the one after the decoder layers' (None without a
         count block)."""
@@ -295,8 +309,13 @@ class ScaleformerConfig(PreTrainedConfig):
         """Raise ValueError, naming the field, for values no model can be built from."""
         for name in ("encoder_attention_heads", "decoder_attention_heads", "count_block_heads"):
             heads = getattr(self, name)
-            if heads is not None and (heads < 1 or self.d_model % heads != 0):  # None: count_block_heads unset
+            if name == "count_block_heads" and self.count_block_head_dim is not None:  # any number of heads
+                if heads is not None and heads < 1:
+                    raise ValueError(f"`{name}` must be positive, got {heads}")
+            elif heads is not None and (heads < 1 or self.d_model % heads != 0):  # None: count_block_heads unset
                 raise ValueError(f"`{name}` must be a positive divisor of `d_model` ({self.d_model}), got {heads}")
+        if self.count_block_head_dim is not None and self.count_block_head_dim < 1:
+            raise ValueError(f"`count_block_head_dim` must be positive, got {self.count_block_head_dim}")
         for name in ("vocab_size", "d_model", "encoder_ffn_dim", "decoder_ffn_dim"):
             if getattr(self, name) < 1:
                 raise ValueError(f"`{name}` must be positive, got {getattr(self, name)}")
@@ -351,8 +370,8 @@ class ScaleformerConfig(PreTrainedConfig):
                 f"with that type's cross attention: it needs `cross_attention_rpe=True`, got attention_type "
                 f"{self.attention_type!r} and cross_attention_rpe {self.cross_attention_rpe}"
             )
-        for name in ("count_block_embeddings", "count_block_zero_init"):
-            if getattr(self, name) and self.decoder_attention != "count_block":
+        for name in ("count_block_head_dim", "count_block_embeddings", "count_block_zero_init"):
+            if getattr(self, name) not in (None, False) and self.decoder_attention != "count_block":
                 raise ValueError(
                     f"`{name}` applies to `decoder_attention='count_block'` only, got decoder_attention "
                     f"{self.decoder_attention!r}"

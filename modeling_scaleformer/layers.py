@@ -29,7 +29,9 @@ class ScaleformerAttention(nn.Module):
     (before the output norm), `finish` applies the norm, gate and output projection. A module built with
     `keys_only=True` has only the key and value projections and its variant's parameters: it is read with
     the queries of another module. With `own_keys=False` as well it has only its variant's parameters, and
-    `read` takes the key and value projections (`projections`) of another module too.
+    `read` takes the key and value projections (`projections`) of another module too. `head_dim` (default
+    `d_model // num_heads`) sets the width of each head: the projections then map `d_model` to
+    `num_heads * head_dim` channels and `o_proj` back.
     """
 
     def __init__(
@@ -42,10 +44,12 @@ class ScaleformerAttention(nn.Module):
         layer_idx: int | None = None,
         keys_only: bool = False,
         own_keys: bool = True,
+        head_dim: int | None = None,
     ):
         super().__init__()
         self.num_heads = num_heads
-        self.head_dim = config.d_model // num_heads
+        self.head_dim = config.d_model // num_heads if head_dim is None else head_dim
+        width = num_heads * self.head_dim  # the projections' width, d_model unless `head_dim` is given
         self.is_causal = is_causal
         self.is_cross_attention = is_cross_attention
         self.layer_idx = layer_idx
@@ -62,13 +66,13 @@ class ScaleformerAttention(nn.Module):
         self.options = {"feature_map": config.feature_map} if len(self.variant.feature_maps) > 1 else {}
         self.q_proj = self.o_proj = None
         if not keys_only:
-            self.q_proj = nn.Linear(config.d_model, config.d_model)
+            self.q_proj = nn.Linear(config.d_model, width)
         self.k_proj = self.v_proj = None
         if own_keys:
-            self.k_proj = nn.Linear(config.d_model, config.d_model)
-            self.v_proj = nn.Linear(config.d_model, config.d_model)
+            self.k_proj = nn.Linear(config.d_model, width)
+            self.v_proj = nn.Linear(config.d_model, width)
         if not keys_only:
-            self.o_proj = nn.Linear(config.d_model, config.d_model)
+            self.o_proj = nn.Linear(width, config.d_model)
         self.parameter_specs: dict[str, ParameterSpec] = self.variant.parameters(
             num_heads, self.head_dim, config.rpe_horizon, config.rpe_shared_across_heads
         )
@@ -77,7 +81,7 @@ class ScaleformerAttention(nn.Module):
         self.out_norm = self.g_proj = None
         if not self.variant.normalised and not keys_only:
             self.out_norm = nn.RMSNorm(self.head_dim, eps=config.layer_norm_eps)
-            self.g_proj = nn.Linear(config.d_model, config.d_model)
+            self.g_proj = nn.Linear(config.d_model, width)
 
     def _heads(self, x: Tensor) -> Tensor:
         # (B, L, d_model) -> (B, H, L, D)

@@ -201,7 +201,8 @@ class ScaleformerDecoderLayer(ScaleformerLayer):
     state is the cache slot after the layers'. With `config.count_block_embeddings`, the block reads the written
     and the source tokens (`token_ids`, `source_ids`) through its own embedding table `count_embed_tokens` and
     a layer norm, in place of the layer's input and `source_states`. With `config.count_block_zero_init` the
-    block's output projection starts at zero (its `zero_init`, read by `_init_weights`).
+    block's output projection starts at zero (its `zero_init`, read by `_init_weights`). With
+    `config.count_block_head_dim` its heads are that wide, whatever `d_model`.
     """
 
     def __init__(self, config: ScaleformerConfig, layer_idx: int):
@@ -224,10 +225,10 @@ class ScaleformerDecoderLayer(ScaleformerLayer):
         if config.has_count_block and layer_idx == 0:
             count_config = count_attention_config(config, COUNT_BLOCK_ATTENTION)
             slot = config.count_block_cache_index
-            count_heads = config.count_block_num_heads
-            self.count_attn = ScaleformerAttention(count_config, count_heads, is_causal=True, layer_idx=slot)
+            count_heads = dict(num_heads=config.count_block_num_heads, head_dim=config.count_block_head_width)
+            self.count_attn = ScaleformerAttention(count_config, **count_heads, is_causal=True, layer_idx=slot)
             self.count_source = ScaleformerAttention(
-                count_config, count_heads, is_causal=False, is_cross_attention=True, layer_idx=slot, keys_only=True,
+                count_config, **count_heads, is_causal=False, is_cross_attention=True, layer_idx=slot, keys_only=True,
                 own_keys=False,
             )
             self.count_attn.o_proj.zero_init = config.count_block_zero_init  # read by `_init_weights`

@@ -114,6 +114,9 @@ def test_bench_quality_model_names(import_benchmark):
         "scaleformer", None, True, None, "post", None, "elu", "count_block", 64, True)
     zero_init = parse_model_name("scaleformer+cross_rpe+count_block64+zero_init+post_ln")
     assert zero_init == ModelSpec("scaleformer", None, True, None, "post", None, "elu", "count_block", 64, False, True)
+    narrow = parse_model_name("scaleformer+cross_rpe+count_block64x2+zero_init+post_ln")
+    assert narrow == ModelSpec("scaleformer", None, True, None, "post", None, "elu", "count_block", 64, False, True, 2)
+    assert parse_model_name("scaleformer+cross_rpe+count_block64+post_ln").count_block_head_dim is None
     for bad in ("scaleformer+sinusoidal+cross_rpe", "scaleformer:softmax+cross_rpe", "bart+sinusoidal",
                 "scaleformer+fast_decay", "scaleformer:kernelized_decay+fast_decay+cross_rpe",
                 "scaleformer:kernelized_decay+fast_decay+slow_decay", "scaleformer+relu",
@@ -121,7 +124,8 @@ def test_bench_quality_model_names(import_benchmark):
                 "scaleformer:kernelized_decay_gated+cross_rpe+joint+relu",
                 "scaleformer:kernelized_decay_gated+cross_rpe+joint+count", "scaleformer:kernelized_decay_gated+count",
                 "scaleformer+count+count_block", "scaleformer+count_block+count_block16", "scaleformer+count_block0",
-                "scaleformer+count_block08", "scaleformer+count16", "scaleformer+count_embeddings",
+                "scaleformer+count_block08", "scaleformer+count_block64x0", "scaleformer+count_block64x",
+                "scaleformer+count_blockx2", "scaleformer+count16", "scaleformer+count_embeddings",
                 "scaleformer+count+count_embeddings", "scaleformer+count_embeddings+count_block",
                 "scaleformer+count+zero_init", "scaleformer+count_block+zero_init+count_embeddings",
                 "scaleformer:kernelized_decay_gated+count_block",

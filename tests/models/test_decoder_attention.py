@@ -28,6 +28,7 @@ CONFIGS = [
     pytest.param(COUNT_BLOCK, id="count-block"),
     pytest.param(dict(COUNT_BLOCK, layer_norm_position="pre"), id="count-block-pre"),
     pytest.param(dict(COUNT_BLOCK, count_block_heads=16), id="count-block-16-heads"),
+    pytest.param(dict(COUNT_BLOCK, count_block_heads=3, count_block_head_dim=2), id="count-block-3-heads-of-2"),
     pytest.param(dict(COUNT_BLOCK, count_block_embeddings=True, count_block_heads=8), id="count-block-own-embeddings"),
     pytest.param(dict(COUNT, decoder_attention="count_block", feature_map="relu"), id="count-block-gated"),
     pytest.param(dict(attention_type="kernelized_decay_gated", feature_map="relu"), id="gated-relu"),
@@ -199,8 +200,10 @@ def test_cached_decoding_equals_teacher_forcing(overrides, padding, tiny_config,
 @pytest.mark.parametrize(
     "mode",
     [dict(JOINT, feature_map="relu"), dict(COUNT, feature_map="relu"), DEFAULT_COUNT, COUNT_BLOCK,
-     dict(COUNT_BLOCK, count_block_heads=8), dict(COUNT_BLOCK, count_block_embeddings=True)],
-    ids=["joint", "count", "count-default-type", "count-block", "count-block-8-heads", "count-block-own-embeddings"],
+     dict(COUNT_BLOCK, count_block_heads=8), dict(COUNT_BLOCK, count_block_heads=12, count_block_head_dim=2),
+     dict(COUNT_BLOCK, count_block_embeddings=True)],
+    ids=["joint", "count", "count-default-type", "count-block", "count-block-8-heads", "count-block-12-heads-of-2",
+         "count-block-own-embeddings"],
 )
 @pytest.mark.parametrize("kwargs", [dict(do_sample=False), dict(num_beams=3, do_sample=False)], ids=["greedy", "beam"])
 def test_joint_generate_same_with_and_without_cache(kwargs, mode, tiny_config, batch):
@@ -257,6 +260,13 @@ def test_feature_map_changes_the_model(tiny_config, batch):
                      r"`count_block_heads` must be a positive divisor of `d_model` \(16\), got 0",
                      id="count-block-0-heads"),
         pytest.param(dict(COUNT_BLOCK, count_block_heads=2.0), "count_block_heads", id="count-block-float-heads"),
+        pytest.param(dict(COUNT_BLOCK, count_block_heads=0, count_block_head_dim=2),
+                     r"`count_block_heads` must be positive, got 0", id="count-block-0-heads-of-2"),
+        pytest.param(dict(COUNT_BLOCK, count_block_heads=3, count_block_head_dim=0),
+                     r"`count_block_head_dim` must be positive, got 0", id="count-block-heads-of-0"),
+        pytest.param(dict(DEFAULT_COUNT, count_block_head_dim=2),
+                     "`count_block_head_dim` applies to `decoder_attention='count_block'` only, got "
+                     "decoder_attention 'count'", id="head-dim-without-count-block"),
         pytest.param(dict(DEFAULT_COUNT, count_block_embeddings=True),
                      "`count_block_embeddings` applies to `decoder_attention='count_block'` only, got "
                      "decoder_attention 'count'", id="own-embeddings-without-count-block"),
@@ -281,6 +291,10 @@ def test_config_round_trips_the_options(tmp_path):
     loaded = ScaleformerConfig.from_pretrained(tmp_path)
     assert (loaded.count_block_heads, loaded.count_block_num_heads, loaded.decoder_attention_heads) == (64, 64, 8)
     assert (ScaleformerConfig().count_block_heads, ScaleformerConfig().count_block_num_heads) == (None, 8)
+    assert (loaded.count_block_head_dim, loaded.count_block_head_width) == (None, 8)  # d_model 512 / 64 heads
+    ScaleformerConfig(**COUNT_BLOCK, count_block_heads=100, count_block_head_dim=2).save_pretrained(tmp_path)
+    loaded = ScaleformerConfig.from_pretrained(tmp_path)
+    assert (loaded.count_block_num_heads, loaded.count_block_head_dim, loaded.count_block_head_width) == (100, 2, 2)
 
 
 def test_count_layer_of_a_normalised_type_is_the_count_attention(tiny_config):
@@ -348,17 +362,25 @@ def counted_then_layer(layer, x, written, source, pre, encoder, source_states=No
         layer.count_attn = attn
 
 
-@pytest.mark.parametrize("count_block_heads", [None, 8, 16], ids=["decoder-heads", "8-heads", "16-heads"])
+@pytest.mark.parametrize(
+    "count_block_heads, head_dim",
+    [(None, None), (8, None), (16, None), (3, 2), (12, 2)],
+    ids=["decoder-heads", "8-heads", "16-heads", "3-heads-of-2", "12-heads-of-2"],
+)
 @pytest.mark.parametrize("layer_norm_position", ["post", "pre"])
-def test_count_block_is_the_count_sum_before_a_separate_layer(layer_norm_position, count_block_heads, tiny_config):
+def test_count_block_is_the_count_sum_before_a_separate_layer(layer_norm_position, count_block_heads, head_dim,
+                                                              tiny_config):
     """`decoder_attention="count_block"`: the first layer adds the count sum (queries on the written tokens less the
     source tokens, COUNT_BLOCK_ATTENTION: relu features, no decay, no positions) as one more residual block before its
     own self- and cross-attention, which keep the configured type and read the encoder output; the other layers have
     no count block. With `count_block_heads`, the block's sums are split into that many heads (the layer's own
-    blocks keep `decoder_attention_heads`)."""
+    blocks keep `decoder_attention_heads`); with `count_block_head_dim` as well, the heads are that wide, the block
+    projecting d_model (16) to heads * head_dim channels (6, 24) and back."""
     torch.manual_seed(0)
-    config = tiny_config(**COUNT_BLOCK, layer_norm_position=layer_norm_position, count_block_heads=count_block_heads)
+    config = tiny_config(**COUNT_BLOCK, layer_norm_position=layer_norm_position, count_block_heads=count_block_heads,
+                         count_block_head_dim=head_dim)
     n_heads = count_block_heads or config.decoder_attention_heads
+    width = n_heads * (head_dim or 16 // n_heads)
     model = randomised(ScaleformerForConditionalGeneration(config).double().eval())
     layer, second = model.model.decoder.layers[:2]
     assert second.count_attn is None and not layer.count and not layer.joint
@@ -371,6 +393,8 @@ def test_count_block_is_the_count_sum_before_a_separate_layer(layer_norm_positio
     pre = layer_norm_position == "pre"
     norm = layer.count_attn_layer_norm if pre else (lambda t: t)
     assert (layer.count_attn.num_heads, layer.self_attn.num_heads) == (n_heads, config.decoder_attention_heads)
+    assert layer.count_attn.q_proj.weight.shape == (width, 16) and layer.count_attn.o_proj.weight.shape == (16, width)
+    assert layer.self_attn.q_proj.weight.shape == (16, 16)
     expected = counted_then_layer(layer, x, norm(x), norm(source), pre, encoder, source)
     got = layer(x, encoder, source)
     torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-12)
