@@ -284,11 +284,12 @@ class ModelSpec(NamedTuple):
     count_block_embeddings: bool = False
     count_block_zero_init: bool = False
     count_block_head_dim: int | None = None  # None: the config's default (d_model // count_block_heads)
+    count_block_detach: bool = False
 
 
 MODEL_SUFFIXES = (
     "cross_rpe", "fast_decay", "slow_decay", "relu", "joint", "count", "count_block", "count_embeddings", "zero_init",
-    "sinusoidal", "post_ln"
+    "detach", "sinusoidal", "post_ln"
 )
 FAST_DECAY_RATE_RANGE = (0.5, 0.0625)  # `+fast_decay`: half-lives of 1.4 to 11 positions beyond the horizon
 SLOW_DECAY_RATE_RANGE = (1e-4, 1e-5)  # `+slow_decay`: half-lives of 6,900 to 69,000 positions (almost none)
@@ -307,7 +308,8 @@ def parse_model_name(name: str, baselines: Sequence[str] = BASELINES) -> ModelSp
     with `+cross_rpe` for `JOINT_TYPES`; `+count_blockN`, N a number, also sets `count_block_heads=N`, and
     `+count_blockNxW` also `count_block_head_dim=W`),
     `+count_embeddings` (after `+count_block`: `count_block_embeddings=True`), `+zero_init` (after `+count_block`:
-    `count_block_zero_init=True`), `+sinusoidal` (absolute positions)
+    `count_block_zero_init=True`), `+detach` (after `+count_block`, not with `+count_embeddings`:
+    `count_block_detach=True`), `+sinusoidal` (absolute positions)
     and `+post_ln` (post-norm blocks), in that order."""
     base, *suffixes = name.split("+")
     count_block_heads = count_block_head_dim = None
@@ -319,7 +321,7 @@ def parse_model_name(name: str, baselines: Sequence[str] = BASELINES) -> ModelSp
     usage = (f"unknown model {name!r}; use {', '.join(baselines)}, or scaleformer or scaleformer:TYPE with TYPE in "
              f"{', '.join(ATTENTION_TYPES)}, followed by any of " + ", ".join(f"+{x}" for x in MODEL_SUFFIXES)
              + " in that order, +count_blockN for N heads in the count block (+count_blockNxW: W channels each), "
-             "+count_embeddings and +zero_init "
+             "+count_embeddings, +zero_init and +detach "
              "after +count_block only (+cross_rpe with " + ", ".join(CROSS_RPE_TYPES)
              + " only, +fast_decay or +slow_decay "
              "with " + ", ".join(DECAY_TYPES) + " only, +relu with " + ", ".join(RELU_TYPES) + " only, +joint "
@@ -341,7 +343,9 @@ def parse_model_name(name: str, baselines: Sequence[str] = BASELINES) -> ModelSp
     decoder_modes = [x for x in ("joint", "count", "count_block") if x in suffixes]
     # joint layers, and the count sums of an unnormalised type, add unnormalised sums: JOINT_TYPES with +cross_rpe
     needs_unnormalised_type = "joint" in suffixes or (bool(decoder_modes) and resolved in JOINT_TYPES)
-    if ("count_embeddings" in suffixes or "zero_init" in suffixes) and "count_block" not in suffixes:
+    if any(x in suffixes for x in ("count_embeddings", "zero_init", "detach")) and "count_block" not in suffixes:
+        raise ValueError(usage)
+    if "detach" in suffixes and "count_embeddings" in suffixes:
         raise ValueError(usage)
     if len(decoder_modes) > 1 or needs_unnormalised_type and (
             resolved not in JOINT_TYPES or "cross_rpe" not in suffixes):
@@ -351,7 +355,8 @@ def parse_model_name(name: str, baselines: Sequence[str] = BASELINES) -> ModelSp
                      "sinusoidal" if "sinusoidal" in suffixes else None, "post" if "post_ln" in suffixes else "pre",
                      rates[decays[0]] if decays else None, "relu" if "relu" in suffixes else "elu",
                      decoder_modes[0] if decoder_modes else "separate",
-                     count_block_heads, "count_embeddings" in suffixes, "zero_init" in suffixes, count_block_head_dim)
+                     count_block_heads, "count_embeddings" in suffixes, "zero_init" in suffixes, count_block_head_dim,
+                     "detach" in suffixes)
 
 
 def build_seq2seq(name: str, seed: int, size: ModelSize, dropout: float, bart_max_positions: int, *,
@@ -373,7 +378,7 @@ def build_seq2seq(name: str, seed: int, size: ModelSize, dropout: float, bart_ma
         cross_attention_rpe=spec.cross_attention_rpe, absolute_positions=spec.absolute_positions,
         layer_norm_position=spec.layer_norm_position, feature_map=spec.feature_map,
         decoder_attention=spec.decoder_attention, count_block_heads=spec.count_block_heads,
-        count_block_head_dim=spec.count_block_head_dim,
+        count_block_head_dim=spec.count_block_head_dim, count_block_detach=spec.count_block_detach,
         count_block_embeddings=spec.count_block_embeddings, count_block_zero_init=spec.count_block_zero_init, **ids,
         **({} if spec.decay_rate_range is None else {"decay_rate_range": spec.decay_rate_range}),
     )

@@ -154,6 +154,11 @@ class ScaleformerConfig(PreTrainedConfig):
             Whether the count block's output projection (`decoder_attention="count_block"`) starts at zero, so that
             the block starts as the identity and its counts enter the model only as training makes use of them
             (the projection's gradient is not zero: its input, the normalised sums, is not).
+        count_block_detach (`bool`, *optional*, defaults to `False`):
+            Whether the count block (`decoder_attention="count_block"`) reads the written and the source tokens'
+            states without passing gradients back to them: only the block's own parameters learn from its output,
+            and the shared embeddings and the layers below are shaped by the rest of the model alone. It cannot be
+            combined with `count_block_embeddings` (the block's own table would then get no gradient at all).
         absolute_positions (`str`, *optional*):
             `None` (default): no absolute positions, the model sees order only through its attention.
             `"sinusoidal"`: fixed sine/cosine position encodings (Vaswani et al.) added to the token embeddings
@@ -219,6 +224,7 @@ class ScaleformerConfig(PreTrainedConfig):
     count_block_head_dim: int | None = None
     count_block_embeddings: bool = False
     count_block_zero_init: bool = False
+    count_block_detach: bool = False
     absolute_positions: Literal["sinusoidal"] | None = None
     use_cache: bool = True
     pad_token_id: int | None = 0
@@ -370,12 +376,17 @@ class ScaleformerConfig(PreTrainedConfig):
                 f"with that type's cross attention: it needs `cross_attention_rpe=True`, got attention_type "
                 f"{self.attention_type!r} and cross_attention_rpe {self.cross_attention_rpe}"
             )
-        for name in ("count_block_head_dim", "count_block_embeddings", "count_block_zero_init"):
+        for name in ("count_block_head_dim", "count_block_embeddings", "count_block_zero_init", "count_block_detach"):
             if getattr(self, name) not in (None, False) and self.decoder_attention != "count_block":
                 raise ValueError(
                     f"`{name}` applies to `decoder_attention='count_block'` only, got decoder_attention "
                     f"{self.decoder_attention!r}"
                 )
+        if self.count_block_detach and self.count_block_embeddings:
+            raise ValueError(
+                "`count_block_detach=True` reads the block's inputs without gradient: with `count_block_embeddings=True` "
+                "the block's own embedding table would never learn; set one of them to False"
+            )
         if self.attention_mode not in variant.modes:
             raise ValueError(
                 f"`attention_mode` {self.attention_mode!r} does not exist for attention_type {self.attention_type!r}: "

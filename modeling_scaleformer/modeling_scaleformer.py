@@ -202,7 +202,8 @@ class ScaleformerDecoderLayer(ScaleformerLayer):
     and the source tokens (`token_ids`, `source_ids`) through its own embedding table `count_embed_tokens` and
     a layer norm, in place of the layer's input and `source_states`. With `config.count_block_zero_init` the
     block's output projection starts at zero (its `zero_init`, read by `_init_weights`). With
-    `config.count_block_head_dim` its heads are that wide, whatever `d_model`.
+    `config.count_block_head_dim` its heads are that wide, whatever `d_model`; with `config.count_block_detach` it
+    reads its inputs detached, so that they get no gradient from it.
     """
 
     def __init__(self, config: ScaleformerConfig, layer_idx: int):
@@ -232,6 +233,7 @@ class ScaleformerDecoderLayer(ScaleformerLayer):
                 own_keys=False,
             )
             self.count_attn.o_proj.zero_init = config.count_block_zero_init  # read by `_init_weights`
+            self.count_detach = config.count_block_detach
             self.count_attn_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
             if config.count_block_embeddings:
                 self.count_embed_tokens = nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id)
@@ -262,6 +264,8 @@ class ScaleformerDecoderLayer(ScaleformerLayer):
                 source = None if source_ids is None else self.count_embed_layer_norm(
                     self.count_embed_tokens(source_ids)
                 )
+            if self.count_detach:  # only the block's own parameters learn from its output
+                written, source = written.detach(), None if source is None else source.detach()
             written = self.norm_input(written, self.count_attn_layer_norm)
             source = None if source is None else self.norm_input(source, self.count_attn_layer_norm)
             hidden_states = one_sum(self.count_attn, self.count_source, written, source, counting=True, **reads)

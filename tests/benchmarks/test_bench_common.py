@@ -117,6 +117,8 @@ def test_bench_quality_model_names(import_benchmark):
     narrow = parse_model_name("scaleformer+cross_rpe+count_block64x2+zero_init+post_ln")
     assert narrow == ModelSpec("scaleformer", None, True, None, "post", None, "elu", "count_block", 64, False, True, 2)
     assert parse_model_name("scaleformer+cross_rpe+count_block64+post_ln").count_block_head_dim is None
+    assert parse_model_name("scaleformer+cross_rpe+count_block64x2+zero_init+detach+post_ln").count_block_detach
+    assert not narrow.count_block_detach
     for bad in ("scaleformer+sinusoidal+cross_rpe", "scaleformer:softmax+cross_rpe", "bart+sinusoidal",
                 "scaleformer+fast_decay", "scaleformer:kernelized_decay+fast_decay+cross_rpe",
                 "scaleformer:kernelized_decay+fast_decay+slow_decay", "scaleformer+relu",
@@ -127,7 +129,8 @@ def test_bench_quality_model_names(import_benchmark):
                 "scaleformer+count_block08", "scaleformer+count_block64x0", "scaleformer+count_block64x",
                 "scaleformer+count_blockx2", "scaleformer+count16", "scaleformer+count_embeddings",
                 "scaleformer+count+count_embeddings", "scaleformer+count_embeddings+count_block",
-                "scaleformer+count+zero_init", "scaleformer+count_block+zero_init+count_embeddings",
+                "scaleformer+count+zero_init", "scaleformer+count+detach", "scaleformer+count_block+count_embeddings+detach",
+                "scaleformer+count_block+detach+zero_init", "scaleformer+count_block+zero_init+count_embeddings",
                 "scaleformer:kernelized_decay_gated+count_block",
                 "scaleformer:nope", "scaleformer+cross_rpe+cross_rpe", "scaleformer+post_ln+sinusoidal",
                 "scaleformer+", "t5+post_ln"):

@@ -100,6 +100,9 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, ScaleformerFo
         pytest.param({"decoder_attention": "count_block", "count_block_heads": 64, "count_block_head_dim": 2},
                      ["the first decoder layer also has a count block before its self-attention in 64 heads of 2 "
                       "channels: one set"], [], id="count-block-64-heads-of-2"),
+        pytest.param({"decoder_attention": "count_block", "count_block_detach": True},
+                     ["the source tokens themselves (not the encoder's output), read without passing gradients back"],
+                     [], id="count-block-detach"),
         pytest.param({"decoder_attention": "count_block", "count_block_embeddings": True},
                      ["(not the encoder's output), both read through a token embedding table of its own"], [],
                      id="count-block-own-embeddings"),

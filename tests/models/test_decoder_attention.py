@@ -29,6 +29,7 @@ CONFIGS = [
     pytest.param(dict(COUNT_BLOCK, layer_norm_position="pre"), id="count-block-pre"),
     pytest.param(dict(COUNT_BLOCK, count_block_heads=16), id="count-block-16-heads"),
     pytest.param(dict(COUNT_BLOCK, count_block_heads=3, count_block_head_dim=2), id="count-block-3-heads-of-2"),
+    pytest.param(dict(COUNT_BLOCK, count_block_detach=True, count_block_zero_init=True), id="count-block-detach"),
     pytest.param(dict(COUNT_BLOCK, count_block_embeddings=True, count_block_heads=8), id="count-block-own-embeddings"),
     pytest.param(dict(COUNT, decoder_attention="count_block", feature_map="relu"), id="count-block-gated"),
     pytest.param(dict(attention_type="kernelized_decay_gated", feature_map="relu"), id="gated-relu"),
@@ -273,6 +274,12 @@ def test_feature_map_changes_the_model(tiny_config, batch):
         pytest.param(dict(DEFAULT_COUNT, count_block_zero_init=True),
                      "`count_block_zero_init` applies to `decoder_attention='count_block'` only, got "
                      "decoder_attention 'count'", id="zero-init-without-count-block"),
+        pytest.param(dict(DEFAULT_COUNT, count_block_detach=True),
+                     "`count_block_detach` applies to `decoder_attention='count_block'` only, got "
+                     "decoder_attention 'count'", id="detach-without-count-block"),
+        pytest.param(dict(COUNT_BLOCK, count_block_detach=True, count_block_embeddings=True),
+                     "`count_block_detach=True` reads the block's inputs without gradient: with "
+                     "`count_block_embeddings=True`", id="detach-with-own-embeddings"),
     ],
 )
 def test_config_rejects_what_the_options_do_not_cover(overrides, message, tiny_config):
@@ -517,3 +524,36 @@ def test_resize_token_embeddings_resizes_the_count_block_table(tiny_config, batc
     src[0, 0] = 69  # a new token reaches the count block
     out = model(input_ids=src, attention_mask=src_mask, decoder_input_ids=torch.tensor([[1, 69]] * src.shape[0]))
     assert torch.isfinite(out.logits).all()
+
+@pytest.mark.parametrize("layer_norm_position", ["post", "pre"])
+def test_count_block_detach_passes_no_gradient_to_its_inputs(layer_norm_position, tiny_config):
+    """`count_block_detach=True`: the first layer's output is unchanged, the source states (read only by the block)
+    get no gradient, the layer's input gets only the gradient of the layer without the block's inputs (its
+    residual and the blocks after), and the block's own parameters still learn."""
+    torch.manual_seed(0)
+    plain = randomised(ScaleformerForConditionalGeneration(
+        tiny_config(**COUNT_BLOCK, layer_norm_position=layer_norm_position)).double().eval())
+    detached = ScaleformerForConditionalGeneration(
+        tiny_config(**COUNT_BLOCK, count_block_detach=True, layer_norm_position=layer_norm_position)).double().eval()
+    detached.load_state_dict(plain.state_dict())
+    encoder = torch.randn(2, 10, 16, dtype=torch.float64)
+    x0, source0 = torch.randn(2, 7, 16, dtype=torch.float64), torch.randn(2, 10, 16, dtype=torch.float64)
+    grads = {}
+    for name, model in (("plain", plain), ("detached", detached)):
+        x, source = x0.clone().requires_grad_(), source0.clone().requires_grad_()
+        out = model.model.decoder.layers[0](x, encoder, source)
+        out.pow(2).sum().backward()
+        grads[name] = (out.detach(), x.grad, source.grad, model.model.decoder.layers[0].count_attn.q_proj.weight.grad)
+    torch.testing.assert_close(grads["detached"][0], grads["plain"][0], rtol=0, atol=0)
+    assert grads["detached"][2] is None and grads["plain"][2].abs().sum() > 0
+    assert grads["detached"][3].abs().sum() > 0
+    # the input's gradient: the same layer with the block's inputs as constants
+    layer = plain.model.decoder.layers[0]
+    x = x0.clone().requires_grad_()
+    pre = layer_norm_position == "pre"
+    norm = layer.count_attn_layer_norm if pre else (lambda t: t)
+    with torch.no_grad():
+        written, read = norm(x0), norm(source0)
+    counted_then_layer(layer, x, written, read, pre, encoder, source0).pow(2).sum().backward()
+    torch.testing.assert_close(grads["detached"][1], x.grad, rtol=1e-10, atol=1e-12)
+    assert (grads["detached"][1] - grads["plain"][1]).abs().max() > 1e-6
