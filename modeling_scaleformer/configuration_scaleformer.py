@@ -384,8 +384,9 @@ class ScaleformerConfig(PreTrainedConfig):
                 )
         if self.count_block_detach and self.count_block_embeddings:
             raise ValueError(
-                "`count_block_detach=True` reads the block's inputs without gradient: with `count_block_embeddings=True` "
-                "the block's own embedding table would never learn; set one of them to False"
+                "`count_block_detach=True` reads the block's inputs without gradient: with "
+                "`count_block_embeddings=True` the block's own embedding table would never learn; set one of them to "
+                "False"
             )
         if self.attention_mode not in variant.modes:
             raise ValueError(

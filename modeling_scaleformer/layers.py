@@ -84,7 +84,7 @@ class ScaleformerAttention(nn.Module):
             self.g_proj = nn.Linear(config.d_model, width)
 
     def _heads(self, x: Tensor) -> Tensor:
-        # (B, L, d_model) -> (B, H, L, D)
+        # (B, L, H * D) -> (B, H, L, D)
         return x.view(x.shape[0], x.shape[1], self.num_heads, self.head_dim).transpose(1, 2)
 
     def _variant_parameters(self, dtype: torch.dtype) -> dict:
