@@ -525,6 +525,7 @@ def test_resize_token_embeddings_resizes_the_count_block_table(tiny_config, batc
     out = model(input_ids=src, attention_mask=src_mask, decoder_input_ids=torch.tensor([[1, 69]] * src.shape[0]))
     assert torch.isfinite(out.logits).all()
 
+
 @pytest.mark.parametrize("layer_norm_position", ["post", "pre"])
 def test_count_block_detach_passes_no_gradient_to_its_inputs(layer_norm_position, tiny_config):
     """`count_block_detach=True`: the first layer's output is unchanged, the source states (read only by the block)
