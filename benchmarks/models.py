@@ -285,6 +285,7 @@ class ModelSpec(NamedTuple):
     count_block_zero_init: bool = False
     count_block_head_dim: int | None = None  # None: the config's default (d_model // count_block_heads)
     count_block_detach: bool = False
+    count_block_embedding_dim: int | None = None  # None: the config's default (d_model)
 
 
 MODEL_SUFFIXES = (
@@ -307,21 +308,24 @@ def parse_model_name(name: str, baselines: Sequence[str] = BASELINES) -> ModelSp
     type, with `+cross_rpe` for `JOINT_TYPES`), `+count_block` (`decoder_attention="count_block"`: any type,
     with `+cross_rpe` for `JOINT_TYPES`; `+count_blockN`, N a number, also sets `count_block_heads=N`, and
     `+count_blockNxW` also `count_block_head_dim=W`),
-    `+count_embeddings` (after `+count_block`: `count_block_embeddings=True`), `+zero_init` (after `+count_block`:
+    `+count_embeddings` (after `+count_block`: `count_block_embeddings=True`; `+count_embeddingsR`, R a number, also
+    sets `count_block_embedding_dim=R`), `+zero_init` (after `+count_block`:
     `count_block_zero_init=True`), `+detach` (after `+count_block`, not with `+count_embeddings`:
     `count_block_detach=True`), `+sinusoidal` (absolute positions)
     and `+post_ln` (post-norm blocks), in that order."""
     base, *suffixes = name.split("+")
-    count_block_heads = count_block_head_dim = None
+    count_block_heads = count_block_head_dim = count_block_embedding_dim = None
     for i, suffix in enumerate(suffixes):  # `count_blockN` / `count_blockNxW`: the count block with N heads (W wide)
         if match := re.fullmatch(r"count_block([1-9][0-9]*)(?:x([1-9][0-9]*))?", suffix):
             count_block_heads, suffixes[i] = int(match[1]), "count_block"
             count_block_head_dim = None if match[2] is None else int(match[2])
+        elif match := re.fullmatch(r"count_embeddings([1-9][0-9]*)", suffix):  # a table of R channels
+            count_block_embedding_dim, suffixes[i] = int(match[1]), "count_embeddings"
     kind, _, attention_type = base.partition(":")
     usage = (f"unknown model {name!r}; use {', '.join(baselines)}, or scaleformer or scaleformer:TYPE with TYPE in "
              f"{', '.join(ATTENTION_TYPES)}, followed by any of " + ", ".join(f"+{x}" for x in MODEL_SUFFIXES)
              + " in that order, +count_blockN for N heads in the count block (+count_blockNxW: W channels each), "
-             "+count_embeddings, +zero_init and +detach "
+             "+count_embeddings (+count_embeddingsR: a table of R channels), +zero_init and +detach "
              "after +count_block only (+cross_rpe with " + ", ".join(CROSS_RPE_TYPES)
              + " only, +fast_decay or +slow_decay "
              "with " + ", ".join(DECAY_TYPES) + " only, +relu with " + ", ".join(RELU_TYPES) + " only, +joint "
@@ -356,7 +360,7 @@ def parse_model_name(name: str, baselines: Sequence[str] = BASELINES) -> ModelSp
                      rates[decays[0]] if decays else None, "relu" if "relu" in suffixes else "elu",
                      decoder_modes[0] if decoder_modes else "separate",
                      count_block_heads, "count_embeddings" in suffixes, "zero_init" in suffixes, count_block_head_dim,
-                     "detach" in suffixes)
+                     "detach" in suffixes, count_block_embedding_dim)
 
 
 def build_seq2seq(name: str, seed: int, size: ModelSize, dropout: float, bart_max_positions: int, *,
@@ -379,7 +383,8 @@ def build_seq2seq(name: str, seed: int, size: ModelSize, dropout: float, bart_ma
         layer_norm_position=spec.layer_norm_position, feature_map=spec.feature_map,
         decoder_attention=spec.decoder_attention, count_block_heads=spec.count_block_heads,
         count_block_head_dim=spec.count_block_head_dim, count_block_detach=spec.count_block_detach,
-        count_block_embeddings=spec.count_block_embeddings, count_block_zero_init=spec.count_block_zero_init, **ids,
+        count_block_embeddings=spec.count_block_embeddings, count_block_zero_init=spec.count_block_zero_init,
+        count_block_embedding_dim=spec.count_block_embedding_dim, **ids,
         **({} if spec.decay_rate_range is None else {"decay_rate_range": spec.decay_rate_range}),
     )
     return build_model("scaleformer", config, seed)

@@ -244,6 +244,8 @@ def architecture_paragraph(config: Mapping, n_parameters: int) -> str:
                       "queries on its own tokens and on the source tokens themselves (not the encoder's output)"
                       + (", both read through a token embedding table of its own"
                          if config.get("count_block_embeddings") else "")
+                      + (f" of {config['count_block_embedding_dim']} channels per token, mapped to the model width"
+                         if config.get("count_block_embeddings") and config.get("count_block_embedding_dim") else "")
                       + (", read without passing gradients back to them" if config.get("count_block_detach") else "")
                       + (", unnormalised kernelized sums with phi(x) = max(x, 0) and no decay" if variant.normalised
                          else "") + ", the source's values negated: it sums what remains to be written")

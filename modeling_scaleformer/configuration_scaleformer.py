@@ -150,6 +150,12 @@ class ScaleformerConfig(PreTrainedConfig):
             model embeds close together (neighbouring symbols, related words) then keep keys of their own, so that
             one token's count does not leak into another's. The model then needs `input_ids` (and
             `decoder_input_ids`), not embeddings.
+        count_block_embedding_dim (`int`, *optional*):
+            The width of the count block's own embedding table (`count_block_embeddings=True`); `None` (default)
+            gives `d_model`. When set, the table holds that many channels per token, started at unit scale, and a
+            linear map without bias (`count_embed_proj` of the first decoder layer) takes them to `d_model`: each
+            token then has that many free parameters of its own instead of `d_model`, enough to keep a few
+            symbols' keys apart without room to memorise many words.
         count_block_zero_init (`bool`, *optional*, defaults to `False`):
             Whether the count block's output projection (`decoder_attention="count_block"`) starts at zero, so that
             the block starts as the identity and its counts enter the model only as training makes use of them
@@ -223,6 +229,7 @@ class ScaleformerConfig(PreTrainedConfig):
     count_block_heads: int | None = None
     count_block_head_dim: int | None = None
     count_block_embeddings: bool = False
+    count_block_embedding_dim: int | None = None
     count_block_zero_init: bool = False
     count_block_detach: bool = False
     absolute_positions: Literal["sinusoidal"] | None = None
@@ -322,6 +329,8 @@ class ScaleformerConfig(PreTrainedConfig):
                 raise ValueError(f"`{name}` must be a positive divisor of `d_model` ({self.d_model}), got {heads}")
         if self.count_block_head_dim is not None and self.count_block_head_dim < 1:
             raise ValueError(f"`count_block_head_dim` must be positive, got {self.count_block_head_dim}")
+        if self.count_block_embedding_dim is not None and self.count_block_embedding_dim < 1:
+            raise ValueError(f"`count_block_embedding_dim` must be positive, got {self.count_block_embedding_dim}")
         for name in ("vocab_size", "d_model", "encoder_ffn_dim", "decoder_ffn_dim"):
             if getattr(self, name) < 1:
                 raise ValueError(f"`{name}` must be positive, got {getattr(self, name)}")
@@ -376,12 +385,18 @@ class ScaleformerConfig(PreTrainedConfig):
                 f"with that type's cross attention: it needs `cross_attention_rpe=True`, got attention_type "
                 f"{self.attention_type!r} and cross_attention_rpe {self.cross_attention_rpe}"
             )
-        for name in ("count_block_head_dim", "count_block_embeddings", "count_block_zero_init", "count_block_detach"):
+        for name in ("count_block_head_dim", "count_block_embeddings", "count_block_embedding_dim",
+                     "count_block_zero_init", "count_block_detach"):
             if getattr(self, name) not in (None, False) and self.decoder_attention != "count_block":
                 raise ValueError(
                     f"`{name}` applies to `decoder_attention='count_block'` only, got decoder_attention "
                     f"{self.decoder_attention!r}"
                 )
+        if self.count_block_embedding_dim is not None and not self.count_block_embeddings:
+            raise ValueError(
+                "`count_block_embedding_dim` sets the width of the count block's own embedding table: it needs "
+                f"`count_block_embeddings=True`, got count_block_embeddings {self.count_block_embeddings}"
+            )
         if self.count_block_detach and self.count_block_embeddings:
             raise ValueError(
                 "`count_block_detach=True` reads the block's inputs without gradient: with "

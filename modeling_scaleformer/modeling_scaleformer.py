@@ -199,8 +199,9 @@ class ScaleformerDecoderLayer(ScaleformerLayer):
     before its self-attention, `count_attn` with `count_source`: the same sum as the count layer's, in a block of
     its own (`COUNT_BLOCK_ATTENTION`, the sum without decay, for a type with a row normaliser), whose generation
     state is the cache slot after the layers'. With `config.count_block_embeddings`, the block reads the written
-    and the source tokens (`token_ids`, `source_ids`) through its own embedding table `count_embed_tokens` and
-    a layer norm, in place of the layer's input and `source_states`. With `config.count_block_zero_init` the
+    and the source tokens (`token_ids`, `source_ids`) through its own embedding table `count_embed_tokens` (a
+    narrower one mapped to `d_model` by `count_embed_proj` with `config.count_block_embedding_dim`) and a layer
+    norm, in place of the layer's input and `source_states`. With `config.count_block_zero_init` the
     block's output projection starts at zero (its `zero_init`, read by `_init_weights`). With
     `config.count_block_head_dim` its heads are that wide, whatever `d_model`; with `config.count_block_detach` it
     reads its inputs detached, so that they get no gradient from it.
@@ -222,7 +223,7 @@ class ScaleformerDecoderLayer(ScaleformerLayer):
             )
         if config.is_encoder_decoder and not self.joint:
             self.encoder_attn_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
-        self.count_attn = self.count_source = self.count_embed_tokens = None
+        self.count_attn = self.count_source = self.count_embed_tokens = self.count_embed_proj = None
         if config.has_count_block and layer_idx == 0:
             count_config = count_attention_config(config, COUNT_BLOCK_ATTENTION)
             slot = config.count_block_cache_index
@@ -236,7 +237,12 @@ class ScaleformerDecoderLayer(ScaleformerLayer):
             self.count_detach = config.count_block_detach
             self.count_attn_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
             if config.count_block_embeddings:
-                self.count_embed_tokens = nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id)
+                width = config.count_block_embedding_dim or config.d_model
+                self.count_embed_tokens = nn.Embedding(config.vocab_size, width, config.pad_token_id)
+                if config.count_block_embedding_dim is not None:  # a narrow table, at unit scale, then d_model
+                    self.count_embed_tokens.init_std = 1.0  # read by `_init_weights`
+                    self.count_embed_proj = nn.Linear(width, config.d_model, bias=False)
+                    self.count_embed_proj.init_std = config.init_std / math.sqrt(width)
                 self.count_embed_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
         self.ffn = ScaleformerFeedForward(config, config.decoder_ffn_dim)
         self.ffn_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
@@ -260,10 +266,8 @@ class ScaleformerDecoderLayer(ScaleformerLayer):
             residual = hidden_states
             written, source = hidden_states, source_states  # source: None once the cache holds its summary
             if self.count_embed_tokens is not None:  # the block's own embeddings of the written and source tokens
-                written = self.count_embed_layer_norm(self.count_embed_tokens(token_ids))
-                source = None if source_ids is None else self.count_embed_layer_norm(
-                    self.count_embed_tokens(source_ids)
-                )
+                written = self.count_embed(token_ids)
+                source = None if source_ids is None else self.count_embed(source_ids)
             if self.count_detach:  # only the block's own parameters learn from its output
                 written, source = written.detach(), None if source is None else source.detach()
             written = self.norm_input(written, self.count_attn_layer_norm)
@@ -302,6 +306,14 @@ class ScaleformerDecoderLayer(ScaleformerLayer):
         hidden_states = self.ffn(self.norm_input(hidden_states, self.ffn_layer_norm))
         return self.norm_output(residual + self.dropout(hidden_states), self.ffn_layer_norm)
 
+    def count_embed(self, ids: Tensor) -> Tensor:
+        """The count block's own embeddings (`config.count_block_embeddings`) of the token ids `ids`: its table,
+        mapped to `d_model` when the table is narrower (`config.count_block_embedding_dim`), then a layer norm."""
+        embeddings = self.count_embed_tokens(ids)
+        if self.count_embed_proj is not None:
+            embeddings = self.count_embed_proj(embeddings)
+        return self.count_embed_layer_norm(embeddings)
+
 
 class ScaleformerPreTrainedModel(PreTrainedModel):
     config: ScaleformerConfig
@@ -335,6 +347,12 @@ class ScaleformerPreTrainedModel(PreTrainedModel):
         if isinstance(module, nn.Linear) and getattr(module, "zero_init", False):  # `count_block_zero_init`
             init.zeros_(module.weight)
             init.zeros_(module.bias)
+        std = getattr(module, "init_std", None)  # `count_block_embedding_dim`: the narrow table and its map
+        if isinstance(module, (nn.Embedding, nn.Linear)) and std is not None:
+            loaded = getattr(module.weight, "_is_hf_initialized", False)  # a slice below would lose the flag
+            init.normal_(module.weight, mean=0.0, std=std)
+            if isinstance(module, nn.Embedding) and module.padding_idx is not None and not loaded:
+                init.zeros_(module.weight[module.padding_idx])
         if isinstance(module, ScaleformerAttention):
             if module.out_norm is not None:
                 init.ones_(module.out_norm.weight)

@@ -119,6 +119,11 @@ def test_bench_quality_model_names(import_benchmark):
     assert parse_model_name("scaleformer+cross_rpe+count_block64+post_ln").count_block_head_dim is None
     assert parse_model_name("scaleformer+cross_rpe+count_block64x2+zero_init+detach+post_ln").count_block_detach
     assert not narrow.count_block_detach
+    table = parse_model_name("scaleformer+cross_rpe+count_block64+count_embeddings16+post_ln")
+    assert table == ModelSpec("scaleformer", None, True, None, "post", None, "elu", "count_block", 64, True,
+                              count_block_embedding_dim=16)
+    full_table = parse_model_name("scaleformer+cross_rpe+count_block64+count_embeddings+post_ln")
+    assert full_table.count_block_embedding_dim is None
     for bad in ("scaleformer+sinusoidal+cross_rpe", "scaleformer:softmax+cross_rpe", "bart+sinusoidal",
                 "scaleformer+fast_decay", "scaleformer:kernelized_decay+fast_decay+cross_rpe",
                 "scaleformer:kernelized_decay+fast_decay+slow_decay", "scaleformer+relu",
@@ -128,6 +133,7 @@ def test_bench_quality_model_names(import_benchmark):
                 "scaleformer+count+count_block", "scaleformer+count_block+count_block16", "scaleformer+count_block0",
                 "scaleformer+count_block08", "scaleformer+count_block64x0", "scaleformer+count_block64x",
                 "scaleformer+count_blockx2", "scaleformer+count16", "scaleformer+count_embeddings",
+                "scaleformer+count_block+count_embeddings0", "scaleformer+count_embeddings16",
                 "scaleformer+count+count_embeddings", "scaleformer+count_embeddings+count_block",
                 "scaleformer+count+zero_init", "scaleformer+count+detach",
                 "scaleformer+count_block+count_embeddings+detach",

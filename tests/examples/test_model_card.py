@@ -106,6 +106,10 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, ScaleformerFo
         pytest.param({"decoder_attention": "count_block", "count_block_embeddings": True},
                      ["(not the encoder's output), both read through a token embedding table of its own"], [],
                      id="count-block-own-embeddings"),
+        pytest.param({"decoder_attention": "count_block", "count_block_embeddings": True,
+                      "count_block_embedding_dim": 16},
+                     ["both read through a token embedding table of its own of 16 channels per token, mapped to the "
+                      "model width"], [], id="count-block-narrow-own-embeddings"),
         pytest.param({"attention_type": "kernelized_gated", "feature_map": "relu"},
                      ["decay of the weights with distance and no relative-position table", "with phi(x) = max(x, 0)",
                       "Positions enter only through the decay"], ["clipped", "bag of tokens"], id="kernelized_gated"),

@@ -280,6 +280,14 @@ def test_feature_map_changes_the_model(tiny_config, batch):
         pytest.param(dict(COUNT_BLOCK, count_block_detach=True, count_block_embeddings=True),
                      "`count_block_detach=True` reads the block's inputs without gradient: with "
                      "`count_block_embeddings=True`", id="detach-with-own-embeddings"),
+        pytest.param(dict(COUNT_BLOCK, count_block_embeddings=True, count_block_embedding_dim=0),
+                     r"`count_block_embedding_dim` must be positive, got 0", id="own-embeddings-of-0"),
+        pytest.param(dict(COUNT_BLOCK, count_block_embedding_dim=4),
+                     "`count_block_embedding_dim` sets the width of the count block's own embedding table: it needs "
+                     "`count_block_embeddings=True`", id="embedding-dim-without-own-embeddings"),
+        pytest.param(dict(DEFAULT_COUNT, count_block_embedding_dim=4),
+                     "`count_block_embedding_dim` applies to `decoder_attention='count_block'` only",
+                     id="embedding-dim-without-count-block"),
     ],
 )
 def test_config_rejects_what_the_options_do_not_cover(overrides, message, tiny_config):
@@ -426,21 +434,33 @@ def test_count_block_keeps_its_state_in_the_slot_after_the_layers(tiny_config, b
               past_key_values=ScaleformerCache(config.decoder_layers))
 
 
+@pytest.mark.parametrize("embedding_dim", [None, 4], ids=["table-of-d_model", "table-of-4"])
 @pytest.mark.parametrize("layer_norm_position", ["post", "pre"])
-def test_count_block_with_its_own_embeddings(layer_norm_position, tiny_config):
+def test_count_block_with_its_own_embeddings(layer_norm_position, embedding_dim, tiny_config):
     """`count_block_embeddings=True`: the count block reads LayerNorm(count_embed_tokens(ids)) of the written and of
     the source tokens in place of the layer's input and the source states; the layer's input enters only through
-    the residual."""
+    the residual. With `count_block_embedding_dim`, the table is that wide and `count_embed_proj` (no bias) maps it
+    to d_model before the layer norm."""
     torch.manual_seed(0)
-    config = tiny_config(**COUNT_BLOCK, count_block_embeddings=True, layer_norm_position=layer_norm_position)
+    config = tiny_config(**COUNT_BLOCK, count_block_embeddings=True, count_block_embedding_dim=embedding_dim,
+                         layer_norm_position=layer_norm_position)
     model = randomised(ScaleformerForConditionalGeneration(config).double().eval())
     layer, second = model.model.decoder.layers[:2]
-    assert second.count_embed_tokens is None and layer.count_embed_tokens.weight.shape == (config.vocab_size, 16)
+    width = embedding_dim or 16
+    assert second.count_embed_tokens is None and layer.count_embed_tokens.weight.shape == (config.vocab_size, width)
+    assert (layer.count_embed_proj is None) == (embedding_dim is None)
+    if embedding_dim is not None:
+        assert layer.count_embed_proj.weight.shape == (16, width) and layer.count_embed_proj.bias is None
     ids, source_ids = torch.randint(3, config.vocab_size, (2, 7)), torch.randint(3, config.vocab_size, (2, 10))
     x, encoder = torch.randn(2, 7, 16, dtype=torch.float64), torch.randn(2, 10, 16, dtype=torch.float64)
     pre = layer_norm_position == "pre"
     block_norm = layer.count_attn_layer_norm if pre else (lambda t: t)
-    written, source = (block_norm(layer.count_embed_layer_norm(layer.count_embed_tokens(t))) for t in (ids, source_ids))
+
+    def embedded(t):
+        table = layer.count_embed_tokens.weight[t]
+        return table if embedding_dim is None else table @ layer.count_embed_proj.weight.T
+
+    written, source = (block_norm(layer.count_embed_layer_norm(embedded(t))) for t in (ids, source_ids))
     expected = counted_then_layer(layer, x, written, source, pre, encoder)
     got = layer(x, encoder, None, token_ids=ids, source_ids=source_ids)
     torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-12)
@@ -475,6 +495,38 @@ def test_count_block_embeddings_need_token_ids_and_survive_save_and_load(tiny_co
     torch.testing.assert_close(
         model(input_ids=src, encoder_outputs=as_tuple, attention_mask=src_mask, decoder_input_ids=tgt).logits, logits,
         rtol=0, atol=0)
+
+
+def test_count_block_narrow_table_starts_at_unit_scale_learns_and_survives_save_and_load(tiny_config, batch, tmp_path):
+    """`count_block_embedding_dim`: the narrow table starts at unit scale (its padding row at zero) and its map at
+    `init_std / sqrt(width)`, so that their product has the scale of a table of d_model; both learn; trained values
+    survive save and load, and resizing the embeddings resizes the narrow table."""
+    torch.manual_seed(0)
+    config = tiny_config(**COUNT_BLOCK, count_block_embeddings=True, count_block_embedding_dim=4, vocab_size=400,
+                         init_std=0.05)
+    model = ScaleformerForConditionalGeneration(config)
+    layer = model.model.decoder.layers[0]
+    table, proj = layer.count_embed_tokens.weight, layer.count_embed_proj.weight
+    assert table[config.pad_token_id].abs().sum() == 0
+    assert abs(table.std().item() - 1.0) < 0.1 and abs(proj.std().item() - 0.05 / 2) < 0.01
+    assert abs(model.get_input_embeddings().weight.std().item() - 0.05) < 0.01  # the shared table is unchanged
+    src, src_mask = batch()
+    tgt, _ = batch(ls=5, seed=1)
+    model(input_ids=src, attention_mask=src_mask, labels=tgt).loss.backward()
+    assert table.grad.abs().sum() > 0 and proj.grad.abs().sum() > 0
+    with torch.no_grad():
+        proj.normal_()
+    model.eval()
+    logits = model(input_ids=src, attention_mask=src_mask, decoder_input_ids=tgt).logits
+    model.save_pretrained(tmp_path)
+    loaded = ScaleformerForConditionalGeneration.from_pretrained(tmp_path).eval()
+    assert loaded.config.count_block_embedding_dim == 4
+    assert torch.equal(loaded.model.decoder.layers[0].count_embed_proj.weight, proj)
+    assert torch.equal(loaded.model.decoder.layers[0].count_embed_tokens.weight, table)
+    torch.testing.assert_close(loaded(input_ids=src, attention_mask=src_mask, decoder_input_ids=tgt).logits, logits,
+                               rtol=0, atol=0)
+    model.resize_token_embeddings(410)
+    assert model.model.decoder.layers[0].count_embed_tokens.weight.shape == (410, 4)
 
 
 @pytest.mark.parametrize("layer_norm_position", ["post", "pre"])
