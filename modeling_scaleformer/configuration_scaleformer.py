@@ -327,10 +327,9 @@ class ScaleformerConfig(PreTrainedConfig):
                     raise ValueError(f"`{name}` must be positive, got {heads}")
             elif heads is not None and (heads < 1 or self.d_model % heads != 0):  # None: count_block_heads unset
                 raise ValueError(f"`{name}` must be a positive divisor of `d_model` ({self.d_model}), got {heads}")
-        if self.count_block_head_dim is not None and self.count_block_head_dim < 1:
-            raise ValueError(f"`count_block_head_dim` must be positive, got {self.count_block_head_dim}")
-        if self.count_block_embedding_dim is not None and self.count_block_embedding_dim < 1:
-            raise ValueError(f"`count_block_embedding_dim` must be positive, got {self.count_block_embedding_dim}")
+        for name in ("count_block_head_dim", "count_block_embedding_dim"):  # None: unset
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"`{name}` must be positive, got {getattr(self, name)}")
         for name in ("vocab_size", "d_model", "encoder_ffn_dim", "decoder_ffn_dim"):
             if getattr(self, name) < 1:
                 raise ValueError(f"`{name}` must be positive, got {getattr(self, name)}")
