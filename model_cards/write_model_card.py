@@ -293,6 +293,10 @@ def architecture_limitations(config: Mapping) -> list[str]:
     elif not sees_relative_positions(variant) and not config["absolute_positions"]:
         items.append(f"This model uses no position information (`attention_type={name!r}` without absolute "
                      "positions): its encoder sees the input as a bag of tokens.")
+    if config["is_encoder_decoder"] and config.get("decoder_attention") == "count_block" and config.get(
+            "count_block_embeddings"):
+        items.append("The count block embeds token ids with a table of its own: the model takes `input_ids` and "
+                     "`decoder_input_ids`, not `inputs_embeds`.")
     return items + [
         "Small model trained on a small CPU budget on a small corpus: the scores below are those of a demonstration, "
         "far below production translation or summarisation systems, and the outputs are often wrong.",

@@ -462,12 +462,7 @@ class ScaleformerEncoder(ScaleformerStack):
     ) -> ScaleformerEncoderOutput:
         inputs_embeds = self._embed(input_ids, inputs_embeds, kwargs)
         check_mask(attention_mask, "attention_mask", inputs_embeds.shape[0], (inputs_embeds.shape[1],))
-        own_embeddings = self.config.counts_source_ids
-        if own_embeddings and input_ids is None:
-            raise ValueError(
-                "`count_block_embeddings=True`: the count block embeds the source tokens with its own table, so the "
-                "encoder needs `input_ids`, not `inputs_embeds`"
-            )
+        own_embeddings = self.config.counts_source_ids  # the model checks that the decoder gets the ids it needs
         source_embeddings = inputs_embeds if self.config.counts_source and not own_embeddings else None
         inputs_embeds = self._add_positions(inputs_embeds, attention_mask)
         hidden_states, all_hidden = self._run_layers(inputs_embeds, output_hidden_states, key_mask=attention_mask)
@@ -510,7 +505,8 @@ class ScaleformerDecoder(ScaleformerStack):
         if own_embeddings and input_ids is None:
             raise ValueError(
                 "`count_block_embeddings=True`: the count block embeds the written tokens with its own table, so the "
-                "decoder needs `input_ids` (`decoder_input_ids`), not embeddings"
+                "decoder needs `input_ids` (`decoder_input_ids`), not embeddings; set `count_block_embeddings=False` "
+                "to pass embeddings"
             )
         inputs_embeds = self._embed(input_ids, inputs_embeds, kwargs)
         batch, length = inputs_embeds.shape[:2]
@@ -548,7 +544,7 @@ class ScaleformerDecoder(ScaleformerStack):
                 if source_ids is None or source_ids.shape != encoder_hidden_states.shape[:2]:
                     raise ValueError(
                         "`count_block_embeddings=True` needs `source_ids` (batch, source_length), the source token ids "
-                        "(`ScaleformerEncoderOutput.source_ids`), got "
+                        "(`ScaleformerEncoderOutput.source_ids`, from the encoder's `input_ids`), got "
                         f"{None if source_ids is None else tuple(source_ids.shape)} for encoder states of shape "
                         f"{tuple(encoder_hidden_states.shape)}"
                     )
@@ -627,6 +623,11 @@ class ScaleformerModel(ScaleformerPreTrainedModel):
             if input_ids is None:
                 raise ValueError("Pass `decoder_input_ids`, `decoder_inputs_embeds` or `labels` (or `input_ids` to shift)")
             decoder_input_ids = shift_tokens_right(input_ids, self.config.pad_token_id, self.config.decoder_start_token_id)
+        if encoder_outputs is None and input_ids is None and self.config.counts_source_ids:
+            raise ValueError(
+                "`count_block_embeddings=True`: the count block embeds the source tokens with its own table, so the "
+                "encoder needs `input_ids`, not `inputs_embeds`; set `count_block_embeddings=False` to pass embeddings"
+            )
         if encoder_outputs is None:
             encoder_outputs = self.encoder(
                 input_ids=input_ids,

@@ -163,8 +163,11 @@ def test_fully_masked_row_raises():
         model(input_ids=random_ids(2, 3), attention_mask=mask)
 
 
-def test_inputs_embeds_equal_input_ids():
-    model = model_for()
+@pytest.mark.parametrize("overrides", [{}, dict(decoder_attention="count_block", count_block_embeddings=True)],
+                         ids=["default", "count-block-own-table"])
+def test_inputs_embeds_equal_input_ids(overrides):
+    """The classifier has no decoder: a config whose count block embeds ids takes embeddings all the same."""
+    model = model_for(**overrides)
     ids, mask = pad_batch([random_ids(1, n, seed=n)[0] for n in (6, 3)], "right")
     from_ids = model(input_ids=ids, attention_mask=mask).logits
     from_embeds = model(inputs_embeds=model.get_input_embeddings()(ids), attention_mask=mask).logits
