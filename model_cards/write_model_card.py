@@ -248,7 +248,9 @@ def architecture_paragraph(config: Mapping, n_parameters: int) -> str:
                          if config.get("count_block_embeddings") and config.get("count_block_embedding_dim") else "")
                       + (", read without passing gradients back to them" if config.get("count_block_detach") else "")
                       + (", unnormalised kernelized sums with phi(x) = max(x, 0) and no decay" if variant.normalised
-                         else "") + ", the source's values negated: it sums what remains to be written")
+                         else "") + ", the source's values negated: it sums what remains to be written"
+                      + (f", its output multiplied by a learned scale per channel started at "
+                         f"{config['count_block_layer_scale']}" if config.get("count_block_layer_scale") else ""))
     attention += f"; it costs time {'quadratic' if variant.softmax else 'linear'} in the sequence length, and "
     attention += ("generation keeps a state of constant size instead of a growing key/value cache"
                   if variant.constant_state else "generation keeps a key/value cache")

@@ -1,6 +1,7 @@
 """Scaleformer configuration."""
 
 import dataclasses
+import math
 import types
 import typing
 from typing import Literal
@@ -165,6 +166,11 @@ class ScaleformerConfig(PreTrainedConfig):
             states without passing gradients back to them: only the block's own parameters learn from its output,
             and the shared embeddings and the layers below are shaped by the rest of the model alone. It cannot be
             combined with `count_block_embeddings` (the block's own table would then get no gradient at all).
+        count_block_layer_scale (`float`, *optional*):
+            The start value of a learned scale per channel on the count block's output (`count_layer_scale` of the
+            first decoder layer, LayerScale as in Touvron et al. 2021), for `decoder_attention="count_block"`;
+            `None` (default): no scale. A small start (0.1) lets the block's counts into the residual stream
+            gently, so that the layers above learn the text first and the counts as far as they pay.
         absolute_positions (`str`, *optional*):
             `None` (default): no absolute positions, the model sees order only through its attention.
             `"sinusoidal"`: fixed sine/cosine position encodings (Vaswani et al.) added to the token embeddings
@@ -232,6 +238,7 @@ class ScaleformerConfig(PreTrainedConfig):
     count_block_embedding_dim: int | None = None
     count_block_zero_init: bool = False
     count_block_detach: bool = False
+    count_block_layer_scale: float | None = None
     absolute_positions: Literal["sinusoidal"] | None = None
     use_cache: bool = True
     pad_token_id: int | None = 0
@@ -330,6 +337,9 @@ class ScaleformerConfig(PreTrainedConfig):
         for name in ("count_block_head_dim", "count_block_embedding_dim"):  # None: unset
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"`{name}` must be positive, got {getattr(self, name)}")
+        scale = self.count_block_layer_scale
+        if scale is not None and not 0 < scale < math.inf:  # the field's type is checked before
+            raise ValueError(f"`count_block_layer_scale` must be a positive finite number or None, got {scale!r}")
         for name in ("vocab_size", "d_model", "encoder_ffn_dim", "decoder_ffn_dim"):
             if getattr(self, name) < 1:
                 raise ValueError(f"`{name}` must be positive, got {getattr(self, name)}")
@@ -385,7 +395,7 @@ class ScaleformerConfig(PreTrainedConfig):
                 f"{self.attention_type!r} and cross_attention_rpe {self.cross_attention_rpe}"
             )
         for name in ("count_block_head_dim", "count_block_embeddings", "count_block_embedding_dim",
-                     "count_block_zero_init", "count_block_detach"):
+                     "count_block_zero_init", "count_block_detach", "count_block_layer_scale"):
             if getattr(self, name) not in (None, False) and self.decoder_attention != "count_block":
                 raise ValueError(
                     f"`{name}` applies to `decoder_attention='count_block'` only, got decoder_attention "

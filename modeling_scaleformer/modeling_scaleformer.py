@@ -204,7 +204,8 @@ class ScaleformerDecoderLayer(ScaleformerLayer):
     norm, in place of the layer's input and `source_states`. With `config.count_block_zero_init` the
     block's output projection starts at zero (its `zero_init`, read by `_init_weights`). With
     `config.count_block_head_dim` its heads are that wide, whatever `d_model`; with `config.count_block_detach` it
-    reads its inputs detached, so that they get no gradient from it.
+    reads its inputs detached, so that they get no gradient from it; with `config.count_block_layer_scale` its
+    output is multiplied by `count_layer_scale`, a learned scale per channel started at that value.
     """
 
     def __init__(self, config: ScaleformerConfig, layer_idx: int):
@@ -224,6 +225,7 @@ class ScaleformerDecoderLayer(ScaleformerLayer):
         if config.is_encoder_decoder and not self.joint:
             self.encoder_attn_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
         self.count_attn = self.count_source = self.count_embed_tokens = self.count_embed_proj = None
+        self.count_layer_scale = None
         if config.has_count_block and layer_idx == 0:
             count_config = count_attention_config(config, COUNT_BLOCK_ATTENTION)
             slot = config.count_block_cache_index
@@ -236,6 +238,8 @@ class ScaleformerDecoderLayer(ScaleformerLayer):
             self.count_attn.o_proj.zero_init = config.count_block_zero_init  # read by `_init_weights`
             self.count_detach = config.count_block_detach
             self.count_attn_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+            if config.count_block_layer_scale is not None:  # started at that value by `_init_weights`
+                self.count_layer_scale = nn.Parameter(torch.full((config.d_model,), config.count_block_layer_scale))
             if config.count_block_embeddings:
                 width = config.count_block_embedding_dim or config.d_model
                 self.count_embed_tokens = nn.Embedding(config.vocab_size, width, config.pad_token_id)
@@ -273,6 +277,8 @@ class ScaleformerDecoderLayer(ScaleformerLayer):
             written = self.norm_input(written, self.count_attn_layer_norm)
             source = None if source is None else self.norm_input(source, self.count_attn_layer_norm)
             hidden_states = one_sum(self.count_attn, self.count_source, written, source, counting=True, **reads)
+            if self.count_layer_scale is not None:
+                hidden_states = hidden_states * self.count_layer_scale
             hidden_states = self.norm_output(residual + self.dropout(hidden_states), self.count_attn_layer_norm)
 
         # causal self-attention, continuing the cached state when there is one
@@ -353,6 +359,8 @@ class ScaleformerPreTrainedModel(PreTrainedModel):
             init.normal_(module.weight, mean=0.0, std=std)
             if isinstance(module, nn.Embedding) and module.padding_idx is not None and not loaded:
                 init.zeros_(module.weight[module.padding_idx])
+        if isinstance(module, ScaleformerDecoderLayer) and module.count_layer_scale is not None:
+            init.constant_(module.count_layer_scale, self.config.count_block_layer_scale)
         if isinstance(module, ScaleformerAttention):
             if module.out_norm is not None:
                 init.ones_(module.out_norm.weight)

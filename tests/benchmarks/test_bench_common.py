@@ -124,6 +124,11 @@ def test_bench_quality_model_names(import_benchmark):
                               count_block_embedding_dim=16)
     full_table = parse_model_name("scaleformer+cross_rpe+count_block64+count_embeddings+post_ln")
     assert full_table.count_block_embedding_dim is None
+    scaled = parse_model_name("scaleformer+cross_rpe+count_block64x2+count_embeddings32+layer_scale0.1+post_ln")
+    assert (scaled.count_block_layer_scale, scaled.count_block_embedding_dim) == (0.1, 32)
+    assert parse_model_name("scaleformer+count_block+layer_scale.3").count_block_layer_scale == 0.3
+    assert parse_model_name("scaleformer+count_block+layer_scale2").count_block_layer_scale == 2.0
+    assert table.count_block_layer_scale is None
     for bad in ("scaleformer+sinusoidal+cross_rpe", "scaleformer:softmax+cross_rpe", "bart+sinusoidal",
                 "scaleformer+fast_decay", "scaleformer:kernelized_decay+fast_decay+cross_rpe",
                 "scaleformer:kernelized_decay+fast_decay+slow_decay", "scaleformer+relu",
@@ -138,6 +143,10 @@ def test_bench_quality_model_names(import_benchmark):
                 "scaleformer+count+zero_init", "scaleformer+count+detach",
                 "scaleformer+count_block+count_embeddings+detach",
                 "scaleformer+count_block+detach+zero_init", "scaleformer+count_block+zero_init+count_embeddings",
+                "scaleformer+layer_scale0.1", "scaleformer+count+layer_scale0.1", "scaleformer+count_block+layer_scale",
+                "scaleformer+count_block+layer_scale0", "scaleformer+count_block+layer_scale0.0",
+                "scaleformer+count_block+layer_scale-1", "scaleformer+count_block+layer_scale1e-1",
+                "scaleformer+count_block+layer_scale0.1+detach",
                 "scaleformer:kernelized_decay_gated+count_block",
                 "scaleformer:nope", "scaleformer+cross_rpe+cross_rpe", "scaleformer+post_ln+sinusoidal",
                 "scaleformer+", "t5+post_ln"):

@@ -96,7 +96,8 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, ScaleformerFo
                       "almost no decay"], id="count-block"),
         pytest.param({"decoder_attention": "count_block", "count_block_heads": 64},
                      ["the first decoder layer also has a count block before its self-attention in 64 heads: one set"],
-                     ["a token embedding table of its own", "inputs_embeds"], id="count-block-64-heads"),
+                     ["a token embedding table of its own", "inputs_embeds", "learned scale"],
+                     id="count-block-64-heads"),
         pytest.param({"decoder_attention": "count_block", "count_block_heads": 64, "count_block_head_dim": 2},
                      ["the first decoder layer also has a count block before its self-attention in 64 heads of 2 "
                       "channels: one set"], [], id="count-block-64-heads-of-2"),
@@ -111,6 +112,9 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, ScaleformerFo
                       "count_block_embedding_dim": 16},
                      ["both read through a token embedding table of its own of 16 channels per token, mapped to the "
                       "model width", "not `inputs_embeds`"], [], id="count-block-narrow-own-embeddings"),
+        pytest.param({"decoder_attention": "count_block", "count_block_layer_scale": 0.1},
+                     ["it sums what remains to be written, its output multiplied by a learned scale per channel "
+                      "started at 0.1"], [], id="count-block-layer-scale"),
         pytest.param({"attention_type": "kernelized_gated", "feature_map": "relu"},
                      ["decay of the weights with distance and no relative-position table", "with phi(x) = max(x, 0)",
                       "Positions enter only through the decay"], ["clipped", "bag of tokens"], id="kernelized_gated"),

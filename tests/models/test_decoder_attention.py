@@ -2,6 +2,8 @@
 the joint layer against its formula, cached decoding against teacher forcing, generate() with and without the
 cache, and the configuration's errors."""
 
+import math
+
 import pytest
 import torch
 from torch.nn import functional as F
@@ -31,6 +33,8 @@ CONFIGS = [
     pytest.param(dict(COUNT_BLOCK, count_block_heads=3, count_block_head_dim=2), id="count-block-3-heads-of-2"),
     pytest.param(dict(COUNT_BLOCK, count_block_detach=True, count_block_zero_init=True), id="count-block-detach"),
     pytest.param(dict(COUNT_BLOCK, count_block_embeddings=True, count_block_heads=8), id="count-block-own-embeddings"),
+    pytest.param(dict(COUNT_BLOCK, count_block_embeddings=True, count_block_heads=8, count_block_layer_scale=0.1),
+                 id="count-block-layer-scale"),
     pytest.param(dict(COUNT, decoder_attention="count_block", feature_map="relu"), id="count-block-gated"),
     pytest.param(dict(attention_type="kernelized_decay_gated", feature_map="relu"), id="gated-relu"),
     pytest.param(dict(attention_type="kernelized_decay", cross_attention_rpe=True, feature_map="relu"),
@@ -43,7 +47,7 @@ def randomised(model, seed=0):
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, param in model.named_parameters():
-            if name.endswith((".rel", ".decay")):
+            if name.endswith((".rel", ".decay", ".count_layer_scale")):
                 param.add_(0.3 * torch.randn(param.shape, generator=g, dtype=param.dtype))
     return model
 
@@ -288,6 +292,15 @@ def test_feature_map_changes_the_model(tiny_config, batch):
         pytest.param(dict(DEFAULT_COUNT, count_block_embedding_dim=4),
                      "`count_block_embedding_dim` applies to `decoder_attention='count_block'` only",
                      id="embedding-dim-without-count-block"),
+        pytest.param(dict(DEFAULT_COUNT, count_block_layer_scale=0.1),
+                     "`count_block_layer_scale` applies to `decoder_attention='count_block'` only, got "
+                     "decoder_attention 'count'", id="layer-scale-without-count-block"),
+        *[pytest.param(dict(COUNT_BLOCK, count_block_layer_scale=value),
+                       rf"`count_block_layer_scale` must be a positive finite number or None, got {text}",
+                       id=f"layer-scale-{text}") for value, text in [(0.0, "0.0"), (-0.1, "-0.1"), (math.inf, "inf"),
+                                                                     (math.nan, "nan")]],
+        pytest.param(dict(COUNT_BLOCK, count_block_layer_scale=1), "count_block_layer_scale",
+                     id="layer-scale-int"),
     ],
 )
 def test_config_rejects_what_the_options_do_not_cover(overrides, message, tiny_config):
@@ -561,6 +574,47 @@ def test_count_block_zero_init_starts_as_the_identity_and_learns(layer_norm_posi
     assert torch.equal(loaded.model.decoder.layers[0].count_attn.o_proj.weight.double(), layer.count_attn.o_proj.weight)
     default = ScaleformerForConditionalGeneration(tiny_config(**COUNT_BLOCK))
     assert default.model.decoder.layers[0].count_attn.o_proj.weight.abs().sum() > 0
+
+
+@pytest.mark.parametrize("layer_norm_position", ["post", "pre"])
+def test_count_block_layer_scale_scales_the_blocks_output_and_learns(layer_norm_position, tiny_config, batch,
+                                                                     tmp_path):
+    """`count_block_layer_scale=S`: the block's output is multiplied per channel by `count_layer_scale`, started at
+    S: the first layer equals the layer without the scale whose output projection (weights and bias) is multiplied
+    by the same channels' scale; the scale gets a gradient; trained values survive save and load."""
+    torch.manual_seed(0)
+    config = tiny_config(**COUNT_BLOCK, count_block_layer_scale=0.25, layer_norm_position=layer_norm_position)
+    model = ScaleformerForConditionalGeneration(config).double()
+    layer = model.model.decoder.layers[0]
+    assert torch.equal(layer.count_layer_scale.detach(), torch.full((16,), 0.25, dtype=torch.float64))
+    assert all(other.count_layer_scale is None for other in model.model.decoder.layers[1:])
+    with torch.no_grad():
+        layer.count_layer_scale.uniform_(0.1, 2.0)
+    layer.eval()
+    x, encoder = torch.randn(2, 7, 16, dtype=torch.float64), torch.randn(2, 10, 16, dtype=torch.float64)
+    source = torch.randn(2, 10, 16, dtype=torch.float64)
+    got = layer(x, encoder, source)
+    scale, layer.count_layer_scale = layer.count_layer_scale, None
+    with torch.no_grad():
+        layer.count_attn.o_proj.weight.mul_(scale[:, None])
+        layer.count_attn.o_proj.bias.mul_(scale)
+    torch.testing.assert_close(got, layer(x, encoder, source), rtol=1e-12, atol=1e-12)
+    assert not torch.allclose(got, layer(x, encoder, source * 2))  # the block's input matters
+    with torch.no_grad():
+        layer.count_attn.o_proj.weight.div_(scale[:, None])
+        layer.count_attn.o_proj.bias.div_(scale)
+    layer.count_layer_scale = scale
+    src, src_mask = batch()
+    tgt, _ = batch(ls=5, seed=1)
+    model.train()
+    model(input_ids=src, attention_mask=src_mask, labels=tgt).loss.backward()
+    assert layer.count_layer_scale.grad.abs().sum() > 0
+    model.save_pretrained(tmp_path)
+    loaded = ScaleformerForConditionalGeneration.from_pretrained(tmp_path)
+    assert loaded.config.count_block_layer_scale == 0.25
+    assert torch.equal(loaded.model.decoder.layers[0].count_layer_scale.double(), layer.count_layer_scale)
+    unscaled = ScaleformerForConditionalGeneration(tiny_config(**COUNT_BLOCK))
+    assert unscaled.model.decoder.layers[0].count_layer_scale is None
 
 
 def test_resize_token_embeddings_resizes_the_count_block_table(tiny_config, batch):
