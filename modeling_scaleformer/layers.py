@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -11,6 +12,26 @@ from transformers.activations import ACT2FN
 from .cache import ScaleformerCache
 from .configuration_scaleformer import ScaleformerConfig
 from .ops_registry import ParameterSpec, cross_attention_type, get_attention_variant
+
+
+class TokenRows(NamedTuple):
+    """Hidden states that depend on the token id alone (B, L, d_model), kept as one row per distinct id: `rows`
+    (U, d_model) and `index` (B, L) into them. `ScaleformerAttention` projects the rows and then gathers, so that
+    each projection costs U rows instead of B * L."""
+
+    rows: Tensor
+    index: Tensor
+
+    @property
+    def shape(self) -> torch.Size:
+        return torch.Size((*self.index.shape, self.rows.shape[-1]))
+
+
+def project(projection: Callable[[Tensor], Tensor], states: Tensor | TokenRows) -> Tensor:
+    """`projection` of `states` (B, L, d_model), or of a `TokenRows`' rows, then gathered to (B, L, width)."""
+    if isinstance(states, TokenRows):
+        return projection(states.rows)[states.index]
+    return projection(states)
 
 
 class ScaleformerAttention(nn.Module):
@@ -106,12 +127,12 @@ class ScaleformerAttention(nn.Module):
         source = key_value_states if self.is_cross_attention else hidden_states
         return self.finish(self.read(q, source, key_mask, past_key_values, query_offset), hidden_states)
 
-    def query(self, hidden_states: Tensor) -> Tensor:
+    def query(self, hidden_states: Tensor | TokenRows) -> Tensor:
         """The queries (B, H, L, D) of `hidden_states` (B, L, d_model)."""
-        return self._heads(self.q_proj(hidden_states))
+        return self._heads(project(self.q_proj, hidden_states))
 
     def read(
-        self, q: Tensor, source: Tensor, key_mask: Tensor | None = None,
+        self, q: Tensor, source: Tensor | TokenRows | None, key_mask: Tensor | None = None,
         past_key_values: ScaleformerCache | None = None, query_offset: int = 0,
         projections: tuple[Callable[[Tensor], Tensor], Callable[[Tensor], Tensor]] | None = None,
     ) -> Tensor:
@@ -123,20 +144,20 @@ class ScaleformerAttention(nn.Module):
         key_proj, value_proj = (self.k_proj, self.v_proj) if projections is None else projections
         k = v = None
         if not (self.is_cross_attention and state is not None and state.cross_summary is not None):
-            k, v = self._heads(key_proj(source)), self._heads(value_proj(source))
+            k, v = self._heads(project(key_proj, source)), self._heads(project(value_proj, source))
             key_mask = self._drop_keys(key_mask, source.shape[0], k.shape[2], k.device)
         # the ops accumulate half precision in float32 themselves: autocast must not downcast inside them
         with torch.autocast(device_type=q.device.type, enabled=False):
             return self._attend(q, k, v, key_mask, state, query_offset)
 
-    def finish(self, out: Tensor, hidden_states: Tensor) -> Tensor:
+    def finish(self, out: Tensor, hidden_states: Tensor | TokenRows) -> Tensor:
         """The output (B, L, d_model) from the attention `out` (B, H, L, D) of the queries of `hidden_states`."""
         batch, length, _ = hidden_states.shape
         if self.out_norm is not None:
             out = self.out_norm(out)
         out = out.transpose(1, 2).reshape(batch, length, -1)
         if self.g_proj is not None:
-            out = out * nn.functional.silu(self.g_proj(hidden_states))
+            out = out * nn.functional.silu(project(self.g_proj, hidden_states))
         return self.o_proj(out)
 
     def _attend(self, q, k, v, key_mask, state, query_offset: int) -> Tensor:

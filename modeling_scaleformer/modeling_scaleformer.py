@@ -23,7 +23,7 @@ from transformers.utils.generic import can_return_tuple
 
 from .cache import ScaleformerCache
 from .configuration_scaleformer import ScaleformerConfig
-from .layers import ScaleformerAttention, ScaleformerFeedForward
+from .layers import ScaleformerAttention, ScaleformerFeedForward, TokenRows
 from .ops_common import compute_dtype
 from .ops_registry import decay_spectrum, get_attention_variant, inverse_softplus, rotary_spectrum
 
@@ -268,14 +268,14 @@ class ScaleformerDecoderLayer(ScaleformerLayer):
         # the count block (`decoder_attention="count_block"`), before the layer's own attention blocks
         if self.count_attn is not None:
             residual = hidden_states
-            written, source = hidden_states, source_states  # source: None once the cache holds its summary
             if self.count_embed_tokens is not None:  # the block's own embeddings of the written and source tokens
-                written = self.count_embed(token_ids)
-                source = None if source_ids is None else self.count_embed(source_ids)
-            if self.count_detach:  # only the block's own parameters learn from its output
-                written, source = written.detach(), None if source is None else source.detach()
-            written = self.norm_input(written, self.count_attn_layer_norm)
-            source = None if source is None else self.norm_input(source, self.count_attn_layer_norm)
+                written, source = self.count_token_inputs(token_ids, source_ids)
+            else:
+                written, source = hidden_states, source_states  # source: None once the cache holds its summary
+                if self.count_detach:  # only the block's own parameters learn from its output
+                    written, source = written.detach(), None if source is None else source.detach()
+                written = self.norm_input(written, self.count_attn_layer_norm)
+                source = None if source is None else self.norm_input(source, self.count_attn_layer_norm)
             hidden_states = one_sum(self.count_attn, self.count_source, written, source, counting=True, **reads)
             if self.count_layer_scale is not None:
                 hidden_states = hidden_states * self.count_layer_scale
@@ -311,6 +311,29 @@ class ScaleformerDecoderLayer(ScaleformerLayer):
         residual = hidden_states
         hidden_states = self.ffn(self.norm_input(hidden_states, self.ffn_layer_norm))
         return self.norm_output(residual + self.dropout(hidden_states), self.ffn_layer_norm)
+
+    def count_token_inputs(
+        self, token_ids: Tensor, source_ids: Tensor | None
+    ) -> tuple[Tensor | TokenRows, Tensor | TokenRows | None]:
+        """The count block's inputs from its own embeddings (`config.count_block_embeddings`) of the written tokens
+        `token_ids` and the source tokens `source_ids` (None once the cache holds their summary). They depend on
+        the token id alone, so on CPU they are kept as one row per distinct id of the batch (`TokenRows`) and each
+        of the block's projections costs those rows instead of every position; on CUDA, where `torch.unique`
+        would wait for the device in every step, they are embedded per position."""
+        if token_ids.is_cuda:
+            written, source = (
+                None if ids is None else self.norm_input(self.count_embed(ids), self.count_attn_layer_norm)
+                for ids in (token_ids, source_ids)
+            )
+            return written, source
+        ids = token_ids.reshape(-1)
+        if source_ids is not None:
+            ids = torch.cat([ids, source_ids.reshape(-1)])
+        distinct, index = torch.unique(ids, return_inverse=True)
+        rows = self.norm_input(self.count_embed(distinct), self.count_attn_layer_norm)
+        written = TokenRows(rows, index[: token_ids.numel()].view(token_ids.shape))
+        source = None if source_ids is None else TokenRows(rows, index[token_ids.numel():].view(source_ids.shape))
+        return written, source
 
     def count_embed(self, ids: Tensor) -> Tensor:
         """The count block's own embeddings (`config.count_block_embeddings`) of the token ids `ids`: its table,

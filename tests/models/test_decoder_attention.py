@@ -3,6 +3,7 @@ the joint layer against its formula, cached decoding against teacher forcing, ge
 cache, and the configuration's errors."""
 
 import math
+from unittest import mock
 
 import pytest
 import torch
@@ -10,6 +11,7 @@ from torch.nn import functional as F
 
 from modeling_scaleformer import ScaleformerConfig, ScaleformerForCausalLM, ScaleformerForConditionalGeneration
 from modeling_scaleformer.cache import ScaleformerCache
+from modeling_scaleformer.layers import TokenRows
 from modeling_scaleformer.modeling_scaleformer import COUNT_ATTENTION, COUNT_BLOCK_ATTENTION
 from modeling_scaleformer.ops_naive import naive_kernelized_decay_attention
 
@@ -664,3 +666,42 @@ def test_count_block_detach_passes_no_gradient_to_its_inputs(layer_norm_position
     counted_then_layer(layer, x, written, read, pre, encoder, source0).pow(2).sum().backward()
     torch.testing.assert_close(grads["detached"][1], x.grad, rtol=1e-10, atol=1e-12)
     assert (grads["detached"][1] - grads["plain"][1]).abs().max() > 1e-6
+
+
+@pytest.mark.parametrize("layer_norm_position", ["post", "pre"])
+def test_count_block_own_embeddings_per_distinct_token_equal_per_position(layer_norm_position, tiny_config):
+    """With its own table, the count block's inputs depend on the token id alone: kept as one row per distinct id
+    (`TokenRows`) they give the same block, outputs and gradients, as the same embeddings per position
+    (float64; repeated ids in the written and the source tokens, a padded source, a one-token target)."""
+    torch.manual_seed(0)
+    config = tiny_config(**COUNT_BLOCK, count_block_embeddings=True, count_block_heads=3, count_block_head_dim=2,
+                         count_block_embedding_dim=4, count_block_layer_scale=0.5,
+                         layer_norm_position=layer_norm_position)
+    layer = randomised(ScaleformerForConditionalGeneration(config).double()).model.decoder.layers[0]
+    encoder_mask = torch.ones(2, 9, dtype=torch.long)
+    encoder_mask[1, 6:] = 0
+    for target_length in (7, 1):
+        x = torch.randn(2, target_length, 16, dtype=torch.float64)
+        encoder = torch.randn(2, 9, 16, dtype=torch.float64)
+        token_ids = torch.randint(4, 9, (2, target_length))
+        source_ids = torch.randint(4, 9, (2, 9))
+        written, source = layer.count_token_inputs(token_ids, source_ids)
+        assert isinstance(written, TokenRows) and written.rows.shape[0] <= 5  # one row per distinct id
+
+        def per_position(token_ids, source_ids):
+            return tuple(layer.norm_input(layer.count_embed(ids), layer.count_attn_layer_norm)
+                         for ids in (token_ids, source_ids))
+
+        outputs, grads = [], []
+        for inputs in (None, per_position):
+            layer.zero_grad()
+            with mock.patch.object(layer, "count_token_inputs", inputs or layer.count_token_inputs):
+                out = layer(x, encoder, None, encoder_key_mask=encoder_mask, token_ids=token_ids,
+                            source_ids=source_ids)
+            out.pow(2).sum().backward()
+            outputs.append(out)
+            grads.append({name: p.grad.clone() for name, p in layer.named_parameters() if p.grad is not None})
+        torch.testing.assert_close(outputs[0], outputs[1], rtol=1e-12, atol=1e-12)
+        assert grads[0].keys() == grads[1].keys() and "count_embed_tokens.weight" in grads[0]
+        for name in grads[0]:
+            torch.testing.assert_close(grads[0][name], grads[1][name], rtol=1e-10, atol=1e-12, msg=name)
