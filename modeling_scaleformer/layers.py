@@ -52,7 +52,8 @@ class ScaleformerAttention(nn.Module):
     the queries of another module. With `own_keys=False` as well it has only its variant's parameters, and
     `read` takes the key and value projections (`projections`) of another module too. `head_dim` (default
     `d_model // num_heads`) sets the width of each head: the projections then map `d_model` to
-    `num_heads * head_dim` channels and `o_proj` back.
+    `num_heads * head_dim` channels and `o_proj` back. The states that `query`, `read` and `finish` project may
+    be `TokenRows` (states that depend on the token id alone): each projection then runs once per distinct id.
     """
 
     def __init__(
