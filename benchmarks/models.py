@@ -287,11 +287,12 @@ class ModelSpec(NamedTuple):
     count_block_detach: bool = False
     count_block_embedding_dim: int | None = None  # None: the config's default (d_model)
     count_block_layer_scale: float | None = None  # None: no scale on the block's output
+    remaining_count_max: int | None = None  # None: no remaining counts
 
 
 MODEL_SUFFIXES = (
     "cross_rpe", "fast_decay", "slow_decay", "relu", "joint", "count", "count_block", "count_embeddings", "zero_init",
-    "detach", "layer_scale", "sinusoidal", "post_ln"
+    "detach", "layer_scale", "remaining", "sinusoidal", "post_ln"
 )
 FAST_DECAY_RATE_RANGE = (0.5, 0.0625)  # `+fast_decay`: half-lives of 1.4 to 11 positions beyond the horizon
 SLOW_DECAY_RATE_RANGE = (1e-4, 1e-5)  # `+slow_decay`: half-lives of 6,900 to 69,000 positions (almost none)
@@ -313,10 +314,12 @@ def parse_model_name(name: str, baselines: Sequence[str] = BASELINES) -> ModelSp
     sets `count_block_embedding_dim=R`), `+zero_init` (after `+count_block`:
     `count_block_zero_init=True`), `+detach` (after `+count_block`, not with `+count_embeddings`:
     `count_block_detach=True`), `+layer_scaleS` (after `+count_block`, S a positive number such as 0.1:
-    `count_block_layer_scale=S`), `+sinusoidal` (absolute positions)
+    `count_block_layer_scale=S`), `+remainingK` (K a positive number: `remaining_count_max=K`), `+sinusoidal`
+    (absolute positions)
     and `+post_ln` (post-norm blocks), in that order."""
     base, *suffixes = name.split("+")
     count_block_heads = count_block_head_dim = count_block_embedding_dim = count_block_layer_scale = None
+    remaining_count_max = None
     for i, suffix in enumerate(suffixes):  # `count_blockN` / `count_blockNxW`: the count block with N heads (W wide)
         if match := re.fullmatch(r"count_block([1-9][0-9]*)(?:x([1-9][0-9]*))?", suffix):
             count_block_heads, suffixes[i] = int(match[1]), "count_block"
@@ -325,12 +328,14 @@ def parse_model_name(name: str, baselines: Sequence[str] = BASELINES) -> ModelSp
             count_block_embedding_dim, suffixes[i] = int(match[1]), "count_embeddings"
         elif match := re.fullmatch(r"layer_scale([0-9]*\.?[0-9]+)", suffix):  # the block's output scale, started at S
             count_block_layer_scale, suffixes[i] = float(match[1]), "layer_scale"
+        elif match := re.fullmatch(r"remaining([1-9][0-9]*)", suffix):  # the remaining counts, clamped to K
+            remaining_count_max, suffixes[i] = int(match[1]), "remaining"
     kind, _, attention_type = base.partition(":")
     usage = (f"unknown model {name!r}; use {', '.join(baselines)}, or scaleformer or scaleformer:TYPE with TYPE in "
              f"{', '.join(ATTENTION_TYPES)}, followed by any of " + ", ".join(f"+{x}" for x in MODEL_SUFFIXES)
              + " in that order, +count_blockN for N heads in the count block (+count_blockNxW: W channels each), "
              "+count_embeddings (+count_embeddingsR: a table of R channels), +zero_init, +detach and +layer_scaleS "
-             "(S > 0) after +count_block only (+cross_rpe with " + ", ".join(CROSS_RPE_TYPES)
+             "(S > 0) after +count_block only, +remainingK with K >= 1 (+cross_rpe with " + ", ".join(CROSS_RPE_TYPES)
              + " only, +fast_decay or +slow_decay "
              "with " + ", ".join(DECAY_TYPES) + " only, +relu with " + ", ".join(RELU_TYPES) + " only, +joint "
              "with " + ", ".join(JOINT_TYPES) + " and +cross_rpe only, +count or +count_block with +cross_rpe for those)")
@@ -358,6 +363,8 @@ def parse_model_name(name: str, baselines: Sequence[str] = BASELINES) -> ModelSp
         raise ValueError(usage)
     if "layer_scale" in suffixes and not count_block_layer_scale:  # bare `+layer_scale`, or a start of 0
         raise ValueError(usage)
+    if "remaining" in suffixes and remaining_count_max is None:  # bare `+remaining`
+        raise ValueError(usage)
     if len(decoder_modes) > 1 or needs_unnormalised_type and (
             resolved not in JOINT_TYPES or "cross_rpe" not in suffixes):
         raise ValueError(usage)
@@ -367,7 +374,7 @@ def parse_model_name(name: str, baselines: Sequence[str] = BASELINES) -> ModelSp
                      rates[decays[0]] if decays else None, "relu" if "relu" in suffixes else "elu",
                      decoder_modes[0] if decoder_modes else "separate",
                      count_block_heads, "count_embeddings" in suffixes, "zero_init" in suffixes, count_block_head_dim,
-                     "detach" in suffixes, count_block_embedding_dim, count_block_layer_scale)
+                     "detach" in suffixes, count_block_embedding_dim, count_block_layer_scale, remaining_count_max)
 
 
 def build_seq2seq(name: str, seed: int, size: ModelSize, dropout: float, bart_max_positions: int, *,
@@ -392,7 +399,7 @@ def build_seq2seq(name: str, seed: int, size: ModelSize, dropout: float, bart_ma
         count_block_head_dim=spec.count_block_head_dim, count_block_detach=spec.count_block_detach,
         count_block_embeddings=spec.count_block_embeddings, count_block_zero_init=spec.count_block_zero_init,
         count_block_embedding_dim=spec.count_block_embedding_dim,
-        count_block_layer_scale=spec.count_block_layer_scale, **ids,
+        count_block_layer_scale=spec.count_block_layer_scale, remaining_count_max=spec.remaining_count_max, **ids,
         **({} if spec.decay_rate_range is None else {"decay_rate_range": spec.decay_rate_range}),
     )
     return build_model("scaleformer", config, seed)

@@ -251,6 +251,10 @@ def architecture_paragraph(config: Mapping, n_parameters: int) -> str:
                          else "") + ", the source's values negated: it sums what remains to be written"
                       + (f", its output multiplied by a learned scale per channel started at "
                          f"{config['count_block_layer_scale']}" if config.get("count_block_layer_scale") else ""))
+    if config["is_encoder_decoder"] and config.get("remaining_count_max"):
+        attention += ("; each written token's embedding also gets a learned vector for how many more times the token "
+                      "occurs in the source than it has been written, counted exactly per token id and clamped to "
+                      f"[-1, {config['remaining_count_max']}]")
     attention += f"; it costs time {'quadratic' if variant.softmax else 'linear'} in the sequence length, and "
     attention += ("generation keeps a state of constant size instead of a growing key/value cache"
                   if variant.constant_state else "generation keeps a key/value cache")
@@ -299,6 +303,9 @@ def architecture_limitations(config: Mapping) -> list[str]:
             "count_block_embeddings"):
         items.append("The count block embeds token ids with a table of its own: the model takes `input_ids` and "
                      "`decoder_input_ids`, not `inputs_embeds`.")
+    if config["is_encoder_decoder"] and config.get("remaining_count_max"):
+        items.append("The decoder counts token ids in the source and in what it has written: the model takes "
+                     "`input_ids` and `decoder_input_ids`, not `inputs_embeds`.")
     return items + [
         "Small model trained on a small CPU budget on a small corpus: the scores below are those of a demonstration, "
         "far below production translation or summarisation systems, and the outputs are often wrong.",

@@ -19,7 +19,9 @@ class ScaleformerStateLayer(CacheLayerMixin):
     `self_state` is the state NamedTuple of the layer's attention variant (every tensor field has the
     batch first; `seen` counts the tokens seen). For the kernelized variants it is recurrent and does
     not grow with the number of generated tokens; the softmax baselines keep their keys and values.
-    The cross-attention summary is computed once from the encoder output.
+    The cross-attention summary is computed once from the encoder output. The first layer's slot also holds
+    `token_counts` with `config.remaining_count_max`: (batch, vocab_size) integers, how many more times each token
+    id occurs in the source than it has been written.
     """
 
     is_compileable = False
@@ -30,6 +32,7 @@ class ScaleformerStateLayer(CacheLayerMixin):
         super().__init__()
         self.self_state: tuple | None = None
         self.cross_summary: tuple | None = None
+        self.token_counts: torch.Tensor | None = None
 
     def lazy_initialization(self, key_states, value_states) -> None:
         raise NotImplementedError("ScaleformerStateLayer is filled by the model's attention, not from keys/values")
@@ -51,10 +54,12 @@ class ScaleformerStateLayer(CacheLayerMixin):
     def reset(self) -> None:
         self.self_state = None
         self.cross_summary = None
+        self.token_counts = None
 
     def _apply(self, fn) -> None:
         self.self_state = _map_tensors(self.self_state, fn)
         self.cross_summary = _map_tensors(self.cross_summary, fn)
+        self.token_counts = None if self.token_counts is None else fn(self.token_counts)
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         self._apply(lambda t: t.index_select(0, beam_idx.to(t.device)))
@@ -80,6 +85,8 @@ class ScaleformerStateLayer(CacheLayerMixin):
         for part in (self.self_state, self.cross_summary):
             if part is not None:
                 total += sum(t.numel() * t.element_size() for t in part if isinstance(t, torch.Tensor))
+        if self.token_counts is not None:
+            total += self.token_counts.numel() * self.token_counts.element_size()
         return total
 
 

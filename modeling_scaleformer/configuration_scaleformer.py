@@ -171,6 +171,14 @@ class ScaleformerConfig(PreTrainedConfig):
             first decoder layer, LayerScale as in Touvron et al. 2021), for `decoder_attention="count_block"`;
             `None` (default): no scale. A small start (0.1) lets the block's counts into the residual stream
             gently, so that the layers above learn the text first and the counts as far as they pay.
+        remaining_count_max (`int`, *optional*):
+            `None` (default): off. K: the decoder adds to each written token's embedding a learned vector
+            (`remaining_count_embed` of the decoder, K + 2 of them) for how many more times the token occurs in
+            the source than it has been written so far, itself included, clamped to [-1, K]: exact counts of the
+            token ids, which tell the decoder whether a token still has copies to write at any length. The
+            counts per token id are the decoder's generation state (vocab_size integers per sequence, whatever
+            the number of tokens). The model then needs `input_ids` and `decoder_input_ids`, not embeddings.
+            Decoder-only models ignore the field (they have no source).
         absolute_positions (`str`, *optional*):
             `None` (default): no absolute positions, the model sees order only through its attention.
             `"sinusoidal"`: fixed sine/cosine position encodings (Vaswani et al.) added to the token embeddings
@@ -239,6 +247,7 @@ class ScaleformerConfig(PreTrainedConfig):
     count_block_zero_init: bool = False
     count_block_detach: bool = False
     count_block_layer_scale: float | None = None
+    remaining_count_max: int | None = None
     absolute_positions: Literal["sinusoidal"] | None = None
     use_cache: bool = True
     pad_token_id: int | None = 0
@@ -279,9 +288,29 @@ class ScaleformerConfig(PreTrainedConfig):
 
     @property
     def counts_source_ids(self) -> bool:
-        """Whether the count block reads the token ids through its own embedding table (`count_block_embeddings` in
-        an encoder-decoder): the encoder then passes on the source ids instead of its input embeddings."""
-        return self.counts_source and self.count_block_embeddings
+        """Whether the decoder reads the source and the written token ids (in an encoder-decoder: the count block
+        through its own embedding table, `count_block_embeddings`, or `remaining_count_max`): the encoder then
+        passes on the source ids, and the model needs ids, not embeddings."""
+        return self.counts_source and self.count_block_embeddings or self.counts_remaining
+
+    @property
+    def counts_source_embeddings(self) -> bool:
+        """Whether the decoder reads the source tokens' embeddings (`decoder_attention` `"count"`, or `"count_block"`
+        without `count_block_embeddings`, in an encoder-decoder)."""
+        return self.counts_source and not (self.decoder_attention == "count_block" and self.count_block_embeddings)
+
+    @property
+    def counts_remaining(self) -> bool:
+        """Whether the decoder embeds the remaining counts of the written tokens (`remaining_count_max` in an
+        encoder-decoder)."""
+        return self.is_encoder_decoder and self.remaining_count_max is not None
+
+    @property
+    def source_ids_reason(self) -> str:
+        """The settings that make the decoder read token ids (`counts_source_ids`), for error messages."""
+        names = ["`count_block_embeddings=True`"] if self.counts_source and self.count_block_embeddings else []
+        names += [f"`remaining_count_max={self.remaining_count_max}`"] if self.counts_remaining else []
+        return " and ".join(names)
 
     @property
     def count_block_num_heads(self) -> int:
@@ -340,6 +369,8 @@ class ScaleformerConfig(PreTrainedConfig):
         scale = self.count_block_layer_scale
         if scale is not None and not 0 < scale < math.inf:  # the field's type is checked before
             raise ValueError(f"`count_block_layer_scale` must be a positive finite number or None, got {scale!r}")
+        if self.remaining_count_max is not None and self.remaining_count_max < 1:  # the field's type is checked before
+            raise ValueError(f"`remaining_count_max` must be a positive int or None, got {self.remaining_count_max!r}")
         for name in ("vocab_size", "d_model", "encoder_ffn_dim", "decoder_ffn_dim"):
             if getattr(self, name) < 1:
                 raise ValueError(f"`{name}` must be positive, got {getattr(self, name)}")

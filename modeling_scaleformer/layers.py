@@ -34,6 +34,39 @@ def project(projection: Callable[[Tensor], Tensor], states: Tensor | TokenRows) 
     return projection(states)
 
 
+def source_token_counts(source_ids: Tensor, source_mask: Tensor | None, vocab_size: int) -> Tensor:
+    """(B, vocab_size) int64: how many times each token id occurs in each row of `source_ids` (B, S), the
+    positions where `source_mask` is 0 left out."""
+    kept = torch.ones_like(source_ids) if source_mask is None else source_mask.to(source_ids.dtype)
+    counts = torch.zeros(source_ids.shape[0], vocab_size, dtype=torch.long, device=source_ids.device)
+    return counts.scatter_add_(1, source_ids, kept.long())
+
+
+def running_token_counts(token_ids: Tensor, token_mask: Tensor | None = None) -> Tensor:
+    """(B, L) int64: at each position, how many kept positions up to and including it hold its token id; 0 where
+    `token_mask` is 0. A stable sort groups equal ids in order, so that each position's count is its rank in its
+    group: O(L log L) time and O(L) memory."""
+    batch, length = token_ids.shape
+    keys = token_ids if token_mask is None else torch.where(token_mask.bool(), token_ids, -1)
+    ordered, order = torch.sort(keys, dim=1, stable=True)
+    positions = torch.arange(length, device=token_ids.device).expand(batch, length)
+    starts = torch.ones_like(ordered, dtype=torch.bool)
+    starts[:, 1:] = ordered[:, 1:] != ordered[:, :-1]
+    ranks = positions - torch.where(starts, positions, 0).cummax(dim=1).values + 1
+    counts = torch.empty_like(ranks).scatter_(1, order, ranks)
+    return counts if token_mask is None else counts * token_mask.long()
+
+
+def remaining_counts(token_ids: Tensor, counts: Tensor, token_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """For the tokens `token_ids` (B, L) written after `counts` (B, vocab_size), the remaining counts of each
+    token id: (B, L) `counts` of each position's token id minus how many times it has been written up to and
+    including that position, and (B, vocab_size) the counts after all of them. Positions where `token_mask` is 0
+    are not written (their remaining counts are meaningless)."""
+    written = torch.ones_like(token_ids) if token_mask is None else token_mask.to(token_ids.dtype)
+    remaining = counts.gather(1, token_ids) - running_token_counts(token_ids, token_mask)
+    return remaining, counts.scatter_add(1, token_ids, -written.long())
+
+
 class ScaleformerAttention(nn.Module):
     """Multi-head attention of the configured `attention_type`, for self and cross attention.
 

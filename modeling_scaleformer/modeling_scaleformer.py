@@ -23,7 +23,9 @@ from transformers.utils.generic import can_return_tuple
 
 from .cache import ScaleformerCache
 from .configuration_scaleformer import ScaleformerConfig
-from .layers import ScaleformerAttention, ScaleformerFeedForward, TokenRows
+from .layers import (
+    ScaleformerAttention, ScaleformerFeedForward, TokenRows, remaining_counts, source_token_counts,
+)
 from .ops_common import compute_dtype
 from .ops_registry import decay_spectrum, get_attention_variant, inverse_softplus, rotary_spectrum
 
@@ -494,7 +496,7 @@ class ScaleformerEncoder(ScaleformerStack):
         inputs_embeds = self._embed(input_ids, inputs_embeds, kwargs)
         check_mask(attention_mask, "attention_mask", inputs_embeds.shape[0], (inputs_embeds.shape[1],))
         own_embeddings = self.config.counts_source_ids  # the model checks that the decoder gets the ids it needs
-        source_embeddings = inputs_embeds if self.config.counts_source and not own_embeddings else None
+        source_embeddings = inputs_embeds if self.config.counts_source_embeddings else None
         inputs_embeds = self._add_positions(inputs_embeds, attention_mask)
         hidden_states, all_hidden = self._run_layers(inputs_embeds, output_hidden_states, key_mask=attention_mask)
         return ScaleformerEncoderOutput(
@@ -508,6 +510,9 @@ class ScaleformerDecoder(ScaleformerStack):
 
     def __init__(self, config: ScaleformerConfig):
         super().__init__(config, ScaleformerDecoderLayer, config.decoder_layers)
+        self.remaining_count_embed = None
+        if config.counts_remaining:  # one vector per remaining count in [-1, remaining_count_max]
+            self.remaining_count_embed = nn.Embedding(config.remaining_count_max + 2, config.d_model)
 
     @can_return_tuple
     def forward(
@@ -530,14 +535,14 @@ class ScaleformerDecoder(ScaleformerStack):
             layer with `config.decoder_attention` `"count"` or `"count_block"` until the cache holds their summary.
         source_ids (`torch.LongTensor` of shape `(batch_size, source_length)`, *optional*):
             The source token ids (`ScaleformerEncoderOutput.source_ids`), read in their place with
-            `config.count_block_embeddings`.
+            `config.count_block_embeddings`, and read with `config.remaining_count_max` until the cache holds their
+            counts.
         """
         own_embeddings = self.config.counts_source_ids
         if own_embeddings and input_ids is None:
             raise ValueError(
-                "`count_block_embeddings=True`: the count block embeds the written tokens with its own table, so the "
-                "decoder needs `input_ids` (`decoder_input_ids`), not embeddings; set `count_block_embeddings=False` "
-                "to pass embeddings"
+                f"{self.config.source_ids_reason}: the decoder reads the ids of the tokens it writes, so the decoder "
+                "needs `input_ids` (`decoder_input_ids`), not embeddings; unset it to pass embeddings"
             )
         inputs_embeds = self._embed(input_ids, inputs_embeds, kwargs)
         batch, length = inputs_embeds.shape[:2]
@@ -571,16 +576,18 @@ class ScaleformerDecoder(ScaleformerStack):
                 raise ValueError("`encoder_hidden_states` is required by an encoder-decoder decoder")
             check_mask(encoder_attention_mask, "encoder_attention_mask", batch, (encoder_hidden_states.shape[1],))
             summarised = past_key_values is not None and past_key_values.layers[count_slot or 0].cross_summary is not None
-            if own_embeddings and not summarised:
+            counted = past_key_values is not None and past_key_values.layers[0].token_counts is not None
+            block_ids = self.config.counts_source and self.config.count_block_embeddings and not summarised
+            if block_ids or (self.config.counts_remaining and not counted):
                 if source_ids is None or source_ids.shape != encoder_hidden_states.shape[:2]:
                     raise ValueError(
-                        "`count_block_embeddings=True` needs `source_ids` (batch, source_length), the source token ids "
-                        "(`ScaleformerEncoderOutput.source_ids`, from the encoder's `input_ids`), got "
+                        f"{self.config.source_ids_reason} needs `source_ids` (batch, source_length), the source token "
+                        "ids (`ScaleformerEncoderOutput.source_ids`, from the encoder's `input_ids`), got "
                         f"{None if source_ids is None else tuple(source_ids.shape)} for encoder states of shape "
                         f"{tuple(encoder_hidden_states.shape)}"
                     )
-                count_source_ids = source_ids
-            elif self.config.counts_source and not summarised:
+                count_source_ids = source_ids if block_ids else None
+            if self.config.counts_source_embeddings and not summarised:
                 if source_embeddings is None or source_embeddings.shape[:2] != encoder_hidden_states.shape[:2]:
                     raise ValueError(
                         f"`decoder_attention={self.config.decoder_attention!r}` needs `source_embeddings` (batch, "
@@ -590,6 +597,13 @@ class ScaleformerDecoder(ScaleformerStack):
                         f"of shape {tuple(encoder_hidden_states.shape)}"
                     )
                 source_states = self._layer_input(self._add_positions(source_embeddings, encoder_attention_mask))
+            if self.remaining_count_embed is not None:
+                remaining = self._remaining_counts(
+                    input_ids, attention_mask, source_ids, encoder_attention_mask, past_key_values
+                )
+                inputs_embeds = inputs_embeds + self.remaining_count_embed(
+                    remaining.clamp(-1, self.config.remaining_count_max) + 1
+                )
 
         hidden_states, all_hidden = self._run_layers(
             inputs_embeds,
@@ -607,6 +621,22 @@ class ScaleformerDecoder(ScaleformerStack):
             past_key_values=past_key_values if use_cache else None,
             hidden_states=all_hidden,
         )
+
+    def _remaining_counts(
+        self, token_ids: Tensor, token_mask: Tensor | None, source_ids: Tensor | None, source_mask: Tensor | None,
+        past_key_values: ScaleformerCache | None,
+    ) -> Tensor:
+        """(B, L) how many more times each written token occurs in the source than it has been written up to and
+        including it (`config.remaining_count_max`): from the source ids, or from the counts per token id that the
+        cache holds after the tokens before; the cache then holds the counts after these tokens."""
+        slot = None if past_key_values is None else past_key_values.layers[0]
+        counts = None if slot is None else slot.token_counts
+        if counts is None:
+            counts = source_token_counts(source_ids, source_mask, self.config.vocab_size)
+        remaining, counts = remaining_counts(token_ids, counts, token_mask)
+        if slot is not None:
+            slot.token_counts = counts
+        return remaining
 
 
 class ScaleformerModel(ScaleformerPreTrainedModel):
@@ -656,8 +686,8 @@ class ScaleformerModel(ScaleformerPreTrainedModel):
             decoder_input_ids = shift_tokens_right(input_ids, self.config.pad_token_id, self.config.decoder_start_token_id)
         if encoder_outputs is None and input_ids is None and self.config.counts_source_ids:
             raise ValueError(
-                "`count_block_embeddings=True`: the count block embeds the source tokens with its own table, so the "
-                "encoder needs `input_ids`, not `inputs_embeds`; set `count_block_embeddings=False` to pass embeddings"
+                f"{self.config.source_ids_reason}: the decoder reads the source token ids, so the encoder needs "
+                "`input_ids`, not `inputs_embeds`; unset it to pass embeddings"
             )
         if encoder_outputs is None:
             encoder_outputs = self.encoder(
@@ -677,7 +707,7 @@ class ScaleformerModel(ScaleformerPreTrainedModel):
         source_ids = getattr(encoder_outputs, "source_ids", None)
         if self.config.counts_source_ids:
             source_ids = input_ids if source_ids is None else source_ids
-        elif source_embeddings is None and self.config.counts_source:
+        if source_embeddings is None and self.config.counts_source_embeddings:
             source_embeddings = self.shared(input_ids) if input_ids is not None else inputs_embeds
         decoder_outputs = self.decoder(
             input_ids=decoder_input_ids,

@@ -129,6 +129,12 @@ def test_bench_quality_model_names(import_benchmark):
     assert parse_model_name("scaleformer+count_block+layer_scale.3").count_block_layer_scale == 0.3
     assert parse_model_name("scaleformer+count_block+layer_scale2").count_block_layer_scale == 2.0
     assert table.count_block_layer_scale is None
+    counted = parse_model_name(
+        "scaleformer+cross_rpe+count_block64x2+count_embeddings32+layer_scale0.1+remaining3+post_ln"
+    )
+    assert (counted.remaining_count_max, counted.count_block_layer_scale) == (3, 0.1)
+    assert parse_model_name("scaleformer+remaining1+sinusoidal").remaining_count_max == 1
+    assert table.remaining_count_max is None
     for bad in ("scaleformer+sinusoidal+cross_rpe", "scaleformer:softmax+cross_rpe", "bart+sinusoidal",
                 "scaleformer+fast_decay", "scaleformer:kernelized_decay+fast_decay+cross_rpe",
                 "scaleformer:kernelized_decay+fast_decay+slow_decay", "scaleformer+relu",
@@ -146,7 +152,9 @@ def test_bench_quality_model_names(import_benchmark):
                 "scaleformer+layer_scale0.1", "scaleformer+count+layer_scale0.1", "scaleformer+count_block+layer_scale",
                 "scaleformer+count_block+layer_scale0", "scaleformer+count_block+layer_scale0.0",
                 "scaleformer+count_block+layer_scale-1", "scaleformer+count_block+layer_scale1e-1",
-                "scaleformer+count_block+layer_scale0.1+detach",
+                "scaleformer+count_block+layer_scale0.1+detach", "scaleformer+remaining", "scaleformer+remaining0",
+                "scaleformer+remaining-1", "scaleformer+remaining1.5", "scaleformer+remaining2+count_block",
+                "scaleformer+post_ln+remaining2",
                 "scaleformer:kernelized_decay_gated+count_block",
                 "scaleformer:nope", "scaleformer+cross_rpe+cross_rpe", "scaleformer+post_ln+sinusoidal",
                 "scaleformer+", "t5+post_ln"):

@@ -115,6 +115,11 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, ScaleformerFo
         pytest.param({"decoder_attention": "count_block", "count_block_layer_scale": 0.1},
                      ["it sums what remains to be written, its output multiplied by a learned scale per channel "
                       "started at 0.1"], [], id="count-block-layer-scale"),
+        pytest.param({"remaining_count_max": 3},
+                     ["each written token's embedding also gets a learned vector for how many more times the token "
+                      "occurs in the source than it has been written, counted exactly per token id and clamped to "
+                      "[-1, 3]", "the model takes `input_ids` and `decoder_input_ids`, not `inputs_embeds`"],
+                     ["count block"], id="remaining-counts"),
         pytest.param({"attention_type": "kernelized_gated", "feature_map": "relu"},
                      ["decay of the weights with distance and no relative-position table", "with phi(x) = max(x, 0)",
                       "Positions enter only through the decay"], ["clipped", "bag of tokens"], id="kernelized_gated"),
