@@ -291,13 +291,19 @@ class ScaleformerConfig(PreTrainedConfig):
         """Whether the decoder reads the source and the written token ids (in an encoder-decoder: the count block
         through its own embedding table, `count_block_embeddings`, or `remaining_count_max`): the encoder then
         passes on the source ids, and the model needs ids, not embeddings."""
-        return self.counts_source and self.count_block_embeddings or self.counts_remaining
+        return self.count_block_reads_ids or self.counts_remaining
+
+    @property
+    def count_block_reads_ids(self) -> bool:
+        """Whether the count block reads the token ids through its own embedding table (`count_block_embeddings` in
+        an encoder-decoder)."""
+        return self.counts_source and self.count_block_embeddings
 
     @property
     def counts_source_embeddings(self) -> bool:
         """Whether the decoder reads the source tokens' embeddings (`decoder_attention` `"count"`, or `"count_block"`
         without `count_block_embeddings`, in an encoder-decoder)."""
-        return self.counts_source and not (self.decoder_attention == "count_block" and self.count_block_embeddings)
+        return self.counts_source and not self.count_block_reads_ids
 
     @property
     def counts_remaining(self) -> bool:
@@ -308,7 +314,7 @@ class ScaleformerConfig(PreTrainedConfig):
     @property
     def source_ids_reason(self) -> str:
         """The settings that make the decoder read token ids (`counts_source_ids`), for error messages."""
-        names = ["`count_block_embeddings=True`"] if self.counts_source and self.count_block_embeddings else []
+        names = ["`count_block_embeddings=True`"] if self.count_block_reads_ids else []
         names += [f"`remaining_count_max={self.remaining_count_max}`"] if self.counts_remaining else []
         return " and ".join(names)
 

@@ -37,9 +37,9 @@ def project(projection: Callable[[Tensor], Tensor], states: Tensor | TokenRows) 
 def source_token_counts(source_ids: Tensor, source_mask: Tensor | None, vocab_size: int) -> Tensor:
     """(B, vocab_size) int64: how many times each token id occurs in each row of `source_ids` (B, S), the
     positions where `source_mask` is 0 left out."""
-    kept = torch.ones_like(source_ids) if source_mask is None else source_mask.to(source_ids.dtype)
+    kept = torch.ones_like(source_ids, dtype=torch.long) if source_mask is None else source_mask.long()
     counts = torch.zeros(source_ids.shape[0], vocab_size, dtype=torch.long, device=source_ids.device)
-    return counts.scatter_add_(1, source_ids, kept.long())
+    return counts.scatter_add_(1, source_ids, kept)
 
 
 def running_token_counts(token_ids: Tensor, token_mask: Tensor | None = None) -> Tensor:
@@ -62,9 +62,9 @@ def remaining_counts(token_ids: Tensor, counts: Tensor, token_mask: Tensor | Non
     token id: (B, L) `counts` of each position's token id minus how many times it has been written up to and
     including that position, and (B, vocab_size) the counts after all of them. Positions where `token_mask` is 0
     are not written (their remaining counts are meaningless)."""
-    written = torch.ones_like(token_ids) if token_mask is None else token_mask.to(token_ids.dtype)
+    written = torch.ones_like(token_ids, dtype=torch.long) if token_mask is None else token_mask.long()
     remaining = counts.gather(1, token_ids) - running_token_counts(token_ids, token_mask)
-    return remaining, counts.scatter_add(1, token_ids, -written.long())
+    return remaining, counts.scatter_add(1, token_ids, -written)
 
 
 class ScaleformerAttention(nn.Module):

@@ -577,7 +577,7 @@ class ScaleformerDecoder(ScaleformerStack):
             check_mask(encoder_attention_mask, "encoder_attention_mask", batch, (encoder_hidden_states.shape[1],))
             summarised = past_key_values is not None and past_key_values.layers[count_slot or 0].cross_summary is not None
             counted = past_key_values is not None and past_key_values.layers[0].token_counts is not None
-            block_ids = self.config.counts_source and self.config.count_block_embeddings and not summarised
+            block_ids = self.config.count_block_reads_ids and not summarised
             if block_ids or (self.config.counts_remaining and not counted):
                 if source_ids is None or source_ids.shape != encoder_hidden_states.shape[:2]:
                     raise ValueError(
