@@ -62,6 +62,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--max-sdpa-length", type=int, default=65536, metavar="L")
     parser.add_argument("--json", type=Path, metavar="PATH", help="write every raw figure to PATH")
+    parser.add_argument("--profile", type=int, metavar="L",
+                        help="also profile one scaleformer forward + backward per direction at length L and print "
+                             "where its device time goes, by kernel")
     args = parser.parse_args(argv)
     args.device = parse_device(parser, args.device)
     if args.quick:
@@ -145,9 +148,9 @@ def skip_reason(method: str, causal: bool, length: int, args: argparse.Namespace
 def run(args: argparse.Namespace) -> list[dict]:
     fla = fla_linear_attention()
     rows = []
-    for length in args.lengths:
-        for causal in (True, False):
-            for method in METHODS:
+    for method in METHODS:  # method by method, so that a slow baseline's first call (autotuning) comes last
+        for length in args.lengths:
+            for causal in (True, False):
                 reason = skip_reason(method, causal, length, args, fla)
                 row = {"method": method, "causal": causal, "length": length, "skipped": reason}
                 if reason is None:
@@ -204,6 +207,29 @@ def report(rows: list[dict], args: argparse.Namespace) -> list[dict]:
     return targets
 
 
+def profile(length: int, args: argparse.Namespace, top: int = 15) -> dict:
+    """Where one scaleformer forward + backward spends its time at `length`, per direction: the `top` kernels (CPU
+    ops on CPU) by total self time, as printed by torch.profiler."""
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+
+    cuda = args.device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    key = "self_device_time_total" if cuda else "self_cpu_time_total"
+    tables = {}
+    for causal in (True, False):
+        call = make_call("scaleformer", causal, length, args, None)
+        call()
+        synchronize(args.device)
+        with torch_profile(activities=activities) as prof:
+            call()
+            synchronize(args.device)
+        tables["causal" if causal else "bidir"] = prof.key_averages().table(sort_by=key, row_limit=top)
+    for direction, table in tables.items():
+        print(f"## Profile: scaleformer {direction}, L={length}, forward + backward\n")
+        print(table)
+    return tables
+
+
 def target(name: str, value: float | None, ok) -> dict:
     return {"name": name, "value": value, "status": "N/A" if value is None else ("PASS" if ok(value) else "FAIL")}
 
@@ -218,12 +244,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"- device: {device_name}; B={args.batch}, H={args.heads}, D={args.dim}, horizon {args.horizon}, "
           f"{str(args.dtype).removeprefix('torch.')}; median of {args.repeats} after a warm-up")
     print()
+    profiles = profile(args.profile, args) if args.profile else None
     rows = run(args)
     targets = report(rows, args)
     if args.json:
         write_json(args.json, {"benchmark": "bench_attention_gpu", "machine": {**info, "device": device_name},
                                "settings": {k: str(v) for k, v in vars(args).items() if k != "json"},
-                               "timings": rows, "targets": targets})
+                               "timings": rows, "targets": targets, "profiles": profiles})
     return 0
 
 

@@ -74,13 +74,15 @@ class _Band(NamedTuple):
     n_blocks: int
     keep: Tensor  # (C, W): the pair is in the band (and j <= p_i when causal)
     rel_index: Tensor  # (C, W): its row of the relative table
+    half_inputs: bool = False  # the op's inputs were 16-bit floats (the CUDA kernels' products may use TF32)
 
 
-def _band(lq: int, horizon: int, offset: int, causal: bool, chunk: int, device) -> _Band:
+def _band(lq: int, horizon: int, offset: int, causal: bool, chunk: int, device, half_inputs: bool = False) -> _Band:
     c = torch.arange(chunk, device=device)[:, None]
     t = c + horizon - torch.arange(chunk + 2 * horizon, device=device)[None, :]  # offset p_i - j, see band_windows
     keep = (t.abs() <= horizon) & ((t >= 0) if causal else True)
-    return _Band(horizon, offset, causal, chunk, -(-lq // chunk), keep, t.clamp(-horizon, horizon) + horizon)
+    return _Band(horizon, offset, causal, chunk, -(-lq // chunk), keep, t.clamp(-horizon, horizon) + horizon,
+                 half_inputs)
 
 
 def _block_steps(band: _Band, rows: int, dim: int, value_dim: int):
@@ -220,7 +222,8 @@ def chunk_local_softmax_decay_attention(
     tail = grouped_rows(tails, max(lq, lk) * (chunk + d + vm.shape[-1]), *rows, decay.to(dtype).repeat(b))
     out = _band_function(q.device).apply(qc.reshape(b * heads, lq, d), kc.reshape(b * heads, -1, d),
                                   vm.reshape(b * heads, -1, vm.shape[-1]), row_table(rel, b, heads, dtype),
-                                  tail.reshape(b * heads, lq, -1), _band(lq, h, query_offset, causal, chunk, q.device))
+                                  tail.reshape(b * heads, lq, -1),
+                                         _band(lq, h, query_offset, causal, chunk, q.device, dtype != q.dtype))
     return out.view(b, heads, lq, -1).to(q.dtype)
 
 

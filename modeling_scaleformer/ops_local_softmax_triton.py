@@ -63,12 +63,12 @@ def _table(TAB, row, d, HORIZON: tl.constexpr, HAS_TABLE: tl.constexpr, BLOCK_R:
 
 @triton.jit
 def _band_logits(q, k, tab, t, visible, scale, CAUSAL: tl.constexpr, HAS_TABLE: tl.constexpr,
-                 HORIZON: tl.constexpr, BLOCK_R: tl.constexpr):
+                 HORIZON: tl.constexpr, BLOCK_R: tl.constexpr, DOT: tl.constexpr):
     """l = q.(k + rel[t + h]) * scale for the pairs of offset t in the band (and t >= 0 when causal) whose key is
     `visible`, -inf elsewhere; q (M, D), k (N, D), t (M, N)."""
-    logits = tl.dot(q, tl.trans(k))
+    logits = tl.dot(q, tl.trans(k), input_precision=DOT)
     if HAS_TABLE:
-        qr = tl.dot(q, tl.trans(tab))  # (M, BLOCK_R)
+        qr = tl.dot(q, tl.trans(tab), input_precision=DOT)  # (M, BLOCK_R)
         logits += tl.gather(qr, tl.minimum(tl.maximum(t + HORIZON, 0), BLOCK_R - 1), axis=1)
     keep = (t <= HORIZON) & (t >= -HORIZON) & visible
     if CAUSAL:
@@ -79,7 +79,7 @@ def _band_logits(q, k, tab, t, visible, scale, CAUSAL: tl.constexpr, HAS_TABLE: 
 @triton.jit
 def _query_block(Q, K, VM, TAB, pid, row, lq, lk, d, dv1, offset, scale, HORIZON: tl.constexpr, CAUSAL: tl.constexpr,
                  HAS_TABLE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                 BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr):
+                 BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr, DOT: tl.constexpr):
     """What the forward and the backward by queries both start from, for query block `pid` of `row`: the query
     indices and whether they exist, q (M, D), the window's keys (N, D) and [m v, m] (N, V), the table, and the
     band logits (M, N)."""
@@ -96,7 +96,7 @@ def _query_block(Q, K, VM, TAB, pid, row, lq, lk, d, dv1, offset, scale, HORIZON
     tab = _table(TAB, row, d, HORIZON, HAS_TABLE, BLOCK_R, BLOCK_D)
     key_mask = tl.sum(tl.where(vv[None, :] == dv1 - 1, vw, 0.0), 1)
     t = c[:, None] + HORIZON - tl.arange(0, BLOCK_N)[None, :]
-    logits = _band_logits(q, k, tab, t, key_mask[None, :] > 0, scale, CAUSAL, HAS_TABLE, HORIZON, BLOCK_R)
+    logits = _band_logits(q, k, tab, t, key_mask[None, :] > 0, scale, CAUSAL, HAS_TABLE, HORIZON, BLOCK_R, DOT)
     return i, rows, q, k, vw, tab, logits
 
 
@@ -105,11 +105,12 @@ def _band_forward(
     Q, K, VM, TAB, TAIL, OUT, SHIFT, DEN,
     lq, lk, d, dv1, offset, scale,
     HORIZON: tl.constexpr, CAUSAL: tl.constexpr, HAS_TABLE: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr, DOT: tl.constexpr,
 ):
     pid, row = tl.program_id(0), tl.program_id(1)
     i, rows, q, k, vw, tab, logits = _query_block(Q, K, VM, TAB, pid, row, lq, lk, d, dv1, offset, scale, HORIZON,
-                                                  CAUSAL, HAS_TABLE, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_V, BLOCK_R)
+                                                  CAUSAL, HAS_TABLE, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_V, BLOCK_R,
+                                                  DOT)
     vv = tl.arange(0, BLOCK_V)
     tail = tl.load(TAIL + row * lq * dv1 + i[:, None] * dv1 + vv[None, :], mask=rows[:, None] & (vv[None, :] < dv1),
                    other=0.0)
@@ -119,7 +120,7 @@ def _band_forward(
     m = tl.where(m > float("-inf"), m, 0.0)
     p = tl.exp(logits - m[:, None])
     scale_tail = tl.minimum(tl.exp(-m), 3.0e38)
-    sums = tl.dot(p.to(vw.dtype), vw) + scale_tail[:, None] * tail
+    sums = tl.dot(p.to(vw.dtype), vw, input_precision=DOT) + scale_tail[:, None] * tail
     den = tl.sum(tl.where(vv[None, :] == dv1 - 1, sums, 0.0), 1)
     out = tl.where(den[:, None] > 0, sums / tl.where(den > 0, den, 1.0)[:, None], 0.0)
     tl.store(OUT + row * lq * (dv1 - 1) + i[:, None] * (dv1 - 1) + vv[None, :], out,
@@ -133,11 +134,12 @@ def _band_backward_queries(
     Q, K, VM, TAB, SHIFT, GS, DQ, DTAB,
     lq, lk, d, dv1, offset, scale,
     HORIZON: tl.constexpr, CAUSAL: tl.constexpr, HAS_TABLE: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr, DOT: tl.constexpr,
 ):
     pid, row = tl.program_id(0), tl.program_id(1)
     i, rows, q, k, vw, tab, logits = _query_block(Q, K, VM, TAB, pid, row, lq, lk, d, dv1, offset, scale, HORIZON,
-                                                  CAUSAL, HAS_TABLE, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_V, BLOCK_R)
+                                                  CAUSAL, HAS_TABLE, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_V, BLOCK_R,
+                                                  DOT)
     c = tl.arange(0, BLOCK_M)
     dd = tl.arange(0, BLOCK_D)
     vv = tl.arange(0, BLOCK_V)
@@ -146,14 +148,14 @@ def _band_backward_queries(
     p = tl.exp(logits - m[:, None])
     gs = tl.load(GS + row * lq * dv1 + i[:, None] * dv1 + vv[None, :], mask=rows[:, None] & (vv[None, :] < dv1),
                  other=0.0)
-    dlogits = p * tl.dot(gs, tl.trans(vw)) * scale  # (M, N), 0 off the band
-    dq = tl.dot(dlogits.to(k.dtype), k)
+    dlogits = p * tl.dot(gs, tl.trans(vw), input_precision=DOT) * scale  # (M, N), 0 off the band
+    dq = tl.dot(dlogits.to(k.dtype), k, input_precision=DOT)
     if HAS_TABLE:
         # the pair (c, w) reads table row r = c + 2h - w: row r of query c is window slot c + 2h - r
         slot = tl.minimum(tl.maximum(c[:, None] + 2 * HORIZON - rr[None, :], 0), BLOCK_N - 1)
         drel = tl.where(rr[None, :] < 2 * HORIZON + 1, tl.gather(dlogits, slot, axis=1), 0.0)  # (M, BLOCK_R)
-        dq += tl.dot(drel.to(tab.dtype), tab)
-        dtab = tl.dot(tl.trans(drel.to(q.dtype)), q)  # (BLOCK_R, BLOCK_D)
+        dq += tl.dot(drel.to(tab.dtype), tab, input_precision=DOT)
+        dtab = tl.dot(tl.trans(drel.to(q.dtype)), q, input_precision=DOT)  # (BLOCK_R, BLOCK_D)
         n_blocks = tl.num_programs(0)
         tl.store(DTAB + (row * n_blocks + pid) * BLOCK_R * BLOCK_D + rr[:, None] * BLOCK_D + dd[None, :], dtab)
     tl.store(DQ + row * lq * d + i[:, None] * d + dd[None, :], dq, mask=rows[:, None] & (dd[None, :] < d))
@@ -164,7 +166,7 @@ def _band_backward_keys(
     Q, K, VM, TAB, SHIFT, GS, DK, DVM,
     lq, lk, d, dv1, offset, scale,
     HORIZON: tl.constexpr, CAUSAL: tl.constexpr, HAS_TABLE: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr, DOT: tl.constexpr,
 ):
     pid, row = tl.program_id(0), tl.program_id(1)
     c = tl.arange(0, BLOCK_M)
@@ -183,14 +185,14 @@ def _band_backward_keys(
     key_mask = tl.sum(tl.where(vv[None, :] == dv1 - 1, vm, 0.0), 1)
     t = u[:, None] - HORIZON - c[None, :]  # p_i - j
     visible = (key_mask[None, :] > 0) & queries[:, None]
-    logits = _band_logits(q, k, tab, t, visible, scale, CAUSAL, HAS_TABLE, HORIZON, BLOCK_R)  # (N, M)
+    logits = _band_logits(q, k, tab, t, visible, scale, CAUSAL, HAS_TABLE, HORIZON, BLOCK_R, DOT)  # (N, M)
     m = tl.load(SHIFT + row * lq + i, mask=queries, other=0.0)
     p = tl.exp(logits - m[:, None])
     gs = tl.load(GS + row * lq * dv1 + i[:, None] * dv1 + vv[None, :], mask=queries[:, None] & (vv[None, :] < dv1),
                  other=0.0)
-    dlogits = p * tl.dot(gs, tl.trans(vm)) * scale  # (N, M)
-    dk = tl.dot(tl.trans(dlogits.to(q.dtype)), q)
-    dvm = tl.dot(tl.trans(p.to(gs.dtype)), gs)
+    dlogits = p * tl.dot(gs, tl.trans(vm), input_precision=DOT) * scale  # (N, M)
+    dk = tl.dot(tl.trans(dlogits.to(q.dtype)), q, input_precision=DOT)
+    dvm = tl.dot(tl.trans(p.to(gs.dtype)), gs, input_precision=DOT)
     tl.store(DK + row * lk * d + j[:, None] * d + dd[None, :], dk, mask=keys[:, None] & (dd[None, :] < d))
     tl.store(DVM + row * lk * dv1 + j[:, None] * dv1 + vv[None, :], dvm, mask=keys[:, None] & (vv[None, :] < dv1))
 
@@ -200,6 +202,18 @@ def _block_sizes(chunk: int, horizon: int, d: int, dv1: int) -> dict:
     block_m = max(16, pow2(chunk))
     return dict(BLOCK_M=block_m, BLOCK_N=max(16, pow2(block_m + 2 * horizon)), BLOCK_D=max(16, pow2(d)),
                 BLOCK_V=max(16, pow2(dv1)), BLOCK_R=max(16, pow2(2 * horizon + 1)))
+
+
+def _dot_precision(dtype: torch.dtype, half_inputs: bool) -> str:
+    """Triton's input precision for the kernels' products of operands in `dtype`. Operands that came from 16-bit
+    floats (`half_inputs`) are exact in TF32, so those calls use the tensor cores' TF32 mode, as float32 inputs
+    do where `torch.get_float32_matmul_precision()` allows it; at "highest" (PyTorch's default) float32 products
+    use three TF32 products (about float32's accuracy), and float64 ones are exact."""
+    if dtype == torch.float64:
+        return "ieee"
+    if half_inputs or torch.get_float32_matmul_precision() != "highest":
+        return "tf32"
+    return "tf32x3"
 
 
 class TritonLocalSoftmaxBand(torch.autograd.Function):
@@ -212,7 +226,7 @@ class TritonLocalSoftmaxBand(torch.autograd.Function):
         table = None if table is None else table.contiguous()
         rows, lq, d = q.shape
         lk, dv1 = k.shape[1], vm.shape[-1]
-        sizes = _block_sizes(band.chunk, band.horizon, d, dv1)
+        sizes = {**_block_sizes(band.chunk, band.horizon, d, dv1), "DOT": _dot_precision(q.dtype, band.half_inputs)}
         out = q.new_empty(rows, lq, dv1 - 1)
         shift, den = q.new_empty(rows, lq), q.new_empty(rows, lq)
         grid = (triton.cdiv(lq, sizes["BLOCK_M"]), rows)

@@ -1,13 +1,19 @@
 """bench_attention_gpu.py on CPU (`--device cpu --quick`): the GPU benchmark's code path runs end to end, times
-the default attention and SDPA, says why fla is skipped and reports its targets as N/A below 16k."""
+the default attention and SDPA, says why fla is skipped, profiles the op and reports its targets as N/A below
+16k; run_gpu.sh, which runs it with the other GPU measurements, refuses a step it does not know."""
 
 import json
+import subprocess
+from pathlib import Path
+
+
+RUN_GPU = Path(__file__).resolve().parents[2] / "benchmarks" / "run_gpu.sh"
 
 
 def test_bench_attention_gpu_smoke(run_command, tmp_path):
     report_path = tmp_path / "report.json"
     result = run_command(["benchmarks/bench_attention_gpu.py", "--device", "cpu", "--quick", "--dtype", "float32",
-                          "--lengths", "128", "--json", str(report_path)])
+                          "--lengths", "128", "--profile", "64", "--json", str(report_path)])
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     report = json.loads(report_path.read_text())
     timed = {(r["method"], r["causal"]) for r in report["timings"] if r.get("median_s") is not None}
@@ -16,3 +22,13 @@ def test_bench_attention_gpu_smoke(run_command, tmp_path):
         "fla does not import here", "causal only (its causal time is the ceiling of both)"}
     assert [t["status"] for t in report["targets"]] == ["N/A"] * 6
     assert "| 128 | causal |" in result.stdout
+    assert set(report["profiles"]) == {"causal", "bidir"}
+    assert "## Profile: scaleformer bidir, L=64, forward + backward" in result.stdout
+    assert "aten::bmm" in report["profiles"]["causal"]
+
+
+def test_run_gpu_refuses_an_unknown_step(tmp_path):
+    result = subprocess.run(["bash", str(RUN_GPU), str(tmp_path), "atention"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 64
+    assert "unknown step: atention (expected env, attention, tests, train, generate)" in result.stderr

@@ -89,7 +89,6 @@ def test_torch_compile_matches_eager(tiny_config, batch):
 
 def test_seq2seq_trainer_bf16(tmp_path, tiny_config):
     """`Seq2SeqTrainer(bf16=True)` on the device learns to copy 200-token inputs: the loss goes down."""
-    from datasets import Dataset
     from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments
 
     torch.manual_seed(0)
@@ -103,7 +102,7 @@ def test_seq2seq_trainer_bf16(tmp_path, tiny_config):
         output_dir=str(tmp_path), per_device_train_batch_size=16, learning_rate=1e-2, max_steps=40, logging_steps=10,
         report_to=[], save_strategy="no", bf16=True,
     )
-    trainer = Seq2SeqTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows))
+    trainer = Seq2SeqTrainer(model=model, args=args, train_dataset=rows)
     trainer.train()
     assert next(model.parameters()).device.type == DEVICE
     losses = [log["loss"] for log in trainer.state.log_history if "loss" in log]

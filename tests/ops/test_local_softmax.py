@@ -147,6 +147,24 @@ def test_half_precision_accumulates_in_float32(dtype, decay_inputs, assert_low_p
                          names="q k v rel".split())
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, F64])
+def test_the_band_is_told_whether_the_inputs_were_half(dtype, decay_inputs, monkeypatch):
+    """The band's kernels may take TF32 products only for 16-bit inputs (exact in TF32): the op says which."""
+    seen = []
+
+    class Recording(ops_local_softmax._LocalSoftmaxBand):
+        @staticmethod
+        def forward(ctx, q, k, vm, table, tail, band):
+            seen.append((q.dtype, band.half_inputs))
+            return ops_local_softmax._LocalSoftmaxBand.forward(ctx, q, k, vm, table, tail, band)
+
+    monkeypatch.setattr(ops_local_softmax, "_band_function", lambda device: Recording)
+    q, k, v, rel, decay, key_mask, horizon = decay_inputs(b=1, h=2, lq=20, lk=20, d=8, dv=8, horizon=3, dtype=dtype)
+    chunk_local_softmax_decay_attention(q, k, v, rel, decay.to(dtype), chunk_size=4)
+    half = dtype in (torch.float16, torch.bfloat16)
+    assert seen == [(torch.float32 if half else dtype, half)]
+
+
 @pytest.mark.parametrize("horizon", [0, 1, 3])
 @pytest.mark.parametrize("no_rel", [False, True], ids=["rel", "no-rel"])
 @pytest.mark.parametrize("mask", [None, "padding"])

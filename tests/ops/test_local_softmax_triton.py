@@ -19,7 +19,7 @@ pytest.importorskip("numpy")
 from modeling_scaleformer import ops_decay, ops_local_softmax  # noqa: E402
 from modeling_scaleformer.ops_decay_triton import TritonDecayScan  # noqa: E402
 from modeling_scaleformer.ops_local_softmax import chunk_local_softmax_decay_attention  # noqa: E402
-from modeling_scaleformer.ops_local_softmax_triton import TritonLocalSoftmaxBand  # noqa: E402
+from modeling_scaleformer.ops_local_softmax_triton import TritonLocalSoftmaxBand, _dot_precision  # noqa: E402
 from modeling_scaleformer.ops_naive import naive_local_softmax_decay_attention  # noqa: E402
 
 
@@ -70,6 +70,21 @@ def test_triton_band_against_the_pytorch_band(case, causal, decay_inputs, split_
     for name, g, e in zip("q k vm rel tail".split(), torch.autograd.grad(got, leaves, upstream),
                           torch.autograd.grad(expected, leaves, upstream)):
         torch.testing.assert_close(g, e, rtol=1e-10, atol=1e-12, msg=lambda m: f"grad {name}: {m}")
+
+
+def test_dot_precision():
+    """Products of 16-bit inputs take TF32; float32 ones follow torch's float32 matmul precision (three TF32
+    products at "highest"); float64 ones are exact."""
+    assert _dot_precision(torch.float32, half_inputs=True) == "tf32"
+    assert _dot_precision(torch.float64, half_inputs=False) == "ieee"
+    previous = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("highest")
+        assert _dot_precision(torch.float32, half_inputs=False) == "tf32x3"
+        torch.set_float32_matmul_precision("high")
+        assert _dot_precision(torch.float32, half_inputs=False) == "tf32"
+    finally:
+        torch.set_float32_matmul_precision(previous)
 
 
 def test_triton_band_extreme_logits(decay_inputs, monkeypatch):

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# The GPU measurements of benchmarks/README.md ("On a GPU") in one command, on a machine with one CUDA device
+# and this project's dependencies installed:
+#
+#     bash benchmarks/run_gpu.sh OUT_DIR [STEP ...]
+#
+# STEP is any of env, attention, tests, train, generate (default: all, in that order). Each step writes its log
+# (and its JSON) under OUT_DIR and runs under its own time limit (seconds, e.g. LIMIT_tests=300), so that a
+# failing or slow step leaves the others' figures; the exit status is the number of steps that failed.
+set -u
+out=${1:?usage: bash benchmarks/run_gpu.sh OUT_DIR [STEP ...]}
+shift
+steps=${*:-env attention tests train generate}
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+cd "$(dirname "$0")/.."
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
+failed=0
+
+step() {  # step NAME COMMAND...: runs COMMAND under LIMIT_<NAME> seconds, its output in OUT_DIR/NAME.log
+    local name=$1 limit_var="LIMIT_$1"
+    shift
+    echo "== $name: $(date -u +%T), limit ${!limit_var} s"
+    timeout "${!limit_var}" "$@" > "$out/$name.log" 2>&1
+    local rc=$?
+    tail -n "${TAIL_LINES:-30}" "$out/$name.log"
+    echo "== $name: exit status $rc, $(date -u +%T)"
+    [ "$rc" -eq 0 ] || failed=$((failed + 1))
+}
+
+: "${LIMIT_env:=60}" "${LIMIT_attention:=150}" "${LIMIT_tests:=240}" "${LIMIT_train:=150}" "${LIMIT_generate:=180}"
+for name in $steps; do
+    case $name in
+        env) step env bash -c 'nvidia-smi; python3 -c "import torch, triton, transformers;
+print(torch.__version__, triton.__version__, transformers.__version__, torch.cuda.get_device_name())"' ;;
+        attention) step attention python3 benchmarks/bench_attention_gpu.py --profile 16384 \
+            --json "$out/bench_attention_gpu.json" ;;
+        tests) step tests python3 -m pytest -m gpu -q -p no:cacheprovider -rfEs tests/ops tests/models ;;
+        train) step train python3 benchmarks/bench_train.py --device cuda --bf16 --lengths 4096 16384 \
+            --models scaleformer bart led --json "$out/bench_train_gpu.json" ;;
+        generate) step generate python3 benchmarks/bench_generate.py --device cuda --new-tokens "${NEW_TOKENS:-8192}" \
+            --positions ${POSITIONS:-128 1024 4096 8192} --models scaleformer bart --json "$out/bench_generate_gpu.json" ;;
+        *) echo "unknown step: $name (expected env, attention, tests, train, generate)" >&2; exit 64 ;;
+    esac
+done
+exit "$failed"
