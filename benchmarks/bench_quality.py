@@ -67,7 +67,7 @@ Tasks (`--task`):
   (256) source or `--max_target_tokens` (64) target tokens are left out (not cut).
 
 The report is a markdown table per model (mean and spread over seeds) and the project's targets, for the
-default configuration (`scaleformer:local_softmax_decay+cross_rpe+post_ln`, what `ScaleformerConfig()` gives;
+default configuration (`DEFAULT_CONFIG_MODEL` of `models.py`, what `ScaleformerConfig()` gives;
 `scaleformer` alone is the first configuration, kept so that recorded rows keep their meaning): on verses its
 mean final held-out loss per token at most 1% above BART's at equal wall-clock; on chapters at least 3% below
 each of BART's, LED's and LongT5's; none on docstrings. Each is PASS, FAIL or N/A (a model missing, or `--quick`).
@@ -476,7 +476,8 @@ def describe_model(name: str, model: PreTrainedModel, args: argparse.Namespace, 
     if name.startswith("scaleformer"):
         return (f"attention_type {config.attention_type}, rpe_horizon {config.rpe_horizon}, cross_attention_rpe "
                 f"{config.cross_attention_rpe}, absolute_positions {config.absolute_positions}, layer_norm_position "
-                f"{config.layer_norm_position}, attention_mode {config.attention_mode}"
+                f"{config.layer_norm_position}, attention_mode {config.attention_mode}, decoder_attention "
+                f"{config.decoder_attention}, remaining_count_max {config.remaining_count_max}"
                 + (f", decay_rate_range {tuple(config.decay_rate_range)}" if config.attention_type in DECAY_TYPES else "")
                 + "; full sources")
     if name == "led":

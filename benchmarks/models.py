@@ -44,10 +44,11 @@ from modeling_scaleformer.ops_registry import ATTENTION_TYPES, ATTENTION_VARIANT
 
 # the attention type of `scaleformer` in the quality and extrapolation benchmarks, whose names spell out the recipe:
 # `scaleformer` alone is the first configuration (kernelized_rpe, pre-norm, cross attention without positions), so
-# that every recorded row keeps its meaning; ScaleformerConfig's default is `scaleformer:local_softmax_decay+cross_rpe
-# +post_ln` there. The speed benchmarks' `scaleformer` is ScaleformerConfig's default (`model_configs`).
+# that every recorded row keeps its meaning; ScaleformerConfig's default is `DEFAULT_CONFIG_MODEL` there. The speed
+# benchmarks' `scaleformer` is ScaleformerConfig's default (`model_configs`).
 DEFAULT_ATTENTION_TYPE = "kernelized_rpe"
-DEFAULT_CONFIG_MODEL = "scaleformer:local_softmax_decay+cross_rpe+post_ln"  # ScaleformerConfig's default, by name
+DEFAULT_CONFIG_MODEL = ("scaleformer:local_softmax_decay+cross_rpe+count_block64x2+count_embeddings32+layer_scale0.1"
+                        "+remaining3+post_ln")  # ScaleformerConfig's default, by name
 SPEED_ATTENTION_TYPE = ScaleformerConfig().attention_type  # the type of `scaleformer` in the speed benchmarks
 BASELINES = ("bart", "t5")
 LONG_BASELINES = ("led", "longt5")  # opt-in: local (windowed) encoder attention, linear in source length
@@ -213,7 +214,8 @@ def describe_model(name: str, model: PreTrainedModel, bart_positions_note: str, 
     text = f"{name}: {count_parameters(model) / 1e6:.1f} M parameters, "
     if name.startswith("scaleformer"):
         text += (f"attention_type {config.attention_type}, rpe_horizon {config.rpe_horizon}, attention_mode "
-                 f"{config.attention_mode}")
+                 f"{config.attention_mode}, decoder_attention {config.decoder_attention}, remaining_count_max "
+                 f"{config.remaining_count_max}")
         if decoding:
             return text + ("; self-attention state grows with position (keys and values)" if grows_with_position(name)
                            else "; self-attention state of constant size")

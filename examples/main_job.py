@@ -17,8 +17,8 @@ Each task has its own recipe (TASK_DEFAULTS; every part of it can be changed wit
 is the one that learned fastest in a few CPU minutes on the reference machine: a BPE of the verses' own
 text, batches of about 30 verse pairs, AdamW 5e-4 with 200 warm-up steps, and the shipped tiny model
 (`configs/scaleformer-tiny.json`: the default configuration, local softmax within the horizon and decayed
-linear attention beyond it, relative positions in cross attention, post-norm blocks). See the README for the
-measured figures.
+linear attention beyond it, relative positions in cross attention, post-norm blocks, and a decoder that counts
+the source's tokens: the count block and the remaining counts). See the README for the measured figures.
 """
 
 import argparse

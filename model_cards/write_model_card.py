@@ -299,13 +299,16 @@ def architecture_limitations(config: Mapping) -> list[str]:
     elif not sees_relative_positions(variant) and not config["absolute_positions"]:
         items.append(f"This model uses no position information (`attention_type={name!r}` without absolute "
                      "positions): its encoder sees the input as a bag of tokens.")
+    reads_ids = []  # what makes the decoder read token ids rather than embeddings
     if config["is_encoder_decoder"] and config.get("decoder_attention") == "count_block" and config.get(
             "count_block_embeddings"):
-        items.append("The count block embeds token ids with a table of its own: the model takes `input_ids` and "
-                     "`decoder_input_ids`, not `inputs_embeds`.")
+        reads_ids.append("the count block embeds token ids with a table of its own")
     if config["is_encoder_decoder"] and config.get("remaining_count_max"):
-        items.append("The decoder counts token ids in the source and in what it has written: the model takes "
-                     "`input_ids` and `decoder_input_ids`, not `inputs_embeds`.")
+        reads_ids.append("the decoder counts token ids in the source and in what it has written")
+    if reads_ids:
+        reasons = " and ".join(reads_ids)
+        items.append(f"{reasons[0].upper()}{reasons[1:]}: the model takes `input_ids` and `decoder_input_ids`, not "
+                     "`inputs_embeds`.")
     return items + [
         "Small model trained on a small CPU budget on a small corpus: the scores below are those of a demonstration, "
         "far below production translation or summarisation systems, and the outputs are often wrong.",

@@ -113,7 +113,7 @@ class ScaleformerConfig(PreTrainedConfig):
             `"kernelized_gated"` and `"kernelized_sum"` (and of their cross attention with `cross_attention_rpe`):
             `"elu"`, phi(x) = elu(x) + 1, every score positive; `"relu"`, phi(x) = max(x, 0), so that a query can
             give a key no weight at all. The other types take `"elu"` only.
-        decoder_attention (`str`, *optional*, defaults to `"separate"`):
+        decoder_attention (`str`, *optional*, defaults to `"count_block"`):
             How a decoder layer of an encoder-decoder reads its own tokens and the encoder's. `"separate"`: a
             self-attention block, then a cross-attention block, each with its own queries and output (BART).
             `"joint"`: one attention block whose queries read the decoder's keys (causal, `attention_type`) and
@@ -133,30 +133,35 @@ class ScaleformerConfig(PreTrainedConfig):
             own, so that no layer gives up its attention to the encoder's output; for a type with a row normaliser
             its attention is `"kernelized_sum"` with `feature_map="relu"`
             (`modeling_scaleformer.COUNT_BLOCK_ATTENTION`): no decay at all, so that the sum is the difference of
-            the counts at any length. Decoder-only models ignore the field (they have no cross attention).
-        count_block_heads (`int`, *optional*):
-            The number of heads of the count block (`decoder_attention="count_block"`); `None` (default) gives it
+            the counts at any length. `"count_block"` is the default, with 64 heads of 2 channels, a token table of
+            its own of 32 channels and a learned output scale started at 0.1 (the `count_block_*` defaults); with
+            `remaining_count_max=3` (its default too) it makes the model extrapolate on copying and sorting. The
+            `count_block_*` fields apply to `"count_block"` only; under another `decoder_attention` they must keep
+            their defaults. Decoder-only models ignore the field (they have no cross attention).
+        count_block_heads (`int`, *optional*, defaults to 64):
+            The number of heads of the count block (`decoder_attention="count_block"`); `None` gives it
             `decoder_attention_heads`. More, narrower heads keep more symbols' counts apart: each head's sum is
             normalised on its own, so that one symbol's count is mixed only with the others of its head. It must
             divide `d_model` unless `count_block_head_dim` is set.
-        count_block_head_dim (`int`, *optional*):
-            The width of each of the count block's heads (`decoder_attention="count_block"`); `None` (default) gives
+        count_block_head_dim (`int`, *optional*, defaults to 2):
+            The width of each of the count block's heads (`decoder_attention="count_block"`); `None` gives
             `d_model // count_block_heads`. When set, the block projects `d_model` to `count_block_heads *
             count_block_head_dim` channels and back, so that many narrow heads need not take the whole width: 64
             heads of 2 channels are a block of 128 channels at any `d_model`.
-        count_block_embeddings (`bool`, *optional*, defaults to `False`):
+        count_block_embeddings (`bool`, *optional*, defaults to `True`):
             Whether the count block (`decoder_attention="count_block"`) reads the written and the source tokens
             through a token embedding table of its own (`count_embed_tokens` of the first decoder layer, then a
             layer norm) instead of the shared embeddings, without absolute positions. Tokens that the rest of the
             model embeds close together (neighbouring symbols, related words) then keep keys of their own, so that
             one token's count does not leak into another's. The model then needs `input_ids` (and
-            `decoder_input_ids`), not embeddings.
-        count_block_embedding_dim (`int`, *optional*):
-            The width of the count block's own embedding table (`count_block_embeddings=True`); `None` (default)
-            gives `d_model`. When set, the table holds that many channels per token, started at unit scale, and a
-            linear map without bias (`count_embed_proj` of the first decoder layer) takes them to `d_model`: each
-            token then has that many free parameters of its own instead of `d_model`, enough to keep a few
-            symbols' keys apart without room to memorise many words.
+            `decoder_input_ids`), not embeddings: set it to `False`, and `remaining_count_max=None`, to pass
+            `inputs_embeds`.
+        count_block_embedding_dim (`int`, *optional*, defaults to 32):
+            The width of the count block's own embedding table (`count_block_embeddings=True`; ignored without
+            it); `None` gives `d_model`. When set, the table holds that many channels per token, started at unit
+            scale, and a linear map without bias (`count_embed_proj` of the first decoder layer) takes them to
+            `d_model`: each token then has that many free parameters of its own instead of `d_model`, enough to
+            keep a few symbols' keys apart without room to memorise many words.
         count_block_zero_init (`bool`, *optional*, defaults to `False`):
             Whether the count block's output projection (`decoder_attention="count_block"`) starts at zero, so that
             the block starts as the identity and its counts enter the model only as training makes use of them
@@ -166,19 +171,20 @@ class ScaleformerConfig(PreTrainedConfig):
             states without passing gradients back to them: only the block's own parameters learn from its output,
             and the shared embeddings and the layers below are shaped by the rest of the model alone. It cannot be
             combined with `count_block_embeddings` (the block's own table would then get no gradient at all).
-        count_block_layer_scale (`float`, *optional*):
+        count_block_layer_scale (`float`, *optional*, defaults to 0.1):
             The start value of a learned scale per channel on the count block's output (`count_layer_scale` of the
             first decoder layer, LayerScale as in Touvron et al. 2021), for `decoder_attention="count_block"`;
-            `None` (default): no scale. A small start (0.1) lets the block's counts into the residual stream
+            `None`: no scale. A small start (0.1) lets the block's counts into the residual stream
             gently, so that the layers above learn the text first and the counts as far as they pay.
-        remaining_count_max (`int`, *optional*):
-            `None` (default): off. K: the decoder adds to each written token's embedding a learned vector
+        remaining_count_max (`int`, *optional*, defaults to 3):
+            `None`: off. K: the decoder adds to each written token's embedding a learned vector
             (`remaining_count_embed` of the decoder, K + 2 of them) for how many more times the token occurs in
             the source than it has been written so far, itself included, clamped to [-1, K]: exact counts of the
             token ids, which tell the decoder whether a token still has copies to write at any length. The
             counts per token id are the decoder's generation state (vocab_size integers per sequence, whatever
-            the number of tokens). The model then needs `input_ids` and `decoder_input_ids`, not embeddings.
-            Decoder-only models ignore the field (they have no source).
+            the number of tokens). The model then needs `input_ids` and `decoder_input_ids`, not embeddings (set
+            it to `None`, and `count_block_embeddings=False`, to pass `inputs_embeds`). Decoder-only models ignore
+            the field (they have no source).
         absolute_positions (`str`, *optional*):
             `None` (default): no absolute positions, the model sees order only through its attention.
             `"sinusoidal"`: fixed sine/cosine position encodings (Vaswani et al.) added to the token embeddings
@@ -239,15 +245,15 @@ class ScaleformerConfig(PreTrainedConfig):
     cross_attention_rpe: bool | None = None
     decay_rate_range: tuple[float, float] | list[float] = DEFAULT_DECAY_RATE_RANGE
     feature_map: Literal["elu", "relu"] = "elu"
-    decoder_attention: Literal["separate", "joint", "count", "count_block"] = "separate"
-    count_block_heads: int | None = None
-    count_block_head_dim: int | None = None
-    count_block_embeddings: bool = False
-    count_block_embedding_dim: int | None = None
+    decoder_attention: Literal["separate", "joint", "count", "count_block"] = "count_block"
+    count_block_heads: int | None = 64
+    count_block_head_dim: int | None = 2
+    count_block_embeddings: bool = True
+    count_block_embedding_dim: int | None = 32
     count_block_zero_init: bool = False
     count_block_detach: bool = False
-    count_block_layer_scale: float | None = None
-    remaining_count_max: int | None = None
+    count_block_layer_scale: float | None = 0.1
+    remaining_count_max: int | None = 3
     absolute_positions: Literal["sinusoidal"] | None = None
     use_cache: bool = True
     pad_token_id: int | None = 0
@@ -297,7 +303,7 @@ class ScaleformerConfig(PreTrainedConfig):
     def count_block_reads_ids(self) -> bool:
         """Whether the count block reads the token ids through its own embedding table (`count_block_embeddings` in
         an encoder-decoder)."""
-        return self.counts_source and self.count_block_embeddings
+        return self.has_count_block and self.count_block_embeddings
 
     @property
     def counts_source_embeddings(self) -> bool:
@@ -431,14 +437,17 @@ class ScaleformerConfig(PreTrainedConfig):
                 f"with that type's cross attention: it needs `cross_attention_rpe=True`, got attention_type "
                 f"{self.attention_type!r} and cross_attention_rpe {self.cross_attention_rpe}"
             )
+        # the count block's fields at their defaults, None or False (unset) go with any `decoder_attention`
+        defaults = {field.name: field.default for field in dataclasses.fields(self)}
         for name in ("count_block_head_dim", "count_block_embeddings", "count_block_embedding_dim",
                      "count_block_zero_init", "count_block_detach", "count_block_layer_scale"):
-            if getattr(self, name) not in (None, False) and self.decoder_attention != "count_block":
+            if getattr(self, name) not in (None, False, defaults[name]) and self.decoder_attention != "count_block":
                 raise ValueError(
                     f"`{name}` applies to `decoder_attention='count_block'` only, got decoder_attention "
                     f"{self.decoder_attention!r}"
                 )
-        if self.count_block_embedding_dim is not None and not self.count_block_embeddings:
+        if self.count_block_embedding_dim not in (None, defaults["count_block_embedding_dim"]) and (
+                not self.count_block_embeddings):
             raise ValueError(
                 "`count_block_embedding_dim` sets the width of the count block's own embedding table: it needs "
                 f"`count_block_embeddings=True`, got count_block_embeddings {self.count_block_embeddings}"

@@ -47,7 +47,7 @@ def test_model_configs_load_and_build():
         with torch.device("meta"):
             model = ScaleformerForConditionalGeneration(config)
         sizes[name] = sum(p.numel() for p in model.parameters())
-    assert 7e6 < sizes["tiny"] < 8e6 and sizes["tiny"] < sizes["small"] < sizes["base"]
+    assert 7e6 < sizes["tiny"] < 9e6 and sizes["tiny"] < sizes["small"] < sizes["base"]
     # the shipped configurations are the default configuration at three sizes
     default = ScaleformerConfig()
     for name in ("tiny", "small", "base"):

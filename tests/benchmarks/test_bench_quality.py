@@ -7,10 +7,11 @@ import re
 import pytest
 
 
-def test_bench_quality_quick(run_report, tmp_path):
+def test_bench_quality_quick(run_report, import_benchmark, tmp_path):
+    default = import_benchmark("models").DEFAULT_CONFIG_MODEL
     stdout, report = run_report(["benchmarks/bench_quality.py", "--quick"])
     runs = {(r["model"], r["seed"]): r for r in report["runs"]}
-    assert set(runs) == {("scaleformer:local_softmax_decay+cross_rpe+post_ln", 0), ("bart", 0), ("t5", 0)}
+    assert set(runs) == {(default, 0), ("bart", 0), ("t5", 0)}
     for run in runs.values():
         assert run["steps"] >= 1 and len(run["curve"]) >= 2
         first, last = run["curve"][0], run["curve"][-1]
@@ -60,7 +61,9 @@ def test_default_config_model_is_the_default_configuration(import_benchmark):
     built = models.build_seq2seq(models.DEFAULT_CONFIG_MODEL, 0, size, 0.1, 128).config
     default = ScaleformerConfig()
     for field in ("attention_type", "cross_attention_rpe", "layer_norm_position", "absolute_positions", "rpe_horizon",
-                  "decay_rate_range", "rpe_shared_across_heads", "attention_mode"):
+                  "decay_rate_range", "rpe_shared_across_heads", "attention_mode", "feature_map", "decoder_attention",
+                  "count_block_heads", "count_block_head_dim", "count_block_embeddings", "count_block_embedding_dim",
+                  "count_block_zero_init", "count_block_detach", "count_block_layer_scale", "remaining_count_max"):
         assert getattr(built, field) == getattr(default, field), field
 
 

@@ -32,6 +32,11 @@ TOKENIZER_DIR = ROOT / "examples" / "tokenizer"
 REPO_ID = "tester/scaleformer-tiny-card"
 METRICS = {"eval_bleu": 1.2345, "eval_chrf": 17.891, "eval_loss": 7.5, "eval_samples": 16}
 SOURCES = ["In the beginning God created the heaven and the earth.", "And God said, Let there be light."]
+# BART's decoder layers, the count block's fields off and no remaining counts: the start of the card cases that
+# describe one decoder option at a time
+BART_DECODER = dict(decoder_attention="separate", count_block_heads=None, count_block_head_dim=None,
+                    count_block_embeddings=False, count_block_embedding_dim=None, count_block_layer_scale=None,
+                    remaining_count_max=None)
 
 
 def tiny_model() -> tuple[ScaleformerForConditionalGeneration, object]:
@@ -66,10 +71,18 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, ScaleformerFo
 @pytest.mark.parametrize(
     "changes, present, absent",
     [
-        pytest.param({}, ["(post-norm)", "softmax attention over the nearest keys, with relative keys clipped to [-16, 16]", "linear in the sequence length",
-                          "no absolute position embeddings", "The softmax decides only among the keys within 16",
-                          "clipped at a horizon of 16", "fade geometrically"],
-                     ["quadratic", "except through", "not softmax attention", "inputs_embeds"], id="default"),
+        pytest.param(None, ["(post-norm)", "softmax attention over the nearest keys, with relative keys clipped to "
+                            "[-16, 16]", "linear in the sequence length",
+                            "no absolute position embeddings", "The softmax decides only among the keys within 16",
+                            "clipped at a horizon of 16", "fade geometrically",
+                            "the first decoder layer also has a count block before its self-attention in 64 heads of 2 "
+                            "channels", "a token embedding table of its own of 32 channels per token",
+                            "started at 0.1", "clamped to [-1, 3]", "The count block embeds token ids with a table of "
+                            "its own and the decoder counts token ids in the source and in what it has written: the "
+                            "model takes `input_ids` and `decoder_input_ids`, not `inputs_embeds`"],
+                     ["quadratic", "except through", "not softmax attention"], id="default"),
+        pytest.param({}, ["(post-norm)", "softmax attention over the nearest keys"],
+                     ["count block", "inputs_embeds", "remaining"], id="default-attention-bart-decoder"),
         pytest.param({"attention_type": "kernelized_rpe", "layer_norm_position": "pre"},
                      ["(pre-norm)", "clipped to [-16, 16]", "linear in the sequence length",
                       "no absolute position embeddings", "not softmax attention", "clipped at a horizon of 16"],
@@ -134,7 +147,9 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, ScaleformerFo
     ],
 )
 def test_card_describes_the_configured_attention_norm_and_positions(card_module, changes, present, absent):
-    config = {**ScaleformerConfig().to_dict(), **changes}
+    """`changes` None: the default configuration; otherwise the default with BART's decoder layers and no counts
+    (`BART_DECODER`), then `changes`."""
+    config = {**ScaleformerConfig().to_dict(), **({} if changes is None else {**BART_DECODER, **changes})}
     text = (card_module.architecture_paragraph(config, 1_000_000) + " "
             + " ".join(card_module.architecture_limitations(config)))
     for phrase in present:

@@ -16,10 +16,22 @@ from modeling_scaleformer.modeling_scaleformer import COUNT_ATTENTION, COUNT_BLO
 from modeling_scaleformer.ops_naive import naive_kernelized_decay_attention
 
 
+# the decoder's counting options off: the defaults give the count block 64 heads of 2 channels, a table of its own
+# and an output scale, and the remaining counts; here the options are tested one at a time from this bare start
+# (the `tiny_config` of this module), and the defaults as one case (DEFAULT_DECODER)
+BARE = dict(count_block_heads=None, count_block_head_dim=None, count_block_embeddings=False,
+            count_block_embedding_dim=None, count_block_layer_scale=None, remaining_count_max=None)
+DEFAULT_DECODER = {name: getattr(ScaleformerConfig(), name) for name in ("decoder_attention", *BARE)}
 JOINT = dict(attention_type="kernelized_decay_gated", cross_attention_rpe=True, decoder_attention="joint")
 COUNT = dict(JOINT, decoder_attention="count")
 DEFAULT_COUNT = dict(decoder_attention="count")  # the default attention type: COUNT_ATTENTION in the first layer
 COUNT_BLOCK = dict(decoder_attention="count_block")  # separate layers, a COUNT_BLOCK_ATTENTION block in the first
+
+
+@pytest.fixture
+def tiny_config(tiny_config):
+    """The models' tiny configuration with the counting options off (BARE) unless the test sets them."""
+    return lambda **overrides: tiny_config(**{**BARE, **overrides})
 
 CONFIGS = [
     pytest.param(dict(JOINT, feature_map="relu"), id="joint-relu"),
@@ -38,6 +50,7 @@ CONFIGS = [
     pytest.param(dict(COUNT_BLOCK, count_block_embeddings=True, count_block_heads=8, count_block_layer_scale=0.1),
                  id="count-block-layer-scale"),
     pytest.param(dict(remaining_count_max=2), id="remaining-counts"),
+    pytest.param(DEFAULT_DECODER, id="default"),
     pytest.param(dict(COUNT_BLOCK, remaining_count_max=1), id="count-block-remaining-counts"),
     pytest.param(dict(COUNT_BLOCK, count_block_embeddings=True, count_block_heads=8, count_block_layer_scale=0.1,
                       remaining_count_max=3), id="count-block-own-embeddings-remaining-counts"),
@@ -275,12 +288,9 @@ def test_feature_map_changes_the_model(tiny_config, batch):
                      r"`count_block_heads` must be positive, got 0", id="count-block-0-heads-of-2"),
         pytest.param(dict(COUNT_BLOCK, count_block_heads=3, count_block_head_dim=0),
                      r"`count_block_head_dim` must be positive, got 0", id="count-block-heads-of-0"),
-        pytest.param(dict(DEFAULT_COUNT, count_block_head_dim=2),
+        pytest.param(dict(DEFAULT_COUNT, count_block_head_dim=4),
                      "`count_block_head_dim` applies to `decoder_attention='count_block'` only, got "
                      "decoder_attention 'count'", id="head-dim-without-count-block"),
-        pytest.param(dict(DEFAULT_COUNT, count_block_embeddings=True),
-                     "`count_block_embeddings` applies to `decoder_attention='count_block'` only, got "
-                     "decoder_attention 'count'", id="own-embeddings-without-count-block"),
         pytest.param(dict(DEFAULT_COUNT, count_block_zero_init=True),
                      "`count_block_zero_init` applies to `decoder_attention='count_block'` only, got "
                      "decoder_attention 'count'", id="zero-init-without-count-block"),
@@ -298,7 +308,7 @@ def test_feature_map_changes_the_model(tiny_config, batch):
         pytest.param(dict(DEFAULT_COUNT, count_block_embedding_dim=4),
                      "`count_block_embedding_dim` applies to `decoder_attention='count_block'` only",
                      id="embedding-dim-without-count-block"),
-        pytest.param(dict(DEFAULT_COUNT, count_block_layer_scale=0.1),
+        pytest.param(dict(DEFAULT_COUNT, count_block_layer_scale=0.25),
                      "`count_block_layer_scale` applies to `decoder_attention='count_block'` only, got "
                      "decoder_attention 'count'", id="layer-scale-without-count-block"),
         *[pytest.param(dict(COUNT_BLOCK, count_block_layer_scale=value),
@@ -320,15 +330,38 @@ def test_config_round_trips_the_options(tmp_path):
     config.save_pretrained(tmp_path)
     loaded = ScaleformerConfig.from_pretrained(tmp_path)
     assert (loaded.feature_map, loaded.decoder_attention) == ("relu", "joint")
-    assert (ScaleformerConfig().feature_map, ScaleformerConfig().decoder_attention) == ("elu", "separate")
-    ScaleformerConfig(**COUNT_BLOCK, count_block_heads=64).save_pretrained(tmp_path)
+    assert (ScaleformerConfig().feature_map, ScaleformerConfig().decoder_attention) == ("elu", "count_block")
+    ScaleformerConfig(**dict(BARE, **COUNT_BLOCK, count_block_heads=64)).save_pretrained(tmp_path)
     loaded = ScaleformerConfig.from_pretrained(tmp_path)
     assert (loaded.count_block_heads, loaded.count_block_num_heads, loaded.decoder_attention_heads) == (64, 64, 8)
-    assert (ScaleformerConfig().count_block_heads, ScaleformerConfig().count_block_num_heads) == (None, 8)
+    default = ScaleformerConfig()
+    assert (default.count_block_heads, default.count_block_num_heads, default.count_block_head_width) == (64, 64, 2)
+    assert (default.count_block_embeddings, default.count_block_embedding_dim, default.count_block_layer_scale,
+            default.remaining_count_max) == (True, 32, 0.1, 3)
     assert (loaded.count_block_head_dim, loaded.count_block_head_width) == (None, 8)  # d_model 512 / 64 heads
-    ScaleformerConfig(**COUNT_BLOCK, count_block_heads=100, count_block_head_dim=2).save_pretrained(tmp_path)
+    ScaleformerConfig(**dict(BARE, **COUNT_BLOCK, count_block_heads=100, count_block_head_dim=2)).save_pretrained(
+        tmp_path)
     loaded = ScaleformerConfig.from_pretrained(tmp_path)
     assert (loaded.count_block_num_heads, loaded.count_block_head_dim, loaded.count_block_head_width) == (100, 2, 2)
+
+
+def test_other_decoders_take_the_count_blocks_defaults_and_its_off_values(tiny_config, batch):
+    """Under another `decoder_attention` the count block's fields may keep their defaults or be off (None, False),
+    and with the block and the remaining counts off the model takes `inputs_embeds` like BART."""
+    assert not tiny_config(**dict(DEFAULT_DECODER, decoder_attention="separate")).has_count_block
+    config = tiny_config(**dict(DEFAULT_DECODER, decoder_attention="separate", count_block_embeddings=False,
+                                remaining_count_max=None))
+    assert not config.counts_source_ids
+    model = ScaleformerForConditionalGeneration(config).double().eval()
+    src, src_mask = batch()
+    tgt, _ = batch(b=3, ls=5, seed=1)
+    embed = model.get_input_embeddings()
+    expected = model(input_ids=src, attention_mask=src_mask, decoder_input_ids=tgt).logits
+    got = model(inputs_embeds=embed(src), attention_mask=src_mask, decoder_inputs_embeds=embed(tgt)).logits
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="needs `input_ids`|`count_block_embeddings=True`|remaining_count_max"):
+        ScaleformerForConditionalGeneration(tiny_config(**DEFAULT_DECODER)).eval()(inputs_embeds=embed(src),
+                                                                                  decoder_input_ids=tgt)
 
 
 def test_count_layer_of_a_normalised_type_is_the_count_attention(tiny_config):

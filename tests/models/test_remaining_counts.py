@@ -10,6 +10,13 @@ from modeling_scaleformer.cache import ScaleformerCache
 from modeling_scaleformer.layers import remaining_counts, running_token_counts, source_token_counts
 
 
+@pytest.fixture
+def tiny_config(tiny_config):
+    """The models' tiny configuration with BART's decoder layers (`decoder_attention="separate"`; the default adds
+    the count block), so that the remaining counts are tested alone unless a test sets `decoder_attention`."""
+    return lambda **overrides: tiny_config(**{"decoder_attention": "separate", **overrides})
+
+
 def naive_remaining(source, source_mask, tokens, token_mask):
     """Per kept written position: kept source positions with its id minus kept written positions up to it with its
     id; 0 at the positions that are not kept."""
