@@ -202,6 +202,14 @@ def sees_relative_positions(variant: AttentionVariant) -> bool:
     return bool(variant.parameters(1, 1, 1, False))
 
 
+def parameter_phrase(n_parameters: int) -> str:
+    """"A 7.61 M-parameter" or "An 8.09 M-parameter": the size with the article its spoken number takes."""
+    size = f"{n_parameters / 1e6:.2f}"
+    whole = size.split(".")[0]
+    vowel_sound = whole.startswith("8") or whole in ("11", "18")  # eight..., eighty..., eleven, eighteen
+    return f"{'An' if vowel_sound else 'A'} {size} M-parameter"
+
+
 def architecture_paragraph(config: Mapping, n_parameters: int) -> str:
     """One paragraph on the architecture and the training objective, from ``config.json`` and the registry."""
     variant = get_attention_variant(config["attention_type"])
@@ -370,6 +378,7 @@ def write_model_card(model_dir: str | os.PathLike, run: TrainingRun, *, model_id
         task=PIPELINE_TASKS[run.pipeline_tag],
         attention="softmax" if variant.softmax else "kernelized",
         n_parameters=n_parameters,
+        size_phrase=parameter_phrase(n_parameters),
         limitations=architecture_limitations(config) + run.limitations,
         sizes={
             "parameters": f"{n_parameters:,} ({n_parameters / 1e6:.2f} M)",

@@ -158,6 +158,14 @@ def test_card_describes_the_configured_attention_norm_and_positions(card_module,
         assert phrase not in text, phrase
 
 
+@pytest.mark.parametrize("n, phrase", [(7_612_345, "A 7.61 M-parameter"), (8_086_054, "An 8.09 M-parameter"),
+                                       (11_200_000, "An 11.20 M-parameter"), (18_000_000, "An 18.00 M-parameter"),
+                                       (49_147_026, "A 49.15 M-parameter"), (85_000_000, "An 85.00 M-parameter"),
+                                       (110_000_000, "A 110.00 M-parameter")])
+def test_card_names_the_size_with_its_article(card_module, n, phrase):
+    assert card_module.parameter_phrase(n) == phrase
+
+
 @pytest.mark.parametrize("name", sorted(ATTENTION_VARIANTS))
 def test_card_states_the_registry_facts_of_every_attention_type(card_module, name):
     variant = ATTENTION_VARIANTS[name]
