@@ -39,7 +39,8 @@ print(torch.__version__, triton.__version__, transformers.__version__, torch.cud
         train) step train python3 benchmarks/bench_train.py --device cuda --bf16 --lengths 4096 16384 \
             --models scaleformer bart led --json "$out/bench_train_gpu.json" ;;
         generate) step generate python3 benchmarks/bench_generate.py --device cuda --new-tokens "${NEW_TOKENS:-8192}" \
-            --positions ${POSITIONS:-128 1024 4096 8192} --models scaleformer bart --json "$out/bench_generate_gpu.json" ;;
+            --positions ${POSITIONS:-128 1024 4096 8192} --models scaleformer bart \
+            --json "$out/bench_generate_gpu.json" ;;
         *) echo "unknown step: $name (expected env, attention, tests, train, generate)" >&2; exit 64 ;;
     esac
 done

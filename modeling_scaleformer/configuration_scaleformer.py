@@ -136,8 +136,9 @@ class ScaleformerConfig(PreTrainedConfig):
             the counts at any length. `"count_block"` is the default, with 64 heads of 2 channels, a token table of
             its own of 32 channels and a learned output scale started at 0.1 (the `count_block_*` defaults); with
             `remaining_count_max=3` (its default too) it makes the model extrapolate on copying and sorting. The
-            `count_block_*` fields apply to `"count_block"` only; under another `decoder_attention` they must keep
-            their defaults. Decoder-only models ignore the field (they have no cross attention).
+            `count_block_*` fields apply to `"count_block"` only; under another `decoder_attention` they keep their
+            defaults or are off (`None`, `False`). Decoder-only models ignore the field (they have no cross
+            attention).
         count_block_heads (`int`, *optional*, defaults to 64):
             The number of heads of the count block (`decoder_attention="count_block"`); `None` gives it
             `decoder_attention_heads`. More, narrower heads keep more symbols' counts apart: each head's sum is

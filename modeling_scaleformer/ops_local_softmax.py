@@ -220,10 +220,10 @@ def chunk_local_softmax_decay_attention(
 
     rows = [x.reshape(b * heads, 1, x.shape[2], x.shape[3]) for x in (qc, kc, vm)]
     tail = grouped_rows(tails, max(lq, lk) * (chunk + d + vm.shape[-1]), *rows, decay.to(dtype).repeat(b))
+    band = _band(lq, h, query_offset, causal, chunk, q.device, half_inputs=dtype != q.dtype)
     out = _band_function(q.device).apply(qc.reshape(b * heads, lq, d), kc.reshape(b * heads, -1, d),
-                                  vm.reshape(b * heads, -1, vm.shape[-1]), row_table(rel, b, heads, dtype),
-                                  tail.reshape(b * heads, lq, -1),
-                                         _band(lq, h, query_offset, causal, chunk, q.device, dtype != q.dtype))
+                                         vm.reshape(b * heads, -1, vm.shape[-1]), row_table(rel, b, heads, dtype),
+                                         tail.reshape(b * heads, lq, -1), band)
     return out.view(b, heads, lq, -1).to(q.dtype)
 
 
