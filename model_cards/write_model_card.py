@@ -377,7 +377,6 @@ def write_model_card(model_dir: str | os.PathLike, run: TrainingRun, *, model_id
         kind=kind,
         task=PIPELINE_TASKS[run.pipeline_tag],
         attention="softmax" if variant.softmax else "kernelized",
-        n_parameters=n_parameters,
         size_phrase=parameter_phrase(n_parameters),
         limitations=architecture_limitations(config) + run.limitations,
         sizes={
