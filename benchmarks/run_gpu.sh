@@ -5,8 +5,10 @@
 #     bash benchmarks/run_gpu.sh OUT_DIR [STEP ...]
 #
 # STEP is any of env, attention, tests, train, generate (default: all, in that order). Each step writes its log
-# (and its JSON) under OUT_DIR and runs under its own time limit (seconds, e.g. LIMIT_tests=300), so that a
-# failing or slow step leaves the others' figures; the exit status is the number of steps that failed.
+# (and its JSON) under OUT_DIR and runs under its own time limit (seconds, e.g. LIMIT_tests=300; at the limit the
+# step gets SIGINT, so that pytest still reports what ran), so that a failing or slow step leaves the others'
+# figures; the exit status is the number of steps that failed. TEST_PATHS (default: tests/ops tests/models) are
+# what the tests step runs.
 set -u
 out=${1:?usage: bash benchmarks/run_gpu.sh OUT_DIR [STEP ...]}
 shift
@@ -21,7 +23,7 @@ step() {  # step NAME COMMAND...: runs COMMAND under LIMIT_<NAME> seconds, its o
     local name=$1 limit_var="LIMIT_$1"
     shift
     echo "== $name: $(date -u +%T), limit ${!limit_var} s"
-    timeout "${!limit_var}" "$@" > "$out/$name.log" 2>&1
+    timeout -s INT -k 20 "${!limit_var}" "$@" > "$out/$name.log" 2>&1
     local rc=$?
     tail -n "${TAIL_LINES:-30}" "$out/$name.log"
     echo "== $name: exit status $rc, $(date -u +%T)"
@@ -35,7 +37,8 @@ for name in $steps; do
 print(torch.__version__, triton.__version__, transformers.__version__, torch.cuda.get_device_name())"' ;;
         attention) step attention python3 benchmarks/bench_attention_gpu.py --profile 16384 \
             --json "$out/bench_attention_gpu.json" ;;
-        tests) step tests python3 -m pytest -m gpu -q -p no:cacheprovider -rfEs tests/ops tests/models ;;
+        tests) step tests python3 -m pytest -m gpu -v -p no:cacheprovider -rfEs --durations=0 \
+            ${TEST_PATHS:-tests/ops tests/models} ;;
         train) step train python3 benchmarks/bench_train.py --device cuda --bf16 --lengths 4096 16384 \
             --models scaleformer bart led --json "$out/bench_train_gpu.json" ;;
         generate) step generate python3 benchmarks/bench_generate.py --device cuda --new-tokens "${NEW_TOKENS:-8192}" \

@@ -194,6 +194,9 @@ class ScaleformerAttention(nn.Module):
             out = out * nn.functional.silu(project(self.g_proj, hidden_states))
         return self.o_proj(out)
 
+    # Under torch.compile the ops run as they are: tracing them would compile their Python loops over blocks and
+    # chunks (and launch sites of their Triton kernels) once per shape, for little gain.
+    @torch.compiler.disable
     def _attend(self, q, k, v, key_mask, state, query_offset: int) -> Tensor:
         variant, params = self.variant, self._variant_parameters(q.dtype)
         k = None if k is None else k.to(q.dtype)

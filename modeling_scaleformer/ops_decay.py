@@ -19,8 +19,8 @@ so the op is exact and linear in length:
 - the band |t| <= h is a local attention over 2h+1 keys per query, computed by blocks of queries;
 - the tail t > h (and t < -h when bidirectional) is a decayed linear attention with queries
   [phi(q_i), phi(q_i).phi(rel[edge])] and keys [phi(k_j), 1] whose query i sees the keys up to p_i - h - 1
-  with weight exp(-lambda (p_i - h - j)); it runs by chunks with a (D+1, Dv) state per head. The anticausal
-  tail is the causal one of the reversed sequences.
+  with weight exp(-lambda (p_i - h - j)); it runs by chunks with a (D+1, Dv) state per head (on CUDA in the
+  Triton kernels of `ops_decay_triton`). The anticausal tail is the causal one of the reversed sequences.
 
 Time O(L (C + h) (D + Dv) + L D Dv) and memory O(L (D + Dv) + (L / C) D Dv) per head, C the chunk size. The
 decoding state (`KernelizedDecayState`) keeps the last h keys and values and the decayed tail sum: constant
@@ -29,6 +29,7 @@ size.
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
@@ -175,16 +176,18 @@ class _DecayScan(torch.autograd.Function):
         return grad_local.movedim(0, 2), grad_carry, grad_initial
 
 
-def _scan_function(device: torch.device):
-    """The chunk-state scan for `device`: the Triton kernels on CUDA when Triton is installed
-    (`ops_decay_triton`), `_DecayScan` otherwise."""
+def _prefix_function(device: torch.device, dim: int, half_inputs: bool = False):
+    """The decayed prefix for `device` and features of width `dim`: the Triton kernels on CUDA when Triton is
+    installed and they take `dim` (`ops_decay_triton.decayed_prefix`), `_decayed_prefix` otherwise.
+    `half_inputs`: the operands came from 16-bit floats (the kernels may multiply them in TF32)."""
     if device.type == "cuda":
         try:
-            from .ops_decay_triton import TritonDecayScan
+            from .ops_decay_triton import decayed_prefix, fits
         except ImportError:
-            return _DecayScan
-        return TritonDecayScan
-    return _DecayScan
+            return _decayed_prefix
+        if fits(dim):
+            return functools.partial(decayed_prefix, half_inputs=half_inputs)
+    return _decayed_prefix
 
 
 def _decayed_prefix(x: Tensor, y: Tensor, v: Tensor, rate: Tensor, chunk: int, initial: Tensor | None = None
@@ -212,13 +215,14 @@ def _decayed_prefix(x: Tensor, y: Tensor, v: Tensor, rate: Tensor, chunk: int, i
         to_end = torch.exp(-rate[..., 0] * (chunk - 1 - pos))  # (H, C): key b of a chunk to the chunk's end
         local = (yc * to_end[None, :, None, :, None]).transpose(-1, -2) @ vc  # (B, H, n, E, Dv)
         # the state before each chunk
-        states = _scan_function(x.device).apply(local, torch.exp(-rate[:, 0, 0] * chunk), initial)
+        states = _DecayScan.apply(local, torch.exp(-rate[:, 0, 0] * chunk), initial)
         from_start = torch.exp(-rate[..., 0] * (pos + 2))  # (H, C): query a of a chunk from the state
         out = out + (xc * from_start[None, :, None, :, None]) @ states
     return out.reshape(b, heads, n * chunk, dv)[:, :, :length]
 
 
-def decayed_tail(xq: Tensor, y: Tensor, vm: Tensor, rate: Tensor, horizon: int, offset: int, chunk: int) -> Tensor:
+def decayed_tail(xq: Tensor, y: Tensor, vm: Tensor, rate: Tensor, horizon: int, offset: int, chunk: int,
+                 half_inputs: bool = False) -> Tensor:
     """sum over j <= p_i - h - 1 of exp(-rate (p_i - h - j)) x_i.y_j v_j, p_i = i + offset (any integer offset).
 
     The query with cutoff m = p_i - h - 1 is placed at key position m, so that one causal pass
@@ -243,7 +247,7 @@ def decayed_tail(xq: Tensor, y: Tensor, vm: Tensor, rate: Tensor, horizon: int, 
         distance = lead - 1 - torch.arange(before, device=y.device, dtype=y.dtype)
         weight = torch.exp(-rate.to(y.dtype)[:, None] * distance)
         initial = (y[:, :, :before] * weight[None, :, :, None]).transpose(-1, -2) @ vm[:, :, :before]
-    out = _decayed_prefix(xq[:, :, skip:], ys, vs, rate, chunk, initial)
+    out = _prefix_function(xq.device, e, half_inputs)(xq[:, :, skip:], ys, vs, rate, chunk, initial)
     return torch.nn.functional.pad(out, (0, 0, skip, 0))
 
 
@@ -273,6 +277,7 @@ def chunk_kernelized_decay_attention(
     vm = _mask_values(v.to(dtype), key_mask, normalise)
     chunk = max(chunk_size, 1)
     phi = get_feature_map(feature_map)
+    half = dtype != q.dtype
 
     def attend(q, k, vm, rate, rel=None):  # rows (G, 1, L, .) of (B * H, 1, L, .), rate (G,), rel (G, 2h+1, D)
         qf, kf = (phi(x.transpose(0, 1)) for x in (q, k))
@@ -280,11 +285,11 @@ def chunk_kernelized_decay_attention(
         rf = None if rel is None else phi(rel)
         out = _band(qf, kf, vm, rf, h, query_offset, causal, chunk)
         x, y = _tail_features(qf, kf, rf, 2 * h)
-        out = out + decayed_tail(x, y, vm, rate, h, query_offset, chunk)
+        out = out + decayed_tail(x, y, vm, rate, h, query_offset, chunk, half)
         if not causal:
             # keys j >= p_i + h + 1 of the reversed sequences: j' = Lk-1-j, query i' = Lq-1-i at p' = i' + Lk-Lq-off
             x, y = _tail_features(qf.flip(2), kf.flip(2), rf, 0)
-            out = out + decayed_tail(x, y, vm.flip(2), rate, h, lk - lq - query_offset, chunk).flip(2)
+            out = out + decayed_tail(x, y, vm.flip(2), rate, h, lk - lq - query_offset, chunk, half).flip(2)
         return out.transpose(0, 1)
 
     rows = [x.reshape(b * heads, 1, x.shape[2], x.shape[3]) for x in (q.to(dtype), k.to(dtype), vm)]

@@ -1,21 +1,30 @@
-"""A Triton kernel of the chunk-state scan of `ops_decay` (the decayed tails of the default attention), for CUDA.
+"""Triton kernels of the decayed tails of `ops_decay` (the linear part of the default attention), for CUDA.
 
-`ops_decay._DecayScan` carries the state of a decayed linear attention across chunks:
+`ops_decay._decayed_prefix` computes, for x, y (B, H, L, E), v (B, H, L, Dv), a rate lambda >= 0 per head and an
+optional initial state S_init (B, H, E, Dv),
 
-    states_0 = initial (or 0),  states_{c+1} = carry states_c + local_c,  c = 0 .. n - 2
+    out_m = sum_{j <= m} exp(-lambda (m + 1 - j)) x_m.y_j v_j  +  exp(-lambda (m + 1)) x_m S_init
 
-for local (B, H, n, E, Dv) and carry (H,). In PyTorch that is a loop of n small launches forward and n
-backward (n = L / chunk: 256 at 16k tokens, per layer and direction), each far too small to fill a GPU.
-`TritonDecayScan` has `_DecayScan`'s contract and runs the whole loop in one launch: one program per row
-and block of state elements, the state held in registers while it walks the chunks.
+by chunks of T positions, with the state S_c = sum_{j < cT} exp(-lambda (cT - 1 - j)) y_j v_j^T (+ the decayed
+initial state) carried between them. In PyTorch that is several batched products per chunk, a scan launched once
+per chunk and many temporaries; `TritonDecayedPrefix` computes the same in four kernels, laid out like
+flash-linear-attention's chunk kernels (states, then outputs; backward likewise):
 
-- `_scan_forward` writes states_0 .. states_{n-1};
-- `_scan_backward` walks back with the adjoint G_c = grad_c + carry G_{c+1}: the gradient of local_{c-1} is
-  G_c, that of the initial state G_0, and each program adds up its share of the carry's gradient,
-  sum_c G_c . states_{c-1}, into its own slot (no atomics; the slots are summed afterwards).
+- `_states_forward`: one program per row and (E, Dv) block of the state walks the chunks with the state in
+  registers, S_{c+1} = exp(-lambda T) S_c + (y_c * exp(-lambda (T - 1 - b)))^T v_c, and stores S_0 .. S_{n-1};
+- `_output_forward`: one program per chunk, row and block of Dv: out_c = (x_c * exp(-lambda (a + 2))) S_c
+  + (x_c y_c^T * D) v_c, with D_ab = exp(-lambda (a + 1 - b)) for a >= b (a, b positions within the chunk);
+- `_states_backward`: the adjoint G_c of the state after chunk c, walked back from G_{n-1} = 0 by
+  G_{c-1} = exp(-lambda T) G_c + (x_c * exp(-lambda (a + 2)))^T dout_c; stores G_c, gives the initial state's
+  gradient and each block's share of the carry's gradient, sum_c G_c . S_c;
+- `_inputs_backward`: one program per chunk and row: dx, dy and dv from the chunk's products, S_c and G_c, and
+  the chunk's share of lambda's gradient.
 
-States accumulate in their dtype (fp32 for half-precision inputs, `ops_common.compute_dtype`). Triton is an
-optional dependency: this module is imported only for CUDA tensors (or by tests under TRITON_INTERPRET=1).
+lambda's gradient is a sum of local terms (offsets within a chunk, T for the carry), never a product of
+absolute positions, so it keeps its digits on long inputs. Products accumulate in float32 (float64 for float64
+inputs; `dot_precision` says how float32 operands are multiplied). T is `CHUNK`, whatever chunk the PyTorch path
+uses. Triton is an optional dependency: this module is imported only for CUDA tensors (or by tests under
+TRITON_INTERPRET=1).
 """
 
 from __future__ import annotations
@@ -29,83 +38,247 @@ try:
 except ImportError as error:  # optional (the `gpu` extra): `ops_decay` falls back to PyTorch without it
     raise ImportError("the Triton kernels of the default attention need `pip install triton`") from error
 
+from .ops_common import compute_dtype
 
-BLOCK = 1024  # state elements per program
+
+CHUNK = 64  # T: positions per chunk (a power of two, at least 16)
+STATE_BLOCK_E = 64  # state rows per program of the state kernels
+STATE_BLOCK_V = 32  # state columns per program of the state kernels and of the output kernel
+MAX_DIM = 256  # `_inputs_backward` holds a chunk's x and y whole: E up to this
+
+
+def fits(dim: int) -> bool:
+    """Whether the kernels take features of width `dim` (E); any Dv fits."""
+    return dim <= MAX_DIM
+
+
+def dot_precision(dtype: torch.dtype, half_inputs: bool) -> str:
+    """Triton's input precision for the kernels' products of operands in `dtype`. Operands that came from 16-bit
+    floats (`half_inputs`) are exact in TF32, so those calls use the tensor cores' TF32 mode, as float32 inputs
+    do where `torch.get_float32_matmul_precision()` allows it; at "highest" (PyTorch's default) float32 products
+    use three TF32 products (about float32's accuracy), and float64 ones are exact."""
+    if dtype == torch.float64:
+        return "ieee"
+    if half_inputs or torch.get_float32_matmul_precision() != "highest":
+        return "tf32"
+    return "tf32x3"
 
 
 @triton.jit
-def _scan_forward(LOCAL, CARRY, INITIAL, STATES, n, heads, size, HAS_INITIAL: tl.constexpr, BLOCK: tl.constexpr):
-    row, part = tl.program_id(0), tl.program_id(1)
-    e = part * BLOCK + tl.arange(0, BLOCK)
-    inside = e < size
-    carry = tl.load(CARRY + row % heads)
+def _tile(PTR, row, c, length, width, col0, T: tl.constexpr, BLOCK: tl.constexpr):
+    """Pointers and mask of the (T, BLOCK) tile of chunk c, columns col0.., of `row` of a (rows, length, width)
+    tensor."""
+    t = c * T + tl.arange(0, T)
+    col = col0 + tl.arange(0, BLOCK)
+    ptr = PTR + row.to(tl.int64) * length * width + t[:, None] * width + col[None, :]
+    return ptr, (t[:, None] < length) & (col[None, :] < width)
+
+
+@triton.jit
+def _load_tile(PTR, row, c, length, width, col0, T: tl.constexpr, BLOCK: tl.constexpr):
+    ptr, mask = _tile(PTR, row, c, length, width, col0, T, BLOCK)
+    return tl.load(ptr, mask=mask, other=0.0)
+
+
+@triton.jit
+def _state(PTR, row, c, n, e_size, dv, e0, v0, BE: tl.constexpr, BV: tl.constexpr):
+    """Pointers and mask of the (BE, BV) block at (e0, v0) of state c of `row` of a (rows, n, E, Dv) tensor."""
+    e = e0 + tl.arange(0, BE)
+    v = v0 + tl.arange(0, BV)
+    ptr = PTR + ((row.to(tl.int64) * n + c) * e_size + e[:, None]) * dv + v[None, :]
+    return ptr, (e[:, None] < e_size) & (v[None, :] < dv)
+
+
+@triton.jit
+def _states_forward(Y, V, RATE, INITIAL, STATES, length, n, heads, e_size, dv,
+                    HAS_INITIAL: tl.constexpr, T: tl.constexpr, BE: tl.constexpr, BV: tl.constexpr,
+                    DOT: tl.constexpr):
+    eb, vb, row = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    e0, v0 = eb * BE, vb * BV
+    acc = STATES.dtype.element_ty
+    rate = tl.load(RATE + row % heads)
+    to_end = tl.exp(-rate * (T - 1 - tl.arange(0, T).to(acc)))  # key b of a chunk to the chunk's end
+    carry = tl.exp(-rate * T)
     if HAS_INITIAL:
-        state = tl.load(INITIAL + row.to(tl.int64) * size + e, mask=inside, other=0.0)
+        ptr, mask = _state(INITIAL, row, 0, 1, e_size, dv, e0, v0, BE, BV)
+        state = tl.load(ptr, mask=mask, other=0.0)
     else:
-        state = tl.zeros((BLOCK,), dtype=STATES.dtype.element_ty)
-    base = row.to(tl.int64) * n * size  # beyond 2^31 elements for long inputs and large batches
+        state = tl.zeros((BE, BV), dtype=acc)
     for c in range(n):
-        tl.store(STATES + base + c * size + e, state, mask=inside)
-        local = tl.load(LOCAL + base + c * size + e, mask=inside, other=0.0)
-        state = carry * state + local
+        ptr, mask = _state(STATES, row, c, n, e_size, dv, e0, v0, BE, BV)
+        tl.store(ptr, state, mask=mask)
+        y = _load_tile(Y, row, c, length, e_size, e0, T, BE)
+        v = _load_tile(V, row, c, length, dv, v0, T, BV)
+        y = (y * to_end[:, None]).to(Y.dtype.element_ty)
+        state = state * carry + tl.dot(tl.trans(y), v, input_precision=DOT)
 
 
 @triton.jit
-def _scan_backward(GRAD, CARRY, STATES, GRAD_LOCAL, GRAD_INITIAL, GRAD_CARRY, n, heads, size, parts,
-                   BLOCK: tl.constexpr):
-    row, part = tl.program_id(0), tl.program_id(1)
-    e = part * BLOCK + tl.arange(0, BLOCK)
-    inside = e < size
-    carry = tl.load(CARRY + row % heads)
-    base = row.to(tl.int64) * n * size  # beyond 2^31 elements for long inputs and large batches
-    tl.store(GRAD_LOCAL + base + (n - 1) * size + e, tl.zeros((BLOCK,), dtype=GRAD_LOCAL.dtype.element_ty),
-             mask=inside)
-    adjoint = tl.zeros((BLOCK,), dtype=STATES.dtype.element_ty)
-    to_carry = tl.zeros((BLOCK,), dtype=STATES.dtype.element_ty)
+def _output_forward(X, Y, V, RATE, STATES, OUT, length, n, heads, e_size, dv,
+                    T: tl.constexpr, BE: tl.constexpr, BV: tl.constexpr, DOT: tl.constexpr):
+    vb, c, row = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    v0 = vb * BV
+    acc = OUT.dtype.element_ty
+    rate = tl.load(RATE + row % heads)
+    a = tl.arange(0, T)
+    scores = tl.zeros((T, T), dtype=acc)
+    out = tl.zeros((T, BV), dtype=acc)
+    for e0 in range(0, e_size, BE):
+        x = _load_tile(X, row, c, length, e_size, e0, T, BE)
+        y = _load_tile(Y, row, c, length, e_size, e0, T, BE)
+        ptr, mask = _state(STATES, row, c, n, e_size, dv, e0, v0, BE, BV)
+        state = tl.load(ptr, mask=mask, other=0.0)
+        scores += tl.dot(x, tl.trans(y), input_precision=DOT)
+        out += tl.dot(x, state.to(X.dtype.element_ty), input_precision=DOT)
+    out = out * tl.exp(-rate * (a + 2).to(acc))[:, None]
+    gap = tl.maximum(a[:, None] - a[None, :], 0).to(acc)
+    scores = tl.where(a[:, None] >= a[None, :], scores * tl.exp(-rate * (gap + 1)), 0.0)
+    v = _load_tile(V, row, c, length, dv, v0, T, BV)
+    out += tl.dot(scores.to(V.dtype.element_ty), v, input_precision=DOT)
+    ptr, mask = _tile(OUT, row, c, length, dv, v0, T, BV)
+    tl.store(ptr, out, mask=mask)
+
+
+@triton.jit
+def _states_backward(X, DOUT, RATE, STATES, GRADS, GRAD_INITIAL, GRAD_CARRY, length, n, heads, e_size, dv,
+                     T: tl.constexpr, BE: tl.constexpr, BV: tl.constexpr, DOT: tl.constexpr):
+    eb, vb, row = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    e0, v0 = eb * BE, vb * BV
+    acc = STATES.dtype.element_ty
+    rate = tl.load(RATE + row % heads)
+    from_start = tl.exp(-rate * (tl.arange(0, T) + 2).to(acc))  # query a of a chunk from the chunk's state
+    carry = tl.exp(-rate * T)
+    adjoint = tl.zeros((BE, BV), dtype=acc)  # G_c, the gradient of the state after chunk c
+    to_carry = tl.zeros((BE, BV), dtype=acc)
     for step in range(n):
         c = n - 1 - step
-        adjoint = tl.load(GRAD + base + c * size + e, mask=inside, other=0.0) + carry * adjoint  # G_c
-        if c > 0:
-            tl.store(GRAD_LOCAL + base + (c - 1) * size + e, adjoint, mask=inside)
-            to_carry += adjoint * tl.load(STATES + base + (c - 1) * size + e, mask=inside, other=0.0)
-    tl.store(GRAD_INITIAL + row.to(tl.int64) * size + e, adjoint, mask=inside)
-    tl.store(GRAD_CARRY + row * parts + part, tl.sum(to_carry, 0))
+        ptr, mask = _state(GRADS, row, c, n, e_size, dv, e0, v0, BE, BV)
+        tl.store(ptr, adjoint, mask=mask)
+        ptr, mask = _state(STATES, row, c, n, e_size, dv, e0, v0, BE, BV)
+        to_carry += adjoint * tl.load(ptr, mask=mask, other=0.0)
+        x = _load_tile(X, row, c, length, e_size, e0, T, BE)
+        grad = _load_tile(DOUT, row, c, length, dv, v0, T, BV)
+        x = (x * from_start[:, None]).to(X.dtype.element_ty)
+        adjoint = adjoint * carry + tl.dot(tl.trans(x), grad.to(X.dtype.element_ty), input_precision=DOT)
+    ptr, mask = _state(GRAD_INITIAL, row, 0, 1, e_size, dv, e0, v0, BE, BV)
+    tl.store(ptr, adjoint, mask=mask)
+    tl.store(GRAD_CARRY + (row * tl.num_programs(0) + eb) * tl.num_programs(1) + vb, tl.sum(tl.sum(to_carry, 1), 0))
 
 
-class TritonDecayScan(torch.autograd.Function):
-    """`ops_decay._DecayScan` in two Triton kernels: local (B, H, n, E, Dv), carry (H,), initial (B, H, E, Dv)
-    or None; returns the states before each chunk, (B, H, n, E, Dv)."""
+@triton.jit
+def _inputs_backward(X, Y, V, DOUT, RATE, STATES, GRADS, DX, DY, DV, GRAD_RATE, length, n, heads, e_size, dv,
+                     T: tl.constexpr, BE: tl.constexpr, BV: tl.constexpr, DOT: tl.constexpr):
+    c, row = tl.program_id(0), tl.program_id(1)
+    acc = STATES.dtype.element_ty
+    dtype = X.dtype.element_ty
+    rate = tl.load(RATE + row % heads)
+    a = tl.arange(0, T)
+    pos = a.to(acc)
+    from_start = tl.exp(-rate * (pos + 2))
+    to_end = tl.exp(-rate * (T - 1 - pos))
+    x = _load_tile(X, row, c, length, e_size, 0, T, BE)
+    y = _load_tile(Y, row, c, length, e_size, 0, T, BE)
+    # over the blocks of Dv: dout v^T, dout S_c^T and v G_c^T
+    products = tl.zeros((T, T), dtype=acc)
+    grad_x_state = tl.zeros((T, BE), dtype=acc)
+    grad_y_state = tl.zeros((T, BE), dtype=acc)
+    for v0 in range(0, dv, BV):
+        v = _load_tile(V, row, c, length, dv, v0, T, BV)
+        grad = _load_tile(DOUT, row, c, length, dv, v0, T, BV).to(dtype)
+        state_ptr, state_mask = _state(STATES, row, c, n, e_size, dv, 0, v0, BE, BV)
+        state = tl.load(state_ptr, mask=state_mask, other=0.0).to(dtype)
+        state_ptr, state_mask = _state(GRADS, row, c, n, e_size, dv, 0, v0, BE, BV)
+        adjoint = tl.load(state_ptr, mask=state_mask, other=0.0).to(dtype)
+        products += tl.dot(grad, tl.trans(v), input_precision=DOT)
+        grad_x_state += tl.dot(grad, tl.trans(state), input_precision=DOT)
+        grad_y_state += tl.dot(v, tl.trans(adjoint), input_precision=DOT)
+    gap = tl.maximum(a[:, None] - a[None, :], 0).to(acc)
+    decay = tl.where(a[:, None] >= a[None, :], tl.exp(-rate * (gap + 1)), 0.0)
+    scores = tl.dot(x, tl.trans(y), input_precision=DOT) * decay  # (x y^T) * D
+    grad_scores = products * decay
+    dx = tl.dot(grad_scores.to(dtype), y, input_precision=DOT) + from_start[:, None] * grad_x_state
+    dy = tl.dot(tl.trans(grad_scores.to(dtype)), x, input_precision=DOT) + to_end[:, None] * grad_y_state
+    rows_ptr, rows_mask = _tile(DX, row, c, length, e_size, 0, T, BE)
+    tl.store(rows_ptr, dx, mask=rows_mask)
+    rows_ptr, rows_mask = _tile(DY, row, c, length, e_size, 0, T, BE)
+    tl.store(rows_ptr, dy, mask=rows_mask)
+    # d/dlambda of exp(-lambda t) is -t exp(-lambda t): t = a + 1 - b within the chunk, a + 2 from the state,
+    # T - 1 - b into the next state (the carry's T is added by the caller)
+    grad_rate = -tl.sum(tl.sum((gap + 1) * scores * products, 1), 0)
+    grad_rate -= tl.sum((pos + 2) * from_start * tl.sum(x * grad_x_state, 1), 0)
+    grad_rate -= tl.sum((T - 1 - pos) * to_end * tl.sum(y * grad_y_state, 1), 0)
+    tl.store(GRAD_RATE + row * n + c, grad_rate)
+    y_end = (y * to_end[:, None]).to(dtype)
+    for v0 in range(0, dv, BV):
+        grad = _load_tile(DOUT, row, c, length, dv, v0, T, BV).to(dtype)
+        state_ptr, state_mask = _state(GRADS, row, c, n, e_size, dv, 0, v0, BE, BV)
+        adjoint = tl.load(state_ptr, mask=state_mask, other=0.0).to(dtype)
+        dv_block = tl.dot(tl.trans(scores.to(dtype)), grad, input_precision=DOT)
+        dv_block += tl.dot(y_end, adjoint, input_precision=DOT)
+        dv_ptr, dv_mask = _tile(DV, row, c, length, dv, v0, T, BV)
+        tl.store(dv_ptr, dv_block, mask=dv_mask)
+
+
+def _block(size: int, most: int) -> int:
+    return max(16, min(most, triton.next_power_of_2(size)))
+
+
+class TritonDecayedPrefix(torch.autograd.Function):
+    """`ops_decay._decayed_prefix` in four Triton kernels (see the module docstring): x, y (B, H, L, E), v
+    (B, H, L, Dv), rate (H,), initial (B, H, E, Dv) or None; returns out (B, H, L, Dv) in the accumulation dtype
+    (`ops_common.compute_dtype` of x's)."""
 
     @staticmethod
-    def forward(ctx, local, carry, initial):
-        b, heads, n, e, dv = local.shape
-        size = e * dv
-        local = local.contiguous()
-        carry = carry.to(local.dtype).contiguous()
-        states = torch.empty_like(local)
-        parts = triton.cdiv(size, BLOCK)
-        has_initial = initial is not None
-        first = initial.to(local.dtype).contiguous() if has_initial else local  # unread without an initial state
-        _scan_forward[(b * heads, parts)](local, carry, first, states, n, heads, size, HAS_INITIAL=has_initial,
-                                          BLOCK=BLOCK)
-        ctx.save_for_backward(states, carry)
-        ctx.has_initial = has_initial
-        return states
+    def forward(ctx, x, y, v, rate, initial, half_inputs):
+        b, heads, length, e = x.shape
+        dv = v.shape[-1]
+        acc = compute_dtype(x.dtype)
+        x, y, v = (t.contiguous() for t in (x, y, v))
+        rate = rate.to(acc).contiguous()
+        n = triton.cdiv(length, CHUNK)
+        dot = dot_precision(x.dtype, half_inputs)
+        states = x.new_empty(b, heads, n, e, dv, dtype=acc)
+        be, bv = _block(e, STATE_BLOCK_E), _block(dv, STATE_BLOCK_V)
+        first = states if initial is None else initial.to(acc).contiguous()  # unread without an initial state
+        _states_forward[(triton.cdiv(e, be), triton.cdiv(dv, bv), b * heads)](
+            y, v, rate, first, states, length, n, heads, e, dv, HAS_INITIAL=initial is not None, T=CHUNK, BE=be,
+            BV=bv, DOT=dot)
+        out = x.new_empty(b, heads, length, dv, dtype=acc)
+        _output_forward[(triton.cdiv(dv, bv), n, b * heads)](x, y, v, rate, states, out, length, n, heads, e, dv,
+                                                             T=CHUNK, BE=be, BV=bv, DOT=dot)
+        ctx.save_for_backward(x, y, v, rate, states)
+        ctx.has_initial, ctx.dot = initial is not None, dot
+        return out
 
     @staticmethod
-    def backward(ctx, grad):
-        states, carry = ctx.saved_tensors
+    def backward(ctx, grad_out):
+        x, y, v, rate, states = ctx.saved_tensors
         b, heads, n, e, dv = states.shape
-        size = e * dv
-        parts = triton.cdiv(size, BLOCK)
-        grad = grad.to(states.dtype).contiguous()
-        grad_local = torch.empty_like(states)
+        length = x.shape[2]
+        grad_out = grad_out.to(states.dtype).contiguous()
+        be, bv = _block(e, STATE_BLOCK_E), _block(dv, STATE_BLOCK_V)
+        parts = (triton.cdiv(e, be), triton.cdiv(dv, bv))
+        grads = torch.empty_like(states)
         grad_initial = states.new_empty(b, heads, e, dv)
-        grad_carry = states.new_empty(b * heads, parts)
-        _scan_backward[(b * heads, parts)](grad, carry, states, grad_local, grad_initial, grad_carry, n, heads,
-                                           size, parts, BLOCK=BLOCK)
-        grad_carry = grad_carry.view(b, heads, parts).sum((0, 2)) if ctx.needs_input_grad[1] else None
-        return grad_local, grad_carry, grad_initial if ctx.has_initial and ctx.needs_input_grad[2] else None
+        grad_carry = states.new_empty(b * heads, parts[0] * parts[1])
+        _states_backward[(*parts, b * heads)](x, grad_out, rate, states, grads, grad_initial, grad_carry, length, n,
+                                              heads, e, dv, T=CHUNK, BE=be, BV=bv, DOT=ctx.dot)
+        dx, dy, dv_ = torch.empty_like(x), torch.empty_like(y), torch.empty_like(v)
+        grad_rate = states.new_empty(b * heads, n)
+        _inputs_backward[(n, b * heads)](x, y, v, grad_out, rate, states, grads, dx, dy, dv_, grad_rate, length, n,
+                                         heads, e, dv, T=CHUNK, BE=_block(e, MAX_DIM), BV=bv, DOT=ctx.dot)
+        carry = torch.exp(-rate * CHUNK)
+        grad_rate = grad_rate.sum(1).view(b, heads) - CHUNK * carry * grad_carry.sum(1).view(b, heads)
+        return dx, dy, dv_, grad_rate.sum(0), grad_initial if ctx.has_initial else None, None
 
 
-__all__ = ["TritonDecayScan"]
+def decayed_prefix(x: torch.Tensor, y: torch.Tensor, v: torch.Tensor, rate: torch.Tensor, chunk: int,
+                   initial: torch.Tensor | None = None, *, half_inputs: bool = False) -> torch.Tensor:
+    """`ops_decay._decayed_prefix` on CUDA (`TritonDecayedPrefix`); `chunk` is the PyTorch path's and unused here
+    (the kernels' chunk is `CHUNK`). `half_inputs`: the operands came from 16-bit floats (see `dot_precision`)."""
+    if not fits(x.shape[-1]):
+        raise ValueError(f"`x` must have at most {MAX_DIM} features for the Triton kernels, got {x.shape[-1]}")
+    return TritonDecayedPrefix.apply(x, y, v, rate, initial, half_inputs)
+
+
+__all__ = ["TritonDecayedPrefix", "decayed_prefix", "dot_precision", "fits"]

@@ -207,20 +207,21 @@ def chunk_local_softmax_decay_attention(
     chunk = max(chunk_size, 1)
     b, heads, lq, d = q.shape
     lk = k.shape[2]
+    half = dtype != q.dtype
 
     def tails(q, k, vm, rate):  # rows (G, 1, L, .) of (B * H, 1, L, .), rate (G,)
         q, k, vm = (x.transpose(0, 1) for x in (q, k, vm))
         qf, kf = elu_feature_map(q) / d, elu_feature_map(k)
-        tail = decayed_tail(qf, kf, vm, rate, h, query_offset, chunk)
+        tail = decayed_tail(qf, kf, vm, rate, h, query_offset, chunk, half)
         if not causal:
             # keys j >= p_i + h + 1 of the reversed sequences: j' = Lk-1-j, query i' = Lq-1-i at p' = i' + Lk-Lq-off
             tail = tail + decayed_tail(qf.flip(2), kf.flip(2), vm.flip(2), rate, h, lk - lq - query_offset,
-                                       chunk).flip(2)
+                                       chunk, half).flip(2)
         return tail.transpose(0, 1)
 
     rows = [x.reshape(b * heads, 1, x.shape[2], x.shape[3]) for x in (qc, kc, vm)]
     tail = grouped_rows(tails, max(lq, lk) * (chunk + d + vm.shape[-1]), *rows, decay.to(dtype).repeat(b))
-    band = _band(lq, h, query_offset, causal, chunk, q.device, half_inputs=dtype != q.dtype)
+    band = _band(lq, h, query_offset, causal, chunk, q.device, half_inputs=half)
     out = _band_function(q.device).apply(qc.reshape(b * heads, lq, d), kc.reshape(b * heads, -1, d),
                                          vm.reshape(b * heads, -1, vm.shape[-1]), row_table(rel, b, heads, dtype),
                                          tail.reshape(b * heads, lq, -1), band)

@@ -37,6 +37,7 @@ except ImportError as error:  # optional (the `gpu` extra): `ops_local_softmax` 
     raise ImportError("the Triton kernels of the default attention need `pip install triton`") from error
 
 from .ops_common import shift_scale
+from .ops_decay_triton import dot_precision
 
 
 @triton.jit
@@ -204,18 +205,6 @@ def _block_sizes(chunk: int, horizon: int, d: int, dv1: int) -> dict:
                 BLOCK_V=max(16, pow2(dv1)), BLOCK_R=max(16, pow2(2 * horizon + 1)))
 
 
-def _dot_precision(dtype: torch.dtype, half_inputs: bool) -> str:
-    """Triton's input precision for the kernels' products of operands in `dtype`. Operands that came from 16-bit
-    floats (`half_inputs`) are exact in TF32, so those calls use the tensor cores' TF32 mode, as float32 inputs
-    do where `torch.get_float32_matmul_precision()` allows it; at "highest" (PyTorch's default) float32 products
-    use three TF32 products (about float32's accuracy), and float64 ones are exact."""
-    if dtype == torch.float64:
-        return "ieee"
-    if half_inputs or torch.get_float32_matmul_precision() != "highest":
-        return "tf32"
-    return "tf32x3"
-
-
 class TritonLocalSoftmaxBand(torch.autograd.Function):
     """`ops_local_softmax._LocalSoftmaxBand` in three Triton kernels (see the module docstring): same inputs,
     q, k (R, L, D), vm and tail (R, L, Dv+1), table (R, 2h+1, D) or None, and the `_Band` of the call."""
@@ -226,7 +215,7 @@ class TritonLocalSoftmaxBand(torch.autograd.Function):
         table = None if table is None else table.contiguous()
         rows, lq, d = q.shape
         lk, dv1 = k.shape[1], vm.shape[-1]
-        sizes = {**_block_sizes(band.chunk, band.horizon, d, dv1), "DOT": _dot_precision(q.dtype, band.half_inputs)}
+        sizes = {**_block_sizes(band.chunk, band.horizon, d, dv1), "DOT": dot_precision(q.dtype, band.half_inputs)}
         out = q.new_empty(rows, lq, dv1 - 1)
         shift, den = q.new_empty(rows, lq), q.new_empty(rows, lq)
         grid = (triton.cdiv(lq, sizes["BLOCK_M"]), rows)

@@ -172,3 +172,22 @@ def test_classifier_starts_from_an_encoder_decoder_checkpoint(tiny_config, batch
     # equal weights, but loaded ones sit at other memory alignments, where BLAS may add in another order: a few ulps
     torch.testing.assert_close(got, expected, rtol=1e-13, atol=1e-13)
     assert classifier.get_input_embeddings().weight is classifier.model.encoder.embed_tokens.weight
+
+
+def test_torch_compile_matches_eager_and_leaves_the_ops_alone(tiny_config, batch, monkeypatch):
+    """`torch.compile(model)` (not fullgraph) gives eager's logits and loss, and runs the attention ops eagerly
+    rather than tracing them (their Python loops over blocks and chunks would be compiled once per shape)."""
+    from modeling_scaleformer import ops_local_softmax
+
+    compiling = []
+    band = ops_local_softmax._band_function
+    monkeypatch.setattr(ops_local_softmax, "_band_function",
+                        lambda device: compiling.append(torch.compiler.is_compiling()) or band(device))
+    model = build(tiny_config, ScaleformerForConditionalGeneration, attention_mode="linear").eval()
+    inputs = inputs_for(batch, ScaleformerForConditionalGeneration, labels=True)
+    eager = model(**inputs)
+    torch._dynamo.reset()
+    compiled = torch.compile(model)(**inputs)
+    torch.testing.assert_close(compiled.logits, eager.logits, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(compiled.loss, eager.loss, rtol=1e-10, atol=1e-10)
+    assert compiling and not any(compiling), compiling

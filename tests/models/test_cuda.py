@@ -2,7 +2,7 @@
 gradients, generation, bf16 autocast, `torch.compile` against eager, and `Seq2SeqTrainer(bf16=True)`.
 
 Inputs are long enough that the default attention takes its linear path, so that on CUDA the Triton kernels
-(the band, the tails' scan) run; the first test checks that they did."""
+(the band, the tails) run; the first test checks that they did."""
 
 import pytest
 import torch
@@ -32,11 +32,11 @@ def inputs(batch, ls=200, target=40):
 
 def test_forward_and_backward_match_the_cpu(tiny_config, batch, monkeypatch):
     """Logits, loss and every parameter's gradient on the device against the CPU, float32; the Triton band and
-    scan are the implementations the device ran."""
+    tails are the implementations the device ran."""
     used = []
-    band, scan = ops_local_softmax._band_function, ops_decay._scan_function
+    band, prefix = ops_local_softmax._band_function, ops_decay._prefix_function
     monkeypatch.setattr(ops_local_softmax, "_band_function", lambda device: used.append(band(device)) or used[-1])
-    monkeypatch.setattr(ops_decay, "_scan_function", lambda device: used.append(scan(device)) or used[-1])
+    monkeypatch.setattr(ops_decay, "_prefix_function", lambda *args: used.append(prefix(*args)) or used[-1])
     cpu, device = model_pair(tiny_config)
     src, mask, labels = inputs(batch)
     expected = cpu(input_ids=src, attention_mask=mask, labels=labels)
@@ -44,7 +44,7 @@ def test_forward_and_backward_match_the_cpu(tiny_config, batch, monkeypatch):
     used.clear()
     got = device(input_ids=src.to(DEVICE), attention_mask=mask.to(DEVICE), labels=labels.to(DEVICE))
     got.loss.backward()
-    assert {f.__name__ for f in used} == {"TritonLocalSoftmaxBand", "TritonDecayScan"}
+    assert {getattr(f, "func", f).__name__ for f in used} == {"TritonLocalSoftmaxBand", "decayed_prefix"}
     torch.testing.assert_close(got.logits.cpu(), expected.logits, rtol=1e-4, atol=1e-4)
     for (name, p), q in zip(cpu.named_parameters(), device.parameters()):
         torch.testing.assert_close(q.grad.cpu(), p.grad, rtol=1e-3, atol=1e-4, msg=lambda m: f"{name}: {m}")

@@ -16,10 +16,9 @@ if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
 pytest.importorskip("triton")
 pytest.importorskip("numpy")
 
-from modeling_scaleformer import ops_decay, ops_local_softmax  # noqa: E402
-from modeling_scaleformer.ops_decay_triton import TritonDecayScan  # noqa: E402
+from modeling_scaleformer import ops_decay, ops_decay_triton, ops_local_softmax  # noqa: E402
 from modeling_scaleformer.ops_local_softmax import chunk_local_softmax_decay_attention  # noqa: E402
-from modeling_scaleformer.ops_local_softmax_triton import TritonLocalSoftmaxBand, _dot_precision  # noqa: E402
+from modeling_scaleformer.ops_local_softmax_triton import TritonLocalSoftmaxBand  # noqa: E402
 from modeling_scaleformer.ops_naive import naive_local_softmax_decay_attention  # noqa: E402
 
 
@@ -28,17 +27,21 @@ CAUSAL = pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", 
 
 
 def with_triton(monkeypatch):
-    """The op as it runs on CUDA: the Triton band and the Triton scan of the tails."""
+    """The op as it runs on CUDA: the Triton band, and the tails by the Triton kernels in chunks of 16 positions
+    (so that short inputs span several)."""
     monkeypatch.setattr(ops_local_softmax, "_band_function", lambda device: TritonLocalSoftmaxBand)
-    monkeypatch.setattr(ops_decay, "_scan_function", lambda device: TritonDecayScan)
+    monkeypatch.setattr(ops_decay_triton, "CHUNK", 16)
+    choose = ops_decay._prefix_function
+    monkeypatch.setattr(ops_decay, "_prefix_function",
+                        lambda device, dim, half_inputs=False: choose(torch.device("cuda"), dim, half_inputs))
 
 
 @CAUSAL
 @pytest.mark.parametrize("chunk", [1, 4, 32], ids=["chunks-of-1", "chunks-of-4", "chunks-of-32"])
 def test_triton_paths_in_the_op(decay_case, causal, chunk, decay_inputs, split_case, check_decay_op, monkeypatch):
-    """The whole op on its Triton paths (the band by query blocks of at least 16, the tails' scan over L / chunk
-    chunks) against the float64 reference, over the decay cases: length 1, L < h, Lq != Lk both ways, offsets,
-    padding, shared and absent tables."""
+    """The whole op on its Triton paths (the band by query blocks of at least 16, the tails by chunks of 16)
+    against the float64 reference, over the decay cases: length 1, L < h, Lq != Lk both ways, offsets, padding,
+    shared and absent tables."""
     with_triton(monkeypatch)
     inputs, offset = split_case(decay_inputs, decay_case)
     fn = functools.partial(chunk_local_softmax_decay_attention, chunk_size=chunk)
@@ -70,21 +73,6 @@ def test_triton_band_against_the_pytorch_band(case, causal, decay_inputs, split_
     for name, g, e in zip("q k vm rel tail".split(), torch.autograd.grad(got, leaves, upstream),
                           torch.autograd.grad(expected, leaves, upstream)):
         torch.testing.assert_close(g, e, rtol=1e-10, atol=1e-12, msg=lambda m: f"grad {name}: {m}")
-
-
-def test_dot_precision():
-    """Products of 16-bit inputs take TF32; float32 ones follow torch's float32 matmul precision (three TF32
-    products at "highest"); float64 ones are exact."""
-    assert _dot_precision(torch.float32, half_inputs=True) == "tf32"
-    assert _dot_precision(torch.float64, half_inputs=False) == "ieee"
-    previous = torch.get_float32_matmul_precision()
-    try:
-        torch.set_float32_matmul_precision("highest")
-        assert _dot_precision(torch.float32, half_inputs=False) == "tf32x3"
-        torch.set_float32_matmul_precision("high")
-        assert _dot_precision(torch.float32, half_inputs=False) == "tf32"
-    finally:
-        torch.set_float32_matmul_precision(previous)
 
 
 def test_triton_band_extreme_logits(decay_inputs, monkeypatch):

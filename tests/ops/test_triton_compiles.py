@@ -1,0 +1,92 @@
+"""The Triton kernels go through Triton's front end for a CUDA target (sm90) on any machine: the interpreter runs
+the kernels as Python and accepts programs that the compiler rejects (a loop-carried value whose type changes in
+the loop, among others), so each kernel is also lowered to Triton IR here, with the block sizes and dtypes the
+host code picks."""
+
+import inspect
+import os
+
+import pytest
+import torch
+
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    pytest.skip("the interpreter replaces the compiler", allow_module_level=True)
+triton = pytest.importorskip("triton")
+pytest.importorskip("numpy")
+
+from modeling_scaleformer import ops_decay_triton, ops_local_softmax_triton  # noqa: E402
+
+
+POINTER = {torch.float32: "*fp32", torch.float64: "*fp64"}
+
+
+def lower(kernel, dtype: torch.dtype, **constexprs) -> None:
+    """Lower `kernel` to Triton IR with its tensor arguments (upper-case names) of `dtype`, `scale` a float, the
+    other arguments 32-bit ints and `constexprs` fixed."""
+    from triton._C.libtriton import ir
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, make_backend
+
+    names = list(inspect.signature(kernel.fn).parameters)
+    signature = {name: "constexpr" if name in constexprs else POINTER[dtype] if name.isupper() else
+                 "fp32" if name == "scale" else "i32" for name in names}
+    source = ASTSource(fn=kernel, signature=signature,
+                       constexprs={(names.index(name),): value for name, value in constexprs.items()})
+    target = GPUTarget("cuda", 90, 32)
+    backend = make_backend(target)
+    options = backend.parse_options({})
+    context = ir.context()
+    ir.load_dialects(context)
+    backend.load_dialects(context)
+    source.make_ir(target, options, backend.get_codegen_implementation(options), backend.get_module_map(), context)
+
+
+DTYPES = pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
+# (E, Dv): the default attention's tails (64, 65), kernelized_decay's with its relative column (65, 64), small
+# heads, and widths over one block of the state kernels
+TAIL_SHAPES = [(64, 65), (65, 64), (8, 9), (129, 200)]
+
+
+@DTYPES
+@pytest.mark.parametrize("shape", TAIL_SHAPES, ids=lambda s: f"E{s[0]}-Dv{s[1]}")
+def test_tail_kernels_lower(shape, dtype):
+    e, dv = shape
+    dot = ops_decay_triton.dot_precision(dtype, half_inputs=False)
+    block = ops_decay_triton._block
+    be, bv = block(e, ops_decay_triton.STATE_BLOCK_E), block(dv, ops_decay_triton.STATE_BLOCK_V)
+    common = dict(T=ops_decay_triton.CHUNK, BV=bv, DOT=dot)
+    lower(ops_decay_triton._states_forward, dtype, HAS_INITIAL=True, BE=be, **common)
+    lower(ops_decay_triton._states_forward, dtype, HAS_INITIAL=False, BE=be, **common)
+    lower(ops_decay_triton._output_forward, dtype, BE=be, **common)
+    lower(ops_decay_triton._states_backward, dtype, BE=be, **common)
+    lower(ops_decay_triton._inputs_backward, dtype, BE=block(e, ops_decay_triton.MAX_DIM), **common)
+
+
+@DTYPES
+@pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
+@pytest.mark.parametrize("has_table", [False, True], ids=["no-table", "table"])
+@pytest.mark.parametrize("shape", [(64, 16, 64), (64, 3, 8), (16, 0, 64)], ids=["h16-d64", "h3-d8", "h0"])
+def test_band_kernels_lower(shape, has_table, causal, dtype):
+    chunk, horizon, d = shape
+    sizes = ops_local_softmax_triton._block_sizes(chunk, horizon, d, d + 1)
+    constexprs = dict(HORIZON=horizon, CAUSAL=causal, HAS_TABLE=has_table,
+                      DOT=ops_decay_triton.dot_precision(dtype, half_inputs=False), **sizes)
+    for kernel in (ops_local_softmax_triton._band_forward, ops_local_softmax_triton._band_backward_queries,
+                   ops_local_softmax_triton._band_backward_keys):
+        lower(kernel, dtype, **constexprs)
+
+
+def test_lowering_catches_what_the_interpreter_accepts():
+    """A kernel whose loop-carried pointer changes shape in the loop (the interpreter runs it) is rejected."""
+    import triton.language as tl
+
+    @triton.jit
+    def changes_shape(X, n, BLOCK: tl.constexpr):
+        ptr = X + tl.arange(0, 2 * BLOCK)
+        for _ in range(n):
+            ptr = X + tl.arange(0, BLOCK)
+        tl.store(ptr, 0.0)
+
+    with pytest.raises(Exception, match="Loop-carried variable ptr"):
+        lower(changes_shape, torch.float32, BLOCK=16)
