@@ -143,6 +143,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--device", default="cpu",
                         help="torch device of the models and batches, e.g. cpu, cuda (default: cpu)")
     parser.add_argument("--bf16", action="store_true", help="steps and forward passes under bfloat16 autocast")
+    parser.add_argument("--compile", action="store_true",
+                        help="every model under torch.compile (not fullgraph; Scaleformer's attention ops run eagerly "
+                             "inside it); the warm-up round compiles")
     parser.add_argument("--seed", type=int, default=0, help="seed of the weights and the inputs (default: 0)")
     parser.add_argument("--json", type=Path, metavar="PATH", help="write every raw figure to PATH")
     parser.add_argument("--plot", type=Path, metavar="PATH",
@@ -200,7 +203,8 @@ def long_baseline_lengths(args: argparse.Namespace) -> dict:
 def build_trainer(name: str, args: argparse.Namespace) -> Trainer:
     config = model_configs(args.size, bart_max_positions(args), [name], **long_baseline_lengths(args))[name]
     model = build_model(name, config, args.seed).to(args.device).train()
-    return Trainer(model, torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE)
+    return Trainer(torch.compile(model) if args.compile else model, optimizer)
 
 
 def on_device(work, args: argparse.Namespace):
@@ -272,6 +276,8 @@ def measure_memory(name: str, length: int, args: argparse.Namespace) -> dict:
         arguments.append("--quick")
     if args.bf16:
         arguments.append("--bf16")
+    if args.compile:
+        arguments.append("--compile")
     if args.max_bart_length is not None:
         arguments += ["--max-bart-length", str(args.max_bart_length)]
     if args.max_quadratic_length is not None:
@@ -529,10 +535,11 @@ def print_header(info: dict, args: argparse.Namespace) -> None:
     print()
     print_machine(info)
     quick = " (smaller models: --quick)" if args.quick else ""
+    precision = "fp32" + (" under bf16 autocast" if args.bf16 else "") + (", torch.compile" if args.compile else "")
     print(f"- every model: d_model {size.d_model}, {size.layers}+{size.layers} layers, {size.heads} heads, FFN "
           f"{size.ffn_dim}, vocabulary {size.vocab_size}{quick}; random init (seed {args.seed}), train mode (dropout "
-          f"0.1), fp32{' under bf16 autocast' if args.bf16 else ''}, batch {BATCH}, AdamW lr {LEARNING_RATE:g}; "
-          f"device {args.device}" + (f" ({torch.cuda.get_device_name(args.device)})" if args.device.type == "cuda" else ""))
+          f"0.1), {precision}, batch {BATCH}, AdamW lr {LEARNING_RATE:g}; device {args.device}"
+          + (f" ({torch.cuda.get_device_name(args.device)})" if args.device.type == "cuda" else ""))
     for description in descriptions:
         print(f"- {description}")
     print(f"- source lengths {', '.join(map(str, args.lengths))}, target {TARGET_LENGTH}; 1 warm-up + {args.repeats} "
@@ -573,7 +580,8 @@ def main(argv: list[str] | None = None) -> int:
                          "seed": args.seed, "learning_rate": LEARNING_RATE, "max_bart_length": args.max_bart_length,
                          "max_quadratic_length": args.max_quadratic_length,
                          "models": args.models, "bart_max_position_embeddings": bart_max_positions(args),
-                         "device": str(args.device), "bf16": args.bf16},
+                         "device": str(args.device), "bf16": args.bf16,
+                         "compile": args.compile},
             "cuda_peak_extra_mib": [{"model": name, "length": length, "mib": mib}
                                     for (name, length), mib in cuda_peaks.items()],
             "timings": [{"model": name, "length": length, **sample_record(runs)}

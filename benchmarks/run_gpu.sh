@@ -4,11 +4,11 @@
 #
 #     bash benchmarks/run_gpu.sh OUT_DIR [STEP ...]
 #
-# STEP is any of env, attention, tests, train, generate (default: all, in that order). Each step writes its log
-# (and its JSON) under OUT_DIR and runs under its own time limit (seconds, e.g. LIMIT_tests=300; at the limit the
-# step gets SIGINT, so that pytest still reports what ran), so that a failing or slow step leaves the others'
-# figures; the exit status is the number of steps that failed. TEST_PATHS (default: tests/ops tests/models) are
-# what the tests step runs.
+# STEP is any of env, attention, tests, train, train_compiled, generate (default: all but train_compiled, in that
+# order). Each step writes its log (and its JSON) under OUT_DIR and runs under its own time limit (seconds, e.g.
+# LIMIT_tests=300; at the limit the step gets SIGINT, so that pytest still reports what ran), so that a failing
+# or slow step leaves the others' figures; the exit status is the number of steps that failed. TEST_PATHS
+# (default: tests/ops tests/models) are what the tests step runs.
 set -u
 out=${1:?usage: bash benchmarks/run_gpu.sh OUT_DIR [STEP ...]}
 shift
@@ -31,6 +31,7 @@ step() {  # step NAME COMMAND...: runs COMMAND under LIMIT_<NAME> seconds, its o
 }
 
 : "${LIMIT_env:=60}" "${LIMIT_attention:=150}" "${LIMIT_tests:=240}" "${LIMIT_train:=150}" "${LIMIT_generate:=180}"
+: "${LIMIT_train_compiled:=240}"
 for name in $steps; do
     case $name in
         env) step env bash -c 'nvidia-smi; python3 -c "import torch, triton, transformers;
@@ -41,10 +42,13 @@ print(torch.__version__, triton.__version__, transformers.__version__, torch.cud
             ${TEST_PATHS:-tests/ops tests/models} ;;
         train) step train python3 benchmarks/bench_train.py --device cuda --bf16 --lengths 4096 16384 \
             --models scaleformer bart led --json "$out/bench_train_gpu.json" ;;
+        train_compiled) step train_compiled python3 benchmarks/bench_train.py --device cuda --bf16 --compile \
+            --lengths 4096 16384 --models scaleformer bart led --json "$out/bench_train_gpu_compiled.json" ;;
         generate) step generate python3 benchmarks/bench_generate.py --device cuda --new-tokens "${NEW_TOKENS:-8192}" \
             --positions ${POSITIONS:-128 1024 4096 8192} --models scaleformer bart \
             --json "$out/bench_generate_gpu.json" ;;
-        *) echo "unknown step: $name (expected env, attention, tests, train, generate)" >&2; exit 64 ;;
+        *) echo "unknown step: $name (expected env, attention, tests, train, train_compiled, generate)" >&2
+           exit 64 ;;
     esac
 done
 exit "$failed"

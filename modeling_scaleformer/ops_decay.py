@@ -29,7 +29,6 @@ size.
 
 from __future__ import annotations
 
-import functools
 from typing import NamedTuple
 
 import torch
@@ -176,18 +175,17 @@ class _DecayScan(torch.autograd.Function):
         return grad_local.movedim(0, 2), grad_carry, grad_initial
 
 
-def _prefix_function(device: torch.device, dim: int, half_inputs: bool = False):
-    """The decayed prefix for `device` and features of width `dim`: the Triton kernels on CUDA when Triton is
-    installed and they take `dim` (`ops_decay_triton.decayed_prefix`), `_decayed_prefix` otherwise.
-    `half_inputs`: the operands came from 16-bit floats (the kernels may multiply them in TF32)."""
-    if device.type == "cuda":
-        try:
-            from .ops_decay_triton import decayed_prefix, fits
-        except ImportError:
-            return _decayed_prefix
-        if fits(dim):
-            return functools.partial(decayed_prefix, half_inputs=half_inputs)
-    return _decayed_prefix
+def _tail_kernel(device: torch.device, dim: int):
+    """The Triton kernels of `decayed_tail` for `device` and features of width `dim`
+    (`ops_decay_triton.decayed_tail`), or None where PyTorch computes it: off CUDA, without Triton, or for
+    features wider than the kernels hold."""
+    if device.type != "cuda":
+        return None
+    try:
+        from .ops_decay_triton import decayed_tail as kernel, fits
+    except ImportError:
+        return None
+    return kernel if fits(dim) else None
 
 
 def _decayed_prefix(x: Tensor, y: Tensor, v: Tensor, rate: Tensor, chunk: int, initial: Tensor | None = None
@@ -221,34 +219,50 @@ def _decayed_prefix(x: Tensor, y: Tensor, v: Tensor, rate: Tensor, chunk: int, i
     return out.reshape(b, heads, n * chunk, dv)[:, :, :length]
 
 
+def _decayed_before(y: Tensor, vm: Tensor, rate: Tensor, lead: int, reverse: bool) -> Tensor | None:
+    """sum over the keys j < lead of exp(-rate (lead - 1 - j)) y_j vm_j^T (B, H, E, Dv), the keys counted from the
+    end when `reverse`; None when there are none."""
+    lk = y.shape[2]
+    before = min(lead, lk)
+    if before <= 0:
+        return None
+    keys, values = (y[:, :, :before], vm[:, :, :before]) if not reverse else \
+        (y[:, :, lk - before:].flip(2), vm[:, :, lk - before:].flip(2))
+    distance = lead - 1 - torch.arange(before, device=y.device, dtype=y.dtype)
+    weight = torch.exp(-rate.to(y.dtype)[:, None] * distance)
+    return (keys * weight[None, :, :, None]).transpose(-1, -2) @ values
+
+
 def decayed_tail(xq: Tensor, y: Tensor, vm: Tensor, rate: Tensor, horizon: int, offset: int, chunk: int,
-                 half_inputs: bool = False) -> Tensor:
+                 half_inputs: bool = False, reverse: bool = False) -> Tensor:
     """sum over j <= p_i - h - 1 of exp(-rate (p_i - h - j)) x_i.y_j v_j, p_i = i + offset (any integer offset).
 
     The query with cutoff m = p_i - h - 1 is placed at key position m, so that one causal pass
     (`_decayed_prefix`) over the cutoffs' span serves all queries; the keys before the span enter as one
     decayed sum, so that few queries on many keys (cross attention) cost O(Lk E Dv + Lq C (E + Dv)). Queries
-    with m < 0 see no key.
+    with m < 0 see no key. With `reverse` the same on the sequences reversed along their positions (xq, y, vm
+    flipped, and the result flipped back): the anticausal tail. On CUDA the Triton kernels compute it
+    (`_tail_kernel`) reading the span and the reversal in place; `half_inputs` says that the operands came from
+    16-bit floats (the kernels may multiply them in TF32).
     """
     b, heads, lq, e = xq.shape
-    lk = y.shape[2]
     first = offset - horizon - 1  # the cutoff of query 0
     last = first + lq - 1
     if last < 0:
         return xq.new_zeros(b, heads, lq, vm.shape[-1])
     lead = max(first, 0)  # the pass covers the cutoffs lead..last
     skip = lead - first  # the queries before it see no key
+    initial = _decayed_before(y, vm, rate, lead, reverse)
+    kernel = _tail_kernel(xq.device, e)
+    if kernel is not None:
+        return kernel(xq, y, vm, rate, initial, skip=skip, lead=lead, reverse=reverse, half_inputs=half_inputs)
+    if reverse:
+        xq, y, vm = (t.flip(2) for t in (xq, y, vm))
     span = last - lead + 1
     ys = torch.nn.functional.pad(y[:, :, lead:last + 1], (0, 0, 0, span - y[:, :, lead:last + 1].shape[2]))
     vs = torch.nn.functional.pad(vm[:, :, lead:last + 1], (0, 0, 0, span - vm[:, :, lead:last + 1].shape[2]))
-    initial = None
-    before = min(lead, lk)
-    if before > 0:
-        distance = lead - 1 - torch.arange(before, device=y.device, dtype=y.dtype)
-        weight = torch.exp(-rate.to(y.dtype)[:, None] * distance)
-        initial = (y[:, :, :before] * weight[None, :, :, None]).transpose(-1, -2) @ vm[:, :, :before]
-    out = _prefix_function(xq.device, e, half_inputs)(xq[:, :, skip:], ys, vs, rate, chunk, initial)
-    return torch.nn.functional.pad(out, (0, 0, skip, 0))
+    out = torch.nn.functional.pad(_decayed_prefix(xq[:, :, skip:], ys, vs, rate, chunk, initial), (0, 0, skip, 0))
+    return out.flip(2) if reverse else out
 
 
 def _tail_features(qf: Tensor, kf: Tensor, rf: Tensor | None, edge: int) -> tuple[Tensor, Tensor]:
@@ -288,8 +302,8 @@ def chunk_kernelized_decay_attention(
         out = out + decayed_tail(x, y, vm, rate, h, query_offset, chunk, half)
         if not causal:
             # keys j >= p_i + h + 1 of the reversed sequences: j' = Lk-1-j, query i' = Lq-1-i at p' = i' + Lk-Lq-off
-            x, y = _tail_features(qf.flip(2), kf.flip(2), rf, 0)
-            out = out + decayed_tail(x, y, vm.flip(2), rate, h, lk - lq - query_offset, chunk, half).flip(2)
+            x, y = _tail_features(qf, kf, rf, 0)
+            out = out + decayed_tail(x, y, vm, rate, h, lk - lq - query_offset, chunk, half, reverse=True)
         return out.transpose(0, 1)
 
     rows = [x.reshape(b * heads, 1, x.shape[2], x.shape[3]) for x in (q.to(dtype), k.to(dtype), vm)]

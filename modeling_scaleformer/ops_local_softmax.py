@@ -215,8 +215,7 @@ def chunk_local_softmax_decay_attention(
         tail = decayed_tail(qf, kf, vm, rate, h, query_offset, chunk, half)
         if not causal:
             # keys j >= p_i + h + 1 of the reversed sequences: j' = Lk-1-j, query i' = Lq-1-i at p' = i' + Lk-Lq-off
-            tail = tail + decayed_tail(qf.flip(2), kf.flip(2), vm.flip(2), rate, h, lk - lq - query_offset,
-                                       chunk, half).flip(2)
+            tail = tail + decayed_tail(qf, kf, vm, rate, h, lk - lq - query_offset, chunk, half, reverse=True)
         return tail.transpose(0, 1)
 
     rows = [x.reshape(b * heads, 1, x.shape[2], x.shape[3]) for x in (qc, kc, vm)]

@@ -30,6 +30,15 @@ def test_bench_train_bf16_on_a_device(run_report):
     assert "fp32 under bf16 autocast" in stdout and report["cuda_peak_extra_mib"] == []
 
 
+def test_bench_train_compile(run_report):
+    """`--compile`: the steps of a model under torch.compile, said in the header and recorded in the settings."""
+    stdout, report = run_report(["benchmarks/bench_train.py", "--quick", "--lengths", "64", "--repeats", "1",
+                                 "--no-memory", "--models", "scaleformer", "--compile"])
+    assert report["settings"]["compile"] is True
+    assert [t["model"] for t in report["timings"] if t["median_s"] > 0] == ["scaleformer"]
+    assert "fp32, torch.compile" in stdout
+
+
 def test_bench_train_models(run_report):
     stdout, report = run_report(
         ["benchmarks/bench_train.py", "--quick", "--lengths", "32", "64", "--repeats", "1", "--no-memory",

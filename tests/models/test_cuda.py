@@ -34,9 +34,9 @@ def test_forward_and_backward_match_the_cpu(tiny_config, batch, monkeypatch):
     """Logits, loss and every parameter's gradient on the device against the CPU, float32; the Triton band and
     tails are the implementations the device ran."""
     used = []
-    band, prefix = ops_local_softmax._band_function, ops_decay._prefix_function
+    band, tail = ops_local_softmax._band_function, ops_decay._tail_kernel
     monkeypatch.setattr(ops_local_softmax, "_band_function", lambda device: used.append(band(device)) or used[-1])
-    monkeypatch.setattr(ops_decay, "_prefix_function", lambda *args: used.append(prefix(*args)) or used[-1])
+    monkeypatch.setattr(ops_decay, "_tail_kernel", lambda *args: used.append(tail(*args)) or used[-1])
     cpu, device = model_pair(tiny_config)
     src, mask, labels = inputs(batch)
     expected = cpu(input_ids=src, attention_mask=mask, labels=labels)
@@ -44,7 +44,7 @@ def test_forward_and_backward_match_the_cpu(tiny_config, batch, monkeypatch):
     used.clear()
     got = device(input_ids=src.to(DEVICE), attention_mask=mask.to(DEVICE), labels=labels.to(DEVICE))
     got.loss.backward()
-    assert {getattr(f, "func", f).__name__ for f in used} == {"TritonLocalSoftmaxBand", "decayed_prefix"}
+    assert {f.__name__ for f in used} == {"TritonLocalSoftmaxBand", "decayed_tail"}
     torch.testing.assert_close(got.logits.cpu(), expected.logits, rtol=1e-4, atol=1e-4)
     for (name, p), q in zip(cpu.named_parameters(), device.parameters()):
         torch.testing.assert_close(q.grad.cpu(), p.grad, rtol=1e-3, atol=1e-4, msg=lambda m: f"{name}: {m}")

@@ -1,5 +1,6 @@
 """The Triton kernels of the decayed tails (`ops_decay_triton`): through Triton's interpreter on CPU at small shapes
-(float64, against `ops_decay._decayed_prefix` and, inside `kernelized_decay`, against its quadratic reference,
+(float64, against the PyTorch path of `ops_decay.decayed_tail` and, inside `kernelized_decay`, against its quadratic
+reference,
 outputs and gradients; the default attention on its Triton paths is tested in test_local_softmax_triton.py), and on
 CUDA at real shapes (`gpu` marker, skipped without a device)."""
 
@@ -18,7 +19,7 @@ pytest.importorskip("numpy")
 
 from modeling_scaleformer import ops_decay, ops_decay_triton  # noqa: E402
 from modeling_scaleformer.ops_decay import chunk_kernelized_decay_attention  # noqa: E402
-from modeling_scaleformer.ops_decay_triton import decayed_prefix, dot_precision  # noqa: E402
+from modeling_scaleformer.ops_decay_triton import dot_precision  # noqa: E402
 from modeling_scaleformer.ops_naive import naive_kernelized_decay_attention  # noqa: E402
 
 
@@ -27,67 +28,86 @@ CAUSAL = pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", 
 
 
 def with_triton(monkeypatch, chunk=16):
-    """The op as it runs on CUDA: the tails by the Triton kernels (`_prefix_function` asked for a CUDA device), in
+    """The op as it runs on CUDA: the tails by the Triton kernels (`_tail_kernel` asked for a CUDA device), in
     chunks of `chunk` positions so that short inputs span several."""
     monkeypatch.setattr(ops_decay_triton, "CHUNK", chunk)
-    choose = ops_decay._prefix_function
-    monkeypatch.setattr(ops_decay, "_prefix_function",
-                        lambda device, dim, half_inputs=False: choose(torch.device("cuda"), dim, half_inputs))
+    choose = ops_decay._tail_kernel
+    monkeypatch.setattr(ops_decay, "_tail_kernel", lambda device, dim: choose(torch.device("cuda"), dim))
+
+
+def tail_inputs(b, heads, lq, lk, e, dv, seed):
+    gen = torch.Generator().manual_seed(seed)
+    xq = torch.randn(b, heads, lq, e, dtype=F64, generator=gen)
+    y = torch.randn(b, heads, lk, e, dtype=F64, generator=gen)
+    vm = torch.randn(b, heads, lk, dv, dtype=F64, generator=gen)
+    return [xq, y, vm, torch.rand(heads, dtype=F64, generator=gen)], gen
+
+
+TAIL_CASES = [  # (lq, lk, horizon, offset, E, Dv)
+    pytest.param((2, 2, 0, 0, 3, 4), id="one-query-sees-one-key"),
+    pytest.param((37, 37, 2, 0, 5, 7), id="self-partial-last-chunk"),
+    pytest.param((19, 19, 2, 0, 3, 6), id="self-one-chunk"),
+    pytest.param((9, 50, 2, 30, 5, 4), id="cross-keys-before-the-span"),
+    pytest.param((5, 6, 2, 20, 4, 3), id="queries-past-the-keys"),
+    pytest.param((70, 33, 3, 5, 6, 5), id="lq>lk"),
+    pytest.param((40, 40, 1, 0, 40, 70), id="state-blocks"),
+    pytest.param((33, 33, 0, 0, 65, 65), id="d64-plus-one"),
+]
 
 
 @pytest.mark.parametrize("chunk", [16, 32], ids=["chunks-of-16", "chunks-of-32"])
-@pytest.mark.parametrize("shape", [(2, 3, 1, 5, 4), (1, 2, 16, 3, 6), (2, 3, 37, 5, 7), (1, 2, 50, 40, 70),
-                                   (1, 1, 33, 65, 65)],
-                         ids=["length-1", "one-chunk", "partial-last-chunk", "state-blocks", "d64-plus-one"])
-@pytest.mark.parametrize("initial", [False, True], ids=["from-zero", "initial-state"])
-def test_prefix_against_pytorch(shape, initial, chunk, monkeypatch):
-    """`TritonDecayedPrefix` against `_decayed_prefix` (float64): the output and the gradients of x, y, v, the rates
-    and the initial state, from one position to several chunks with a partial last one, E and Dv that are not
-    powers of two and span several blocks of the state kernels (40 x 70: 1 x 3 programs of 64 x 32)."""
-    monkeypatch.setattr(ops_decay_triton, "CHUNK", chunk)
-    gen = torch.Generator().manual_seed(sum(shape) + chunk)
-    b, heads, length, e, dv = shape
-    leaves = [torch.randn(b, heads, length, e, dtype=F64, generator=gen) for _ in range(2)]
-    leaves += [torch.randn(b, heads, length, dv, dtype=F64, generator=gen), torch.rand(heads, dtype=F64, generator=gen)]
-    leaves += [torch.randn(b, heads, e, dv, dtype=F64, generator=gen)] if initial else []
+@pytest.mark.parametrize("reverse", [False, True], ids=["causal", "reversed"])
+@pytest.mark.parametrize("case", TAIL_CASES)
+def test_tail_against_pytorch(case, reverse, chunk, monkeypatch):
+    """`decayed_tail` on the Triton kernels against its PyTorch path (float64): the output and the gradients of the
+    queries' and keys' features, the values and the rates, over queries that see no key, spans shorter and
+    longer than a chunk, keys before the span (an initial state), queries past the keys, Lq != Lk both ways, E
+    and Dv that are not powers of two and span several blocks of the state kernels (40 x 70: 1 x 3 programs of
+    64 x 32), read forwards and reversed in place."""
+    lq, lk, horizon, offset, e, dv = case
+    leaves, gen = tail_inputs(2, 3, lq, lk, e, dv, seed=lq + lk + chunk)
+    expected_leaves = [x.clone().requires_grad_() for x in leaves]
     leaves = [x.requires_grad_() for x in leaves]
-    x, y, v, rate = leaves[:4]
-    start = leaves[4] if initial else None
-    expected = ops_decay._decayed_prefix(x, y, v, rate, 4, start)
-    got = decayed_prefix(x, y, v, rate, 4, start)
+    expected = ops_decay.decayed_tail(*expected_leaves, horizon, offset, 4, reverse=reverse)
+    with_triton(monkeypatch, chunk)
+    got = ops_decay.decayed_tail(*leaves, horizon, offset, 4, reverse=reverse)
     torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-13)
     upstream = torch.randn(expected.shape, dtype=F64, generator=gen)
-    names = "x y v rate initial".split()
-    for name, g, r in zip(names, torch.autograd.grad(got, leaves, upstream),
-                          torch.autograd.grad(expected, leaves, upstream)):
+    for name, g, r in zip("xq y vm rate".split(), torch.autograd.grad(got, leaves, upstream),
+                          torch.autograd.grad(expected, expected_leaves, upstream)):
         torch.testing.assert_close(g, r, rtol=1e-10, atol=1e-11, msg=lambda m: f"grad {name}: {m}")
 
 
-def test_prefix_rate_gradient_on_long_inputs(monkeypatch):
-    """The rates' gradient is a sum of local terms: over 200 chunks it still matches the PyTorch path's in
-    float32 (a sum of absolute positions times gradients would lose digits)."""
-    monkeypatch.setattr(ops_decay_triton, "CHUNK", 16)
+def test_tail_rate_gradient_on_long_inputs(monkeypatch):
+    """The rates' gradient is a sum of local terms: over 200 chunks it matches, in float32, the float64 value as
+    closely as the PyTorch path's does."""
     gen = torch.Generator().manual_seed(0)
     x, y = (torch.rand(1, 2, 3200, 4, generator=gen) for _ in range(2))
     v = torch.randn(1, 2, 3200, 3, generator=gen)
     rate = torch.tensor([0.01, 0.3]).requires_grad_()
     upstream = torch.randn(1, 2, 3200, 3, generator=gen)
-    grads = [torch.autograd.grad(f(x, y, v, rate, 16), rate, upstream)[0]
-             for f in (decayed_prefix, ops_decay._decayed_prefix)]
-    reference = torch.autograd.grad(ops_decay._decayed_prefix(*(t.double() for t in (x, y, v, rate)), 16),
-                                    rate, upstream.double())[0].double()
-    torch.testing.assert_close(grads[0].double(), reference, rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(grads[1].double(), reference, rtol=1e-4, atol=1e-4)
+
+    def rate_grad(*inputs):
+        return torch.autograd.grad(ops_decay.decayed_tail(*inputs, 0, 1, 16), inputs[-1], upstream.to(inputs[0].dtype))
+
+    reference = rate_grad(*(t.double() for t in (x, y, v)), rate.double())[0].double()
+    pytorch = rate_grad(x, y, v, rate)[0].double()
+    with_triton(monkeypatch)
+    triton_path = rate_grad(x, y, v, rate)[0].double()
+    torch.testing.assert_close(pytorch, reference, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(triton_path, reference, rtol=1e-4, atol=1e-4)
 
 
-def test_prefix_refuses_wide_features():
-    """Features wider than the kernels hold are refused with the limit named (`_prefix_function` keeps them on
-    PyTorch)."""
-    x = torch.zeros(1, 1, 4, ops_decay_triton.MAX_DIM + 1, dtype=F64)
+def test_tail_kernel_choice_and_wide_features():
+    """The kernels are chosen for CUDA tensors whose features they hold; wider features stay on PyTorch, and the
+    kernels refuse them with the limit named."""
+    wide = ops_decay_triton.MAX_DIM + 1
+    x = torch.zeros(1, 1, 4, wide, dtype=F64)
     with pytest.raises(ValueError, match="at most 256 features"):
-        decayed_prefix(x, x, x[..., :3], torch.zeros(1, dtype=F64), 4)
-    assert ops_decay._prefix_function(torch.device("cuda"), ops_decay_triton.MAX_DIM + 1) is ops_decay._decayed_prefix
-    assert ops_decay._prefix_function(torch.device("cpu"), 64) is ops_decay._decayed_prefix
+        ops_decay_triton.decayed_tail(x, x, x[..., :3], torch.zeros(1, dtype=F64), None, skip=0, lead=0)
+    assert ops_decay._tail_kernel(torch.device("cuda"), 64) is ops_decay_triton.decayed_tail
+    assert ops_decay._tail_kernel(torch.device("cuda"), wide) is None
+    assert ops_decay._tail_kernel(torch.device("cpu"), 64) is None
 
 
 def test_dot_precision():
@@ -122,19 +142,18 @@ def test_kernelized_decay_on_triton(case, causal, normalise, decay_inputs, split
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("initial", [False, True], ids=["from-zero", "initial-state"])
-def test_prefix_on_cuda(initial):
-    """Real shapes on the GPU (the tails of B=4, H=16 rows at 16k tokens, E = 64, Dv = 65): the prefix the op
-    picks on CUDA against `_decayed_prefix` on the same device, output and gradients."""
-    prefix = ops_decay._prefix_function(torch.device("cuda"), 64)
-    assert prefix.func is decayed_prefix
+@pytest.mark.parametrize("reverse", [False, True], ids=["causal", "reversed"])
+def test_tail_on_cuda(reverse, monkeypatch):
+    """Real shapes on the GPU (the tails of B=4, H=16 rows at 16k tokens, horizon 16, E = 64, Dv = 65): the
+    Triton kernels the op picks on CUDA against the PyTorch path on the same device, output and gradients."""
+    assert ops_decay._tail_kernel(torch.device("cuda"), 64) is ops_decay_triton.decayed_tail
     gen = torch.Generator(device="cuda").manual_seed(0)
     x, y = (torch.rand(1, 64, 16384, 64, device="cuda", generator=gen) / 8 for _ in range(2))
     leaves = [x, y, torch.randn(1, 64, 16384, 65, device="cuda", generator=gen), torch.rand(64, device="cuda")]
-    leaves += [torch.randn(1, 64, 64, 65, device="cuda", generator=gen)] if initial else []
     leaves = [t.requires_grad_() for t in leaves]
-    start = leaves[4] if initial else None
-    got, expected = (f(*leaves[:4], 64, start) for f in (prefix, ops_decay._decayed_prefix))
+    got = ops_decay.decayed_tail(*leaves, 16, 0, 64, reverse=reverse)
+    monkeypatch.setattr(ops_decay, "_tail_kernel", lambda device, dim: None)
+    expected = ops_decay.decayed_tail(*leaves, 16, 0, 64, reverse=reverse)
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
     upstream = torch.randn(expected.shape, device="cuda", generator=gen)
     for g, r in zip(torch.autograd.grad(got, leaves, upstream), torch.autograd.grad(expected, leaves, upstream)):

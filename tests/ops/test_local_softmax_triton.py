@@ -31,9 +31,8 @@ def with_triton(monkeypatch):
     (so that short inputs span several)."""
     monkeypatch.setattr(ops_local_softmax, "_band_function", lambda device: TritonLocalSoftmaxBand)
     monkeypatch.setattr(ops_decay_triton, "CHUNK", 16)
-    choose = ops_decay._prefix_function
-    monkeypatch.setattr(ops_decay, "_prefix_function",
-                        lambda device, dim, half_inputs=False: choose(torch.device("cuda"), dim, half_inputs))
+    choose = ops_decay._tail_kernel
+    monkeypatch.setattr(ops_decay, "_tail_kernel", lambda device, dim: choose(torch.device("cuda"), dim))
 
 
 @CAUSAL

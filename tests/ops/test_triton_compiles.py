@@ -60,7 +60,8 @@ def test_tail_kernels_lower(shape, dtype):
     lower(ops_decay_triton._states_forward, dtype, HAS_INITIAL=False, BE=be, **common)
     lower(ops_decay_triton._output_forward, dtype, BE=be, **common)
     lower(ops_decay_triton._states_backward, dtype, BE=be, **common)
-    lower(ops_decay_triton._inputs_backward, dtype, BE=block(e, ops_decay_triton.MAX_DIM), **common)
+    lower(ops_decay_triton._grad_xy, dtype, BE=block(e, ops_decay_triton.MAX_DIM), **common)
+    lower(ops_decay_triton._grad_v, dtype, BE=be, **common)
 
 
 @DTYPES
