@@ -44,6 +44,7 @@ from .ops_common import (
     compute_dtype,
     augment_values,
     describe,
+    elu_feature_map,
     get_feature_map,
     grouped_rows,
     head_table,
@@ -219,22 +220,23 @@ def _decayed_prefix(x: Tensor, y: Tensor, v: Tensor, rate: Tensor, chunk: int, i
     return out.reshape(b, heads, n * chunk, dv)[:, :, :length]
 
 
-def _decayed_before(y: Tensor, vm: Tensor, rate: Tensor, lead: int, reverse: bool) -> Tensor | None:
-    """sum over the keys j < lead of exp(-rate (lead - 1 - j)) y_j vm_j^T (B, H, E, Dv), the keys counted from the
-    end when `reverse`; None when there are none."""
+def _decayed_before(y: Tensor, vm: Tensor, rate: Tensor, lead: int, reverse: bool, features) -> Tensor | None:
+    """sum over the keys j < lead of exp(-rate (lead - 1 - j)) features(y_j) vm_j^T (B, H, E, Dv), the keys
+    counted from the end when `reverse`; None when there are none."""
     lk = y.shape[2]
     before = min(lead, lk)
     if before <= 0:
         return None
     keys, values = (y[:, :, :before], vm[:, :, :before]) if not reverse else \
         (y[:, :, lk - before:].flip(2), vm[:, :, lk - before:].flip(2))
+    keys = features(keys)
     distance = lead - 1 - torch.arange(before, device=y.device, dtype=y.dtype)
     weight = torch.exp(-rate.to(y.dtype)[:, None] * distance)
     return (keys * weight[None, :, :, None]).transpose(-1, -2) @ values
 
 
 def decayed_tail(xq: Tensor, y: Tensor, vm: Tensor, rate: Tensor, horizon: int, offset: int, chunk: int,
-                 half_inputs: bool = False, reverse: bool = False) -> Tensor:
+                 half_inputs: bool = False, reverse: bool = False, elu_features: float | None = None) -> Tensor:
     """sum over j <= p_i - h - 1 of exp(-rate (p_i - h - j)) x_i.y_j v_j, p_i = i + offset (any integer offset).
 
     The query with cutoff m = p_i - h - 1 is placed at key position m, so that one causal pass
@@ -243,7 +245,8 @@ def decayed_tail(xq: Tensor, y: Tensor, vm: Tensor, rate: Tensor, horizon: int, 
     with m < 0 see no key. With `reverse` the same on the sequences reversed along their positions (xq, y, vm
     flipped, and the result flipped back): the anticausal tail. On CUDA the Triton kernels compute it
     (`_tail_kernel`) reading the span and the reversal in place; `half_inputs` says that the operands came from
-    16-bit floats (the kernels may multiply them in TF32).
+    16-bit floats (the kernels may multiply them in TF32). With `elu_features`, xq and y are raw and the features
+    are x = (elu(xq) + 1) / elu_features and y = elu(y) + 1 (computed inside the kernels on CUDA).
     """
     b, heads, lq, e = xq.shape
     first = offset - horizon - 1  # the cutoff of query 0
@@ -252,10 +255,14 @@ def decayed_tail(xq: Tensor, y: Tensor, vm: Tensor, rate: Tensor, horizon: int, 
         return xq.new_zeros(b, heads, lq, vm.shape[-1])
     lead = max(first, 0)  # the pass covers the cutoffs lead..last
     skip = lead - first  # the queries before it see no key
-    initial = _decayed_before(y, vm, rate, lead, reverse)
     kernel = _tail_kernel(xq.device, e)
+    key_features = elu_feature_map if elu_features is not None else (lambda keys: keys)
+    initial = _decayed_before(y, vm, rate, lead, reverse, key_features)
     if kernel is not None:
-        return kernel(xq, y, vm, rate, initial, skip=skip, lead=lead, reverse=reverse, half_inputs=half_inputs)
+        return kernel(xq, y, vm, rate, initial, skip=skip, lead=lead, reverse=reverse, elu_features=elu_features,
+                      half_inputs=half_inputs)
+    if elu_features is not None:
+        xq, y = elu_feature_map(xq) / elu_features, elu_feature_map(y)
     if reverse:
         xq, y, vm = (t.flip(2) for t in (xq, y, vm))
     span = last - lead + 1

@@ -211,11 +211,11 @@ def chunk_local_softmax_decay_attention(
 
     def tails(q, k, vm, rate):  # rows (G, 1, L, .) of (B * H, 1, L, .), rate (G,)
         q, k, vm = (x.transpose(0, 1) for x in (q, k, vm))
-        qf, kf = elu_feature_map(q) / d, elu_feature_map(k)
-        tail = decayed_tail(qf, kf, vm, rate, h, query_offset, chunk, half)
+        tail = decayed_tail(q, k, vm, rate, h, query_offset, chunk, half, elu_features=d)
         if not causal:
             # keys j >= p_i + h + 1 of the reversed sequences: j' = Lk-1-j, query i' = Lq-1-i at p' = i' + Lk-Lq-off
-            tail = tail + decayed_tail(qf, kf, vm, rate, h, lk - lq - query_offset, chunk, half, reverse=True)
+            tail = tail + decayed_tail(q, k, vm, rate, h, lk - lq - query_offset, chunk, half, reverse=True,
+                                       elu_features=d)
         return tail.transpose(0, 1)
 
     rows = [x.reshape(b * heads, 1, x.shape[2], x.shape[3]) for x in (qc, kc, vm)]

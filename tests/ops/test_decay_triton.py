@@ -55,22 +55,24 @@ TAIL_CASES = [  # (lq, lk, horizon, offset, E, Dv)
 ]
 
 
+@pytest.mark.parametrize("elu_features", [None, 3], ids=["features-given", "elu-features-in-the-kernels"])
 @pytest.mark.parametrize("chunk", [16, 32], ids=["chunks-of-16", "chunks-of-32"])
 @pytest.mark.parametrize("reverse", [False, True], ids=["causal", "reversed"])
 @pytest.mark.parametrize("case", TAIL_CASES)
-def test_tail_against_pytorch(case, reverse, chunk, monkeypatch):
+def test_tail_against_pytorch(case, reverse, chunk, elu_features, monkeypatch):
     """`decayed_tail` on the Triton kernels against its PyTorch path (float64): the output and the gradients of the
-    queries' and keys' features, the values and the rates, over queries that see no key, spans shorter and
-    longer than a chunk, keys before the span (an initial state), queries past the keys, Lq != Lk both ways, E
-    and Dv that are not powers of two and span several blocks of the state kernels (40 x 70: 1 x 3 programs of
-    64 x 32), read forwards and reversed in place."""
+    queries and keys, the values and the rates, over queries that see no key, spans shorter and longer than a
+    chunk, keys before the span (an initial state), queries past the keys, Lq != Lk both ways, E and Dv that are
+    not powers of two and span several blocks of the state kernels (40 x 70: 1 x 3 programs of 64 x 32), read
+    forwards and reversed in place, with the features given or computed from raw queries and keys."""
     lq, lk, horizon, offset, e, dv = case
     leaves, gen = tail_inputs(2, 3, lq, lk, e, dv, seed=lq + lk + chunk)
     expected_leaves = [x.clone().requires_grad_() for x in leaves]
     leaves = [x.requires_grad_() for x in leaves]
-    expected = ops_decay.decayed_tail(*expected_leaves, horizon, offset, 4, reverse=reverse)
+    options = dict(reverse=reverse, elu_features=elu_features)
+    expected = ops_decay.decayed_tail(*expected_leaves, horizon, offset, 4, **options)
     with_triton(monkeypatch, chunk)
-    got = ops_decay.decayed_tail(*leaves, horizon, offset, 4, reverse=reverse)
+    got = ops_decay.decayed_tail(*leaves, horizon, offset, 4, **options)
     torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-13)
     upstream = torch.randn(expected.shape, dtype=F64, generator=gen)
     for name, g, r in zip("xq y vm rate".split(), torch.autograd.grad(got, leaves, upstream),

@@ -22,15 +22,18 @@ POINTER = {torch.float32: "*fp32", torch.float64: "*fp64"}
 
 
 def lower(kernel, dtype: torch.dtype, **constexprs) -> None:
-    """Lower `kernel` to Triton IR with its tensor arguments (upper-case names) of `dtype`, `scale` a float, the
-    other arguments 32-bit ints and `constexprs` fixed."""
+    """Lower `kernel` to Triton IR with its tensor arguments (upper-case names) of `dtype`, `scale` and `x_divisor`
+    floats, the other arguments 32-bit ints and `constexprs` fixed."""
     from triton._C.libtriton import ir
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource, make_backend
 
-    names = list(inspect.signature(kernel.fn).parameters)
+    parameters = inspect.signature(kernel.fn).parameters
+    names = list(parameters)
+    missing = {name for name, p in parameters.items() if "constexpr" in str(p.annotation)} - set(constexprs)
+    assert not missing, f"{kernel.fn.__name__}: no value for the constexprs {sorted(missing)}"
     signature = {name: "constexpr" if name in constexprs else POINTER[dtype] if name.isupper() else
-                 "fp32" if name == "scale" else "i32" for name in names}
+                 "fp32" if name in ("scale", "x_divisor") else "i32" for name in names}
     source = ASTSource(fn=kernel, signature=signature,
                        constexprs={(names.index(name),): value for name, value in constexprs.items()})
     target = GPUTarget("cuda", 90, 32)
@@ -49,13 +52,14 @@ TAIL_SHAPES = [(64, 65), (65, 64), (8, 9), (129, 200)]
 
 
 @DTYPES
+@pytest.mark.parametrize("elu", [False, True], ids=["features-given", "elu-features"])
 @pytest.mark.parametrize("shape", TAIL_SHAPES, ids=lambda s: f"E{s[0]}-Dv{s[1]}")
-def test_tail_kernels_lower(shape, dtype):
+def test_tail_kernels_lower(shape, elu, dtype):
     e, dv = shape
     dot = ops_decay_triton.dot_precision(dtype, half_inputs=False)
     block = ops_decay_triton._block
     be, bv = block(e, ops_decay_triton.STATE_BLOCK_E), block(dv, ops_decay_triton.STATE_BLOCK_V)
-    common = dict(T=ops_decay_triton.CHUNK, BV=bv, DOT=dot)
+    common = dict(T=ops_decay_triton.CHUNK, BV=bv, DOT=dot, ELU=elu)
     lower(ops_decay_triton._states_forward, dtype, HAS_INITIAL=True, BE=be, **common)
     lower(ops_decay_triton._states_forward, dtype, HAS_INITIAL=False, BE=be, **common)
     lower(ops_decay_triton._output_forward, dtype, BE=be, **common)
