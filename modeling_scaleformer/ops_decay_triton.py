@@ -110,6 +110,34 @@ def _feature_slope(raw, divisor, ELU: tl.constexpr):
 
 
 @triton.jit
+def _chunk_products(X, Y, STATE, row, c, n, lq, q_first, span, lk, k_first, k_count, step, e_size, dv, v0,
+                    x_divisor, ELU: tl.constexpr, KEYS: tl.constexpr, T: tl.constexpr, BE: tl.constexpr,
+                    BV: tl.constexpr, DOT: tl.constexpr):
+    """Over the blocks of E: the chunk's x y^T (T, T), and the product of its x (its y when KEYS) with columns
+    v0.. of state c of STATE (T, BV)."""
+    acc = STATE.dtype.element_ty
+    scores = tl.zeros((T, T), dtype=acc)
+    product = tl.zeros((T, BV), dtype=acc)
+    for e0 in range(0, e_size, BE):
+        x, _ = _load_features(X, row, lq, q_first, step, span, c, e_size, e0, x_divisor, ELU, T, BE)
+        y, _ = _load_features(Y, row, lk, k_first, step, k_count, c, e_size, e0, 1.0, ELU, T, BE)
+        ptr, mask = _state(STATE, row, c, n, e_size, dv, e0, v0, BE, BV)
+        state = tl.load(ptr, mask=mask, other=0.0).to(X.dtype.element_ty)
+        scores += tl.dot(x, tl.trans(y), input_precision=DOT)
+        product += tl.dot(y if KEYS else x, state, input_precision=DOT)
+    return scores, product
+
+
+@triton.jit
+def _intra_chunk_decay(rate, T: tl.constexpr):
+    """M (T, T), M_ab = exp(-lambda (a + 1 - b)) for a >= b and 0 above the diagonal, and a - b (0 above it):
+    the decay between positions a (queries) and b (keys) of one chunk."""
+    a = tl.arange(0, T)
+    gap = tl.maximum(a[:, None] - a[None, :], 0).to(rate.dtype)
+    return tl.where(a[:, None] >= a[None, :], tl.exp(-rate * (gap + 1)), 0.0), gap
+
+
+@triton.jit
 def _state(PTR, row, c, n, e_size, dv, e0, v0, BE: tl.constexpr, BV: tl.constexpr):
     """Pointers and mask of the (BE, BV) block at (e0, v0) of state c of `row` of a (rows, n, E, Dv) tensor."""
     e = e0 + tl.arange(0, BE)
@@ -151,18 +179,10 @@ def _output_forward(X, Y, V, RATE, STATES, OUT, lq, q_first, span, lk, k_first, 
     acc = OUT.dtype.element_ty
     rate = tl.load(RATE + row % heads)
     a = tl.arange(0, T)
-    scores = tl.zeros((T, T), dtype=acc)
-    out = tl.zeros((T, BV), dtype=acc)
-    for e0 in range(0, e_size, BE):
-        x, _ = _load_features(X, row, lq, q_first, step, span, c, e_size, e0, x_divisor, ELU, T, BE)
-        y, _ = _load_features(Y, row, lk, k_first, step, k_count, c, e_size, e0, 1.0, ELU, T, BE)
-        ptr, mask = _state(STATES, row, c, n, e_size, dv, e0, v0, BE, BV)
-        state = tl.load(ptr, mask=mask, other=0.0)
-        scores += tl.dot(x, tl.trans(y), input_precision=DOT)
-        out += tl.dot(x, state.to(X.dtype.element_ty), input_precision=DOT)
+    scores, out = _chunk_products(X, Y, STATES, row, c, n, lq, q_first, span, lk, k_first, k_count, step, e_size, dv,
+                                  v0, x_divisor, ELU, False, T, BE, BV, DOT)
     out = out * tl.exp(-rate * (a + 2).to(acc))[:, None]
-    gap = tl.maximum(a[:, None] - a[None, :], 0).to(acc)
-    scores = tl.where(a[:, None] >= a[None, :], scores * tl.exp(-rate * (gap + 1)), 0.0)
+    scores = scores * _intra_chunk_decay(rate, T)[0]
     v = _load_tile(V, row, lk, k_first, step, k_count, c, dv, v0, T, BV)
     out += tl.dot(scores.to(V.dtype.element_ty), v, input_precision=DOT)
     ptr, mask = _tile(OUT, row, lq, q_first, step, span, c, dv, v0, T, BV)
@@ -224,8 +244,7 @@ def _grad_xy(X, Y, V, DOUT, RATE, STATES, GRADS, DX, DY, GRAD_RATE, lq, q_first,
         grad_y_state += tl.dot(v, tl.trans(adjoint), input_precision=DOT)
     x, x_raw = _load_features(X, row, lq, q_first, step, span, c, e_size, 0, x_divisor, ELU, T, BE)
     y, y_raw = _load_features(Y, row, lk, k_first, step, k_count, c, e_size, 0, 1.0, ELU, T, BE)
-    gap = tl.maximum(a[:, None] - a[None, :], 0).to(acc)
-    decay = tl.where(a[:, None] >= a[None, :], tl.exp(-rate * (gap + 1)), 0.0)
+    decay, gap = _intra_chunk_decay(rate, T)
     grad_scores = products * decay
     # d/dlambda of exp(-lambda t) is -t exp(-lambda t): t = a + 1 - b within the chunk, a + 2 from the state,
     # T - 1 - b into the next state (the carry's T is added by the caller)
@@ -254,18 +273,10 @@ def _grad_v(X, Y, DOUT, RATE, GRADS, DV, lq, q_first, span, lk, k_first, k_count
     rate = tl.load(RATE + row % heads)
     a = tl.arange(0, T)
     to_end = tl.exp(-rate * (T - 1 - a.to(acc)))
-    scores = tl.zeros((T, T), dtype=acc)
-    grad_v = tl.zeros((T, BV), dtype=acc)
-    for e0 in range(0, e_size, BE):
-        x, _ = _load_features(X, row, lq, q_first, step, span, c, e_size, e0, x_divisor, ELU, T, BE)
-        y, _ = _load_features(Y, row, lk, k_first, step, k_count, c, e_size, e0, 1.0, ELU, T, BE)
-        ptr, mask = _state(GRADS, row, c, n, e_size, dv, e0, v0, BE, BV)
-        adjoint = tl.load(ptr, mask=mask, other=0.0)
-        scores += tl.dot(x, tl.trans(y), input_precision=DOT)
-        grad_v += tl.dot(y, adjoint.to(dtype), input_precision=DOT)
+    scores, grad_v = _chunk_products(X, Y, GRADS, row, c, n, lq, q_first, span, lk, k_first, k_count, step, e_size,
+                                     dv, v0, x_divisor, ELU, True, T, BE, BV, DOT)
     grad_v = grad_v * to_end[:, None]
-    gap = tl.maximum(a[:, None] - a[None, :], 0).to(acc)
-    scores = tl.where(a[:, None] >= a[None, :], scores * tl.exp(-rate * (gap + 1)), 0.0)
+    scores = scores * _intra_chunk_decay(rate, T)[0]
     grad = _load_tile(DOUT, row, lq, q_first, step, span, c, dv, v0, T, BV)
     grad_v += tl.dot(tl.trans(scores.to(dtype)), grad.to(dtype), input_precision=DOT)
     ptr, mask = _tile(DV, row, lk, k_first, step, k_count, c, dv, v0, T, BV)
