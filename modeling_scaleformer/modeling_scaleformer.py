@@ -26,7 +26,7 @@ from .configuration_scaleformer import ScaleformerConfig
 from .layers import (
     ScaleformerAttention, ScaleformerFeedForward, TokenRows, remaining_counts, source_token_counts,
 )
-from .ops_common import compute_dtype
+from .ops_common import checks_values, compute_dtype
 from .ops_registry import decay_spectrum, get_attention_variant, inverse_softplus, rotary_spectrum
 
 
@@ -44,6 +44,11 @@ def shift_tokens_right(input_ids: Tensor, pad_token_id: int, decoder_start_token
 
 
 def check_labels(labels: Tensor, vocab_size: int, what: str = "token ids", name: str = "labels") -> None:
+    """Raise ValueError naming `name` unless every label is in [0, vocab_size) or -100. Values are read on CPU
+    only (`ops_common.checks_values`): on an accelerator the check would wait for the device in every training
+    step, and the loss's own kernels reject out-of-range ids there."""
+    if not checks_values(labels):
+        return
     invalid = (labels >= vocab_size) | ((labels < 0) & (labels != -100))
     if bool(invalid.any()):
         bad = labels[invalid][0].item()
@@ -918,13 +923,13 @@ def masked_mean(hidden_states: Tensor, attention_mask: Tensor | None) -> Tensor:
     """Mean of `hidden_states` (B, L, D) over the positions where `attention_mask` (B, L) is nonzero -> (B, D).
 
     Padded positions get weight zero whatever they hold, so a padded sequence pools like the unpadded one.
-    Without a mask every position counts.
+    Without a mask every position counts. A row that keeps no position is refused on CPU (`checks_values`).
     """
     if attention_mask is None:
         return hidden_states.mean(dim=1)
     keep = attention_mask.bool()
     counts = keep.sum(dim=1, keepdim=True)  # (B, 1)
-    if bool((counts == 0).any()):
+    if checks_values(counts) and bool((counts == 0).any()):
         row = int((counts[:, 0] == 0).nonzero()[0, 0])
         raise ValueError(f"`attention_mask` must keep at least one position per sequence, row {row} keeps none")
     summed = hidden_states.masked_fill(~keep[..., None], 0.0).sum(dim=1)
@@ -966,7 +971,7 @@ def sequence_classification_loss(
             f"got {tuple(labels.shape)}"
         )
     labels = labels.to(logits.dtype)
-    if bool(((labels < 0) | (labels > 1)).any()):
+    if checks_values(labels) and bool(((labels < 0) | (labels > 1)).any()):
         raise ValueError("`labels` for multi-label classification must lie in [0, 1]")
     return F.binary_cross_entropy_with_logits(logits, labels)
 

@@ -77,6 +77,22 @@ def test_bf16_autocast_training_step(tiny_config, batch):
     assert all(bool(torch.isfinite(p.grad).all()) for p in device.parameters() if p.grad is not None)
 
 
+def test_training_step_never_waits_for_the_device(tiny_config, batch):
+    """A forward and backward pass with labels copies nothing back to the host: under
+    `torch.cuda.set_sync_debug_mode("error")` any call that waits for the device raises."""
+    _, device = model_pair(tiny_config)
+    device.train()
+    src, mask, labels = (x.to(DEVICE) for x in inputs(batch))
+    device(input_ids=src, attention_mask=mask, labels=labels).loss.backward()  # compiles the kernels first
+    torch.cuda.synchronize()
+    previous = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        device(input_ids=src, attention_mask=mask, labels=labels).loss.backward()
+    finally:
+        torch.cuda.set_sync_debug_mode(previous)
+
+
 def test_torch_compile_matches_eager(tiny_config, batch):
     """`torch.compile(model)` (graph breaks allowed) gives eager's logits and loss."""
     _, device = model_pair(tiny_config)
