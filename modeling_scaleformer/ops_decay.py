@@ -229,7 +229,7 @@ def _decayed_before(y: Tensor, vm: Tensor, rate: Tensor, lead: int, reverse: boo
         return None
     keys, values = (y[:, :, :before], vm[:, :, :before]) if not reverse else \
         (y[:, :, lk - before:].flip(2), vm[:, :, lk - before:].flip(2))
-    keys = features(keys)
+    keys = features(keys.to(vm.dtype))
     distance = lead - 1 - torch.arange(before, device=y.device, dtype=y.dtype)
     weight = torch.exp(-rate.to(y.dtype)[:, None] * distance)
     return (keys * weight[None, :, :, None]).transpose(-1, -2) @ values
@@ -246,7 +246,9 @@ def decayed_tail(xq: Tensor, y: Tensor, vm: Tensor, rate: Tensor, horizon: int, 
     flipped, and the result flipped back): the anticausal tail. On CUDA the Triton kernels compute it
     (`_tail_kernel`) reading the span and the reversal in place; `half_inputs` says that the operands came from
     16-bit floats (the kernels may multiply them in TF32). With `elu_features`, xq and y are raw and the features
-    are x = (elu(xq) + 1) / elu_features and y = elu(y) + 1 (computed inside the kernels on CUDA).
+    are x = (elu(xq) + 1) / elu_features and y = elu(y) + 1 (computed inside the kernels on CUDA). vm is in the
+    accumulation dtype; xq and y may be 16-bit: the kernels then multiply 16-bit operands (features rounded to
+    it, states and sums in float32), and PyTorch computes in vm's dtype.
     """
     b, heads, lq, e = xq.shape
     first = offset - horizon - 1  # the cutoff of query 0
@@ -261,6 +263,7 @@ def decayed_tail(xq: Tensor, y: Tensor, vm: Tensor, rate: Tensor, horizon: int, 
     if kernel is not None:
         return kernel(xq, y, vm, rate, initial, skip=skip, lead=lead, reverse=reverse, elu_features=elu_features,
                       half_inputs=half_inputs)
+    xq, y = xq.to(vm.dtype), y.to(vm.dtype)
     if elu_features is not None:
         xq, y = elu_feature_map(xq) / elu_features, elu_feature_map(y)
     if reverse:

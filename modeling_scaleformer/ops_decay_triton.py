@@ -90,14 +90,15 @@ def _load_tile(PTR, row, rows, first, step, count, c, width, col0, T: tl.constex
 
 @triton.jit
 def _load_features(PTR, row, rows, first, step, count, c, width, col0, divisor, ELU: tl.constexpr,
-                   T: tl.constexpr, BLOCK: tl.constexpr):
+                   ACC: tl.constexpr, T: tl.constexpr, BLOCK: tl.constexpr):
     """The tile of `_load_tile` through the feature map (elu(x) + 1) / divisor when ELU (0 outside the sequence),
-    and the tile itself."""
+    computed in ACC and returned in the tensor's dtype (the operands' dtype), and the tile itself in ACC."""
     ptr, mask = _tile(PTR, row, rows, first, step, count, c, width, col0, T, BLOCK)
     raw = tl.load(ptr, mask=mask, other=0.0)
+    wide = raw.to(ACC)
     if ELU:
-        return tl.where(mask, tl.where(raw > 0, raw + 1.0, tl.exp(raw)) / divisor, 0.0).to(raw.dtype), raw
-    return raw, raw
+        return tl.where(mask, tl.where(wide > 0, wide + 1.0, tl.exp(wide)) / divisor, 0.0).to(raw.dtype), wide
+    return raw, wide
 
 
 @triton.jit
@@ -119,8 +120,8 @@ def _chunk_products(X, Y, STATE, row, c, n, lq, q_first, span, lk, k_first, k_co
     scores = tl.zeros((T, T), dtype=acc)
     product = tl.zeros((T, BV), dtype=acc)
     for e0 in range(0, e_size, BE):
-        x, _ = _load_features(X, row, lq, q_first, step, span, c, e_size, e0, x_divisor, ELU, T, BE)
-        y, _ = _load_features(Y, row, lk, k_first, step, k_count, c, e_size, e0, 1.0, ELU, T, BE)
+        x, _ = _load_features(X, row, lq, q_first, step, span, c, e_size, e0, x_divisor, ELU, acc, T, BE)
+        y, _ = _load_features(Y, row, lk, k_first, step, k_count, c, e_size, e0, 1.0, ELU, acc, T, BE)
         ptr, mask = _state(STATE, row, c, n, e_size, dv, e0, v0, BE, BV)
         state = tl.load(ptr, mask=mask, other=0.0).to(X.dtype.element_ty)
         scores += tl.dot(x, tl.trans(y), input_precision=DOT)
@@ -164,8 +165,8 @@ def _states_forward(Y, V, RATE, INITIAL, STATES, lk, k_first, k_count, step, n, 
     for c in range(n):
         ptr, mask = _state(STATES, row, c, n, e_size, dv, e0, v0, BE, BV)
         tl.store(ptr, state, mask=mask)
-        y, _ = _load_features(Y, row, lk, k_first, step, k_count, c, e_size, e0, 1.0, ELU, T, BE)
-        v = _load_tile(V, row, lk, k_first, step, k_count, c, dv, v0, T, BV)
+        y, _ = _load_features(Y, row, lk, k_first, step, k_count, c, e_size, e0, 1.0, ELU, acc, T, BE)
+        v = _load_tile(V, row, lk, k_first, step, k_count, c, dv, v0, T, BV).to(Y.dtype.element_ty)
         y = (y * to_end[:, None]).to(Y.dtype.element_ty)
         state = state * carry + tl.dot(tl.trans(y), v, input_precision=DOT)
 
@@ -183,8 +184,8 @@ def _output_forward(X, Y, V, RATE, STATES, OUT, lq, q_first, span, lk, k_first, 
                                   v0, x_divisor, ELU, False, T, BE, BV, DOT)
     out = out * tl.exp(-rate * (a + 2).to(acc))[:, None]
     scores = scores * _intra_chunk_decay(rate, T)[0]
-    v = _load_tile(V, row, lk, k_first, step, k_count, c, dv, v0, T, BV)
-    out += tl.dot(scores.to(V.dtype.element_ty), v, input_precision=DOT)
+    v = _load_tile(V, row, lk, k_first, step, k_count, c, dv, v0, T, BV).to(X.dtype.element_ty)
+    out += tl.dot(scores.to(X.dtype.element_ty), v, input_precision=DOT)
     ptr, mask = _tile(OUT, row, lq, q_first, step, span, c, dv, v0, T, BV)
     tl.store(ptr, out, mask=mask)
 
@@ -207,7 +208,7 @@ def _states_backward(X, DOUT, RATE, STATES, GRADS, GRAD_INITIAL, GRAD_CARRY, lq,
         tl.store(ptr, adjoint, mask=mask)
         ptr, mask = _state(STATES, row, c, n, e_size, dv, e0, v0, BE, BV)
         to_carry += adjoint * tl.load(ptr, mask=mask, other=0.0)
-        x, _ = _load_features(X, row, lq, q_first, step, span, c, e_size, e0, x_divisor, ELU, T, BE)
+        x, _ = _load_features(X, row, lq, q_first, step, span, c, e_size, e0, x_divisor, ELU, acc, T, BE)
         grad = _load_tile(DOUT, row, lq, q_first, step, span, c, dv, v0, T, BV)
         x = (x * from_start[:, None]).to(X.dtype.element_ty)
         adjoint = adjoint * carry + tl.dot(tl.trans(x), grad.to(X.dtype.element_ty), input_precision=DOT)
@@ -233,7 +234,7 @@ def _grad_xy(X, Y, V, DOUT, RATE, STATES, GRADS, DX, DY, GRAD_RATE, lq, q_first,
     grad_x_state = tl.zeros((T, BE), dtype=acc)
     grad_y_state = tl.zeros((T, BE), dtype=acc)
     for v0 in range(0, dv, BV):
-        v = _load_tile(V, row, lk, k_first, step, k_count, c, dv, v0, T, BV)
+        v = _load_tile(V, row, lk, k_first, step, k_count, c, dv, v0, T, BV).to(dtype)
         grad = _load_tile(DOUT, row, lq, q_first, step, span, c, dv, v0, T, BV).to(dtype)
         state_ptr, state_mask = _state(STATES, row, c, n, e_size, dv, 0, v0, BE, BV)
         state = tl.load(state_ptr, mask=state_mask, other=0.0).to(dtype)
@@ -242,8 +243,8 @@ def _grad_xy(X, Y, V, DOUT, RATE, STATES, GRADS, DX, DY, GRAD_RATE, lq, q_first,
         products += tl.dot(grad, tl.trans(v), input_precision=DOT)
         grad_x_state += tl.dot(grad, tl.trans(state), input_precision=DOT)
         grad_y_state += tl.dot(v, tl.trans(adjoint), input_precision=DOT)
-    x, x_raw = _load_features(X, row, lq, q_first, step, span, c, e_size, 0, x_divisor, ELU, T, BE)
-    y, y_raw = _load_features(Y, row, lk, k_first, step, k_count, c, e_size, 0, 1.0, ELU, T, BE)
+    x, x_raw = _load_features(X, row, lq, q_first, step, span, c, e_size, 0, x_divisor, ELU, acc, T, BE)
+    y, y_raw = _load_features(Y, row, lk, k_first, step, k_count, c, e_size, 0, 1.0, ELU, acc, T, BE)
     decay, gap = _intra_chunk_decay(rate, T)
     grad_scores = products * decay
     # d/dlambda of exp(-lambda t) is -t exp(-lambda t): t = a + 1 - b within the chunk, a + 2 from the state,

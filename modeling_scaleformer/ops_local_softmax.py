@@ -218,7 +218,8 @@ def chunk_local_softmax_decay_attention(
                                        elu_features=d)
         return tail.transpose(0, 1)
 
-    rows = [x.reshape(b * heads, 1, x.shape[2], x.shape[3]) for x in (qc, kc, vm)]
+    # the tails take q and k as they are: the kernels read 16-bit operands (PyTorch computes in `dtype`)
+    rows = [x.reshape(b * heads, 1, x.shape[2], x.shape[3]) for x in (q, k, vm)]
     tail = grouped_rows(tails, max(lq, lk) * (chunk + d + vm.shape[-1]), *rows, decay.to(dtype).repeat(b))
     band = _band(lq, h, query_offset, causal, chunk, q.device, half_inputs=half)
     out = _band_function(q.device).apply(qc.reshape(b * heads, lq, d), kc.reshape(b * heads, -1, d),

@@ -80,6 +80,32 @@ def test_tail_against_pytorch(case, reverse, chunk, elu_features, monkeypatch):
         torch.testing.assert_close(g, r, rtol=1e-10, atol=1e-11, msg=lambda m: f"grad {name}: {m}")
 
 
+@pytest.mark.parametrize("reverse", [False, True], ids=["causal", "reversed"])
+def test_tail_with_16_bit_operands(reverse, monkeypatch):
+    """Queries and keys in float16 (the values in float32, as the op passes them): the kernels multiply 16-bit
+    operands and accumulate in float32, within float16's precision of the PyTorch path (which computes in
+    float32). bfloat16 takes the same code on a GPU; Triton's interpreter multiplies bfloat16 tiles wrongly."""
+    lq, lk, horizon, offset, e, dv = 70, 70, 2, 0, 8, 9
+    leaves, gen = tail_inputs(1, 2, lq, lk, e, dv, seed=7)
+    xq, y, vm, rate = leaves
+    leaves = [xq.half(), y.half(), vm.float(), rate.float()]
+    expected_leaves = [x.clone().requires_grad_() for x in leaves]
+    leaves = [x.requires_grad_() for x in leaves]
+    options = dict(reverse=reverse, elu_features=8)
+    expected = ops_decay.decayed_tail(*expected_leaves, horizon, offset, 4, **options)
+    with_triton(monkeypatch)
+    got = ops_decay.decayed_tail(*leaves, horizon, offset, 4, **options)
+    assert got.dtype == torch.float32
+    scale = float(expected.detach().abs().max())
+    torch.testing.assert_close(got, expected, rtol=5e-3, atol=5e-3 * scale)
+    upstream = torch.randn(expected.shape, generator=gen)
+    for name, g, r in zip("xq y vm rate".split(), torch.autograd.grad(got, leaves, upstream),
+                          torch.autograd.grad(expected, expected_leaves, upstream)):
+        assert g.dtype == r.dtype, name
+        torch.testing.assert_close(g.float(), r.float(), rtol=1e-2, atol=1e-2 * float(r.abs().max()),
+                                   msg=lambda m: f"grad {name}: {m}")
+
+
 def test_tail_rate_gradient_on_long_inputs(monkeypatch):
     """The rates' gradient is a sum of local terms: over 200 chunks it matches, in float32, the float64 value as
     closely as the PyTorch path's does."""
@@ -144,19 +170,23 @@ def test_kernelized_decay_on_triton(case, causal, normalise, decay_inputs, split
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
 @pytest.mark.parametrize("reverse", [False, True], ids=["causal", "reversed"])
-def test_tail_on_cuda(reverse, monkeypatch):
-    """Real shapes on the GPU (the tails of B=4, H=16 rows at 16k tokens, horizon 16, E = 64, Dv = 65): the
-    Triton kernels the op picks on CUDA against the PyTorch path on the same device, output and gradients."""
+def test_tail_on_cuda(reverse, dtype, monkeypatch):
+    """Real shapes on the GPU (the tails of B=4, H=16 rows at 16k tokens, horizon 16, D = 64, Dv = 65, the
+    default attention's feature maps): the Triton kernels the op picks on CUDA against the PyTorch path on the
+    same device (which computes in float32), output and gradients; bfloat16 queries and keys within its
+    precision."""
     assert ops_decay._tail_kernel(torch.device("cuda"), 64) is ops_decay_triton.decayed_tail
     gen = torch.Generator(device="cuda").manual_seed(0)
-    x, y = (torch.rand(1, 64, 16384, 64, device="cuda", generator=gen) / 8 for _ in range(2))
-    leaves = [x, y, torch.randn(1, 64, 16384, 65, device="cuda", generator=gen), torch.rand(64, device="cuda")]
+    q, k = (torch.randn(1, 64, 16384, 64, device="cuda", generator=gen).to(dtype) for _ in range(2))
+    leaves = [q, k, torch.randn(1, 64, 16384, 65, device="cuda", generator=gen), torch.rand(64, device="cuda")]
     leaves = [t.requires_grad_() for t in leaves]
-    got = ops_decay.decayed_tail(*leaves, 16, 0, 64, reverse=reverse)
+    got = ops_decay.decayed_tail(*leaves, 16, 0, 64, reverse=reverse, elu_features=64)
     monkeypatch.setattr(ops_decay, "_tail_kernel", lambda device, dim: None)
-    expected = ops_decay.decayed_tail(*leaves, 16, 0, 64, reverse=reverse)
-    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+    expected = ops_decay.decayed_tail(*leaves, 16, 0, 64, reverse=reverse, elu_features=64)
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got, expected, rtol=tol, atol=tol * float(expected.detach().abs().max()))
     upstream = torch.randn(expected.shape, device="cuda", generator=gen)
     for g, r in zip(torch.autograd.grad(got, leaves, upstream), torch.autograd.grad(expected, leaves, upstream)):
-        torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-4 * max(1.0, float(r.abs().max())))
+        torch.testing.assert_close(g.float(), r.float(), rtol=tol, atol=tol * max(1.0, float(r.abs().max())))

@@ -89,9 +89,17 @@ def test_triton_band_extreme_logits(decay_inputs, monkeypatch):
                                rtol=1e-9, atol=1e-12)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+# the tails' kernels multiply 16-bit queries and keys as they are; Triton's interpreter gets products of two bfloat16
+# tiles wrong (off by about 1e10 where float16's are right), so bfloat16 is tested on a GPU (test_triton_band_on_cuda)
+INTERPRETED_BF16 = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1",
+                                      reason="Triton's interpreter multiplies bfloat16 tiles wrongly")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, pytest.param(torch.bfloat16, marks=INTERPRETED_BF16), torch.float16],
+                         ids=["float32", "bfloat16", "float16"])
 def test_triton_band_low_precision(dtype, decay_inputs, monkeypatch):
-    """Half precision accumulates in float32: within the precision of the inputs of the float64 reference."""
+    """Half precision accumulates in float32: within the precision of the inputs of the float64 reference (the
+    tails multiply float16 queries and keys on the tensor cores' 16-bit path)."""
     with_triton(monkeypatch)
     q, k, v, rel, decay, key_mask, horizon = decay_inputs(b=1, h=2, lq=37, lk=37, horizon=3, mask="padding")
     args = [x.to(dtype) for x in (q, k, v, rel, decay)]

@@ -18,12 +18,14 @@ pytest.importorskip("numpy")
 from modeling_scaleformer import ops_decay_triton, ops_local_softmax_triton  # noqa: E402
 
 
-POINTER = {torch.float32: "*fp32", torch.float64: "*fp64"}
+POINTER = {torch.float32: "*fp32", torch.float64: "*fp64", torch.bfloat16: "*bf16", torch.float16: "*fp16"}
+OPERANDS = ("X", "Y", "DX", "DY")  # the tails' kernels' queries and keys, in the inputs' dtype
 
 
-def lower(kernel, dtype: torch.dtype, **constexprs) -> None:
-    """Lower `kernel` to Triton IR with its tensor arguments (upper-case names) of `dtype`, `scale` and `x_divisor`
-    floats, the other arguments 32-bit ints and `constexprs` fixed."""
+def lower(kernel, dtype: torch.dtype, operands: torch.dtype | None = None, **constexprs) -> None:
+    """Lower `kernel` to Triton IR with its tensor arguments (upper-case names) of `dtype` (`OPERANDS` of
+    `operands` when given), `scale` and `x_divisor` floats, the other arguments 32-bit ints and `constexprs`
+    fixed."""
     from triton._C.libtriton import ir
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource, make_backend
@@ -32,7 +34,8 @@ def lower(kernel, dtype: torch.dtype, **constexprs) -> None:
     names = list(parameters)
     missing = {name for name, p in parameters.items() if "constexpr" in str(p.annotation)} - set(constexprs)
     assert not missing, f"{kernel.fn.__name__}: no value for the constexprs {sorted(missing)}"
-    signature = {name: "constexpr" if name in constexprs else POINTER[dtype] if name.isupper() else
+    pointers = {name: POINTER[operands if operands is not None and name in OPERANDS else dtype] for name in names}
+    signature = {name: "constexpr" if name in constexprs else pointers[name] if name.isupper() else
                  "fp32" if name in ("scale", "x_divisor") else "i32" for name in names}
     source = ASTSource(fn=kernel, signature=signature,
                        constexprs={(names.index(name),): value for name, value in constexprs.items()})
@@ -51,21 +54,26 @@ DTYPES = pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["
 TAIL_SHAPES = [(64, 65), (65, 64), (8, 9), (129, 200)]
 
 
-@DTYPES
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16],
+                         ids=["float32", "float64", "bfloat16-operands", "float16-operands"])
 @pytest.mark.parametrize("elu", [False, True], ids=["features-given", "elu-features"])
 @pytest.mark.parametrize("shape", TAIL_SHAPES, ids=lambda s: f"E{s[0]}-Dv{s[1]}")
 def test_tail_kernels_lower(shape, elu, dtype):
+    """The tails' kernels with the block sizes, feature maps and dtypes of the host code: queries and keys in the
+    inputs' dtype (16-bit ones included) beside float32 values, states and gradients."""
     e, dv = shape
-    dot = ops_decay_triton.dot_precision(dtype, half_inputs=False)
+    half = dtype in (torch.bfloat16, torch.float16)
+    dot = ops_decay_triton.dot_precision(dtype, half_inputs=half)
+    kernel_dtype, operands = (torch.float32, dtype) if half else (dtype, None)
     block = ops_decay_triton._block
     be, bv = block(e, ops_decay_triton.STATE_BLOCK_E), block(dv, ops_decay_triton.STATE_BLOCK_V)
     common = dict(T=ops_decay_triton.CHUNK, BV=bv, DOT=dot, ELU=elu)
-    lower(ops_decay_triton._states_forward, dtype, HAS_INITIAL=True, BE=be, **common)
-    lower(ops_decay_triton._states_forward, dtype, HAS_INITIAL=False, BE=be, **common)
-    lower(ops_decay_triton._output_forward, dtype, BE=be, **common)
-    lower(ops_decay_triton._states_backward, dtype, BE=be, **common)
-    lower(ops_decay_triton._grad_xy, dtype, BE=block(e, ops_decay_triton.MAX_DIM), **common)
-    lower(ops_decay_triton._grad_v, dtype, BE=be, **common)
+    lower(ops_decay_triton._states_forward, kernel_dtype, operands, HAS_INITIAL=True, BE=be, **common)
+    lower(ops_decay_triton._states_forward, kernel_dtype, operands, HAS_INITIAL=False, BE=be, **common)
+    lower(ops_decay_triton._output_forward, kernel_dtype, operands, BE=be, **common)
+    lower(ops_decay_triton._states_backward, kernel_dtype, operands, BE=be, **common)
+    lower(ops_decay_triton._grad_xy, kernel_dtype, operands, BE=block(e, ops_decay_triton.MAX_DIM), **common)
+    lower(ops_decay_triton._grad_v, kernel_dtype, operands, BE=be, **common)
 
 
 @DTYPES
