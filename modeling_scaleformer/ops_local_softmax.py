@@ -192,6 +192,18 @@ def _band_function(device: torch.device):
     return _LocalSoftmaxBand
 
 
+def _decode_function(device: torch.device):
+    """The one-token decoding step's kernel for `device` (`ops_local_softmax_triton.decode_step`) on CUDA when
+    Triton is installed, None otherwise (the step then runs in PyTorch)."""
+    if device.type != "cuda":
+        return None
+    try:
+        from .ops_local_softmax_triton import decode_step
+    except ImportError:
+        return None
+    return decode_step
+
+
 def chunk_local_softmax_decay_attention(
     q: Tensor, k: Tensor, v: Tensor, rel: Tensor | None, decay: Tensor,
     *, causal: bool = False, key_mask: Tensor | None = None, query_offset: int = 0, horizon: int | None = None,
@@ -325,7 +337,8 @@ def local_softmax_decay_step(
 
     q, k, v have shape (B, H, n, .) and sit at positions state.seen .. state.seen + n - 1; `key_mask` (B, n)
     masks new tokens only. The result equals the matching rows of
-    `local_softmax_decay_attention(..., causal=True)` over the whole sequence; the state keeps its size.
+    `local_softmax_decay_attention(..., causal=True)` over the whole sequence; the state keeps its size. On CUDA
+    one token without autograd (generation) runs in one Triton launch (`_decode_function`).
     """
     h = check_decay_step(q, k, v, rel, decay, state, LocalSoftmaxDecayState, key_mask, horizon, q.shape[-1],
                          v.shape[-1] + 1)
@@ -344,6 +357,14 @@ def local_softmax_decay_step(
         return torch.exp(logits - m) @ values + shift_scale(m) * far
 
     vm = augment_values(v.to(dtype), key_mask)
+    decode = _decode_function(q.device)
+    differentiable = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, rel, decay,
+                                                                                               state.tail))
+    if decode is not None and q.shape[2] == 1 and not differentiable:
+        # one token without autograd (generation): one kernel launch instead of some forty small operations
+        out, keys, values, tail = decode(q.to(dtype), k.to(dtype), vm, table, torch.exp(-decay.to(dtype)), state.keys,
+                                         state.values, state.tail)
+        return out.to(q.dtype), LocalSoftmaxDecayState(keys=keys, values=values, tail=tail, seen=state.seen + 1)
     out, keys, values, tail = decayed_window_steps(q.to(dtype), k.to(dtype), vm, state, decay, read, elu_feature_map)
     out = normalise_rows(out[..., :-1], out[..., -1:]).to(q.dtype)
     return out, LocalSoftmaxDecayState(keys=keys, values=values, tail=tail, seen=state.seen + q.shape[2])

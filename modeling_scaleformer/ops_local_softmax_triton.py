@@ -253,4 +253,83 @@ class TritonLocalSoftmaxBand(torch.autograd.Function):
         return dq, dk, dvm, dtable, grad_tail, None
 
 
-__all__ = ["TritonLocalSoftmaxBand"]
+@triton.jit
+def _decode_step(
+    Q, K, VM, KEYS, VALUES, TAIL, TAB, GAMMA, OUT, NEW_KEYS, NEW_VALUES, NEW_TAIL,
+    heads, d, dv1, scale,
+    HORIZON: tl.constexpr, HAS_TABLE: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+):
+    row = tl.program_id(0)
+    w = tl.arange(0, BLOCK_W)  # window slots, oldest first: the state's h keys, then the new one (slot h)
+    dd = tl.arange(0, BLOCK_D)
+    vv = tl.arange(0, BLOCK_V)
+    d_in, v_in = dd < d, vv < dv1
+    old, new = w < HORIZON, w == HORIZON
+    q = tl.load(Q + row * d + dd, mask=d_in, other=0.0)
+    keys = tl.load(KEYS + (row * HORIZON + w[:, None]) * d + dd[None, :], mask=old[:, None] & d_in[None, :],
+                   other=0.0)
+    keys += tl.where(new[:, None], tl.load(K + row * d + dd, mask=d_in, other=0.0)[None, :], 0.0)
+    values = tl.load(VALUES + (row * HORIZON + w[:, None]) * dv1 + vv[None, :], mask=old[:, None] & v_in[None, :],
+                     other=0.0)
+    values += tl.where(new[:, None], tl.load(VM + row * dv1 + vv, mask=v_in, other=0.0)[None, :], 0.0)
+    logits = tl.sum(keys * q[None, :], 1)
+    if HAS_TABLE:
+        # window slot w sits at offset h - w from the new token: table row 2h - w
+        tab = tl.load(TAB + ((row % heads) * (2 * HORIZON + 1) + 2 * HORIZON - w[:, None]) * d + dd[None, :],
+                      mask=(w <= HORIZON)[:, None] & d_in[None, :], other=0.0)
+        logits += tl.sum(tab * q[None, :], 1)
+    visible = (w <= HORIZON) & (tl.sum(tl.where(vv[None, :] == dv1 - 1, values, 0.0), 1) > 0)
+    logits = tl.where(visible, logits * scale, float("-inf"))
+    # the keys beyond the window, one step further away: gamma * tail
+    gamma = tl.load(GAMMA + row % heads)
+    tail = gamma * tl.load(TAIL + (row * d + dd[:, None]) * dv1 + vv[None, :], mask=d_in[:, None] & v_in[None, :],
+                           other=0.0)
+    features = tl.where(d_in, tl.where(q > 0, q + 1.0, tl.exp(q)), 0.0)
+    far = tl.sum(features[:, None] * tail, 0) / d
+    far_sum = tl.sum(tl.where(vv == dv1 - 1, far, 0.0), 0)
+    m = tl.maximum(tl.max(logits, 0), tl.where(far_sum > 0, tl.log(tl.where(far_sum > 0, far_sum, 1.0)),
+                                                float("-inf")))
+    m = tl.where(m > float("-inf"), m, 0.0)
+    sums = tl.sum(tl.exp(logits - m)[:, None] * values, 0) + tl.minimum(tl.exp(-m), 3.0e38) * far
+    den = tl.sum(tl.where(vv == dv1 - 1, sums, 0.0), 0)
+    out = tl.where(den > 0, sums / tl.where(den > 0, den, 1.0), 0.0)
+    tl.store(OUT + row * (dv1 - 1) + vv, out, mask=vv < dv1 - 1)
+    # the oldest window key moves to the tail; the others move down one slot
+    first = w == 0
+    oldest = tl.sum(tl.where(first[:, None], keys, 0.0), 0)
+    oldest = tl.where(d_in, tl.where(oldest > 0, oldest + 1.0, tl.exp(oldest)), 0.0)
+    oldest_values = tl.sum(tl.where(first[:, None], values, 0.0), 0)
+    tl.store(NEW_TAIL + (row * d + dd[:, None]) * dv1 + vv[None, :], tail + oldest[:, None] * oldest_values[None, :],
+             mask=d_in[:, None] & v_in[None, :])
+    moved = (w >= 1) & (w <= HORIZON)
+    tl.store(NEW_KEYS + (row * HORIZON + w[:, None] - 1) * d + dd[None, :], keys, mask=moved[:, None] & d_in[None, :])
+    tl.store(NEW_VALUES + (row * HORIZON + w[:, None] - 1) * dv1 + vv[None, :], values,
+             mask=moved[:, None] & v_in[None, :])
+
+
+def _decode_blocks(horizon: int, d: int, dv1: int) -> dict:
+    pow2 = triton.next_power_of_2
+    return dict(BLOCK_W=max(16, pow2(horizon + 1)), BLOCK_D=max(16, pow2(d)), BLOCK_V=max(16, pow2(dv1)))
+
+
+def decode_step(q, k, vm, table, gamma, keys, values, tail):
+    """One token of `ops_local_softmax.local_softmax_decay_step` in one launch (`_decode_step`, one program per
+    batch*head row): q, k (B, H, 1, D), vm (B, H, 1, Dv+1) = [m v, m], table (H, 2h+1, D) or None, gamma
+    (H,) = exp(-lambda), and the state's keys (B, H, h, D), values (B, H, h, Dv+1) and tail (B, H, D, Dv+1), all
+    in the state's dtype. Returns the normalised output (B, H, 1, Dv) and the new keys, values and tail."""
+    b, heads, horizon, d = keys.shape
+    dv1 = values.shape[-1]
+    q, k, vm, keys, values, tail, gamma = (t.contiguous() for t in (q, k, vm, keys, values, tail, gamma))
+    table = None if table is None else table.contiguous()
+    out = q.new_empty(b, heads, 1, dv1 - 1)
+    new_keys, new_values, new_tail = torch.empty_like(keys), torch.empty_like(values), torch.empty_like(tail)
+    _decode_step[(b * heads,)](
+        q, k, vm, keys, values, tail, q if table is None else table, gamma, out, new_keys, new_values, new_tail,
+        heads, d, dv1, 1.0 / math.sqrt(d), HORIZON=horizon, HAS_TABLE=table is not None,
+        **_decode_blocks(horizon, d, dv1),
+    )
+    return out, new_keys, new_values, new_tail
+
+
+__all__ = ["TritonLocalSoftmaxBand", "decode_step"]

@@ -52,13 +52,18 @@ def test_forward_and_backward_match_the_cpu(tiny_config, batch, monkeypatch):
 
 @pytest.mark.parametrize("kwargs", [dict(), dict(num_beams=3), dict(do_sample=True, top_k=5)],
                          ids=["greedy", "beam", "sampling"])
-def test_generate(kwargs, tiny_config, batch):
-    """Greedy and beam search give the CPU's tokens; sampling gives tokens on the device."""
+def test_generate(kwargs, tiny_config, batch, monkeypatch):
+    """Greedy and beam search give the CPU's tokens; sampling gives tokens on the device. The decoder's
+    self-attention steps run in the decoding kernel."""
+    used = []
+    decode = ops_local_softmax._decode_function
+    monkeypatch.setattr(ops_local_softmax, "_decode_function", lambda device: used.append(decode(device)) or used[-1])
     cpu, device = model_pair(tiny_config)
     src, mask, _ = inputs(batch)
     torch.manual_seed(1)
     got = device.generate(src.to(DEVICE), attention_mask=mask.to(DEVICE), max_new_tokens=20, **kwargs)
     assert got.device.type == DEVICE
+    assert {f.__name__ for f in used} == {"decode_step"}
     if not kwargs.get("do_sample"):
         expected = cpu.generate(src, attention_mask=mask, max_new_tokens=20, **kwargs)
         assert torch.equal(got.cpu(), expected)

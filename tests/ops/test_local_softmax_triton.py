@@ -110,6 +110,71 @@ def test_triton_band_low_precision(dtype, decay_inputs, monkeypatch):
     torch.testing.assert_close(got.to(F64), expected, rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("case", [
+    dict(horizon=3, table="per-head", mask=False), dict(horizon=2, table="shared", mask=True),
+    dict(horizon=0, table=None, mask=True), dict(horizon=16, table="per-head", mask=True),
+], ids=["h3", "shared-table-masked-token", "h0-no-table", "h16-more-than-the-prefix"])
+def test_decode_step_against_pytorch(case, monkeypatch):
+    """The one-token decoding kernel against the PyTorch step (float64): from a state after 10 tokens, 7 tokens one
+    at a time (the fourth masked out where asked), outputs and states; and the outputs against the full causal
+    sequence."""
+    from modeling_scaleformer.ops_local_softmax import (local_softmax_decay_attention,
+                                                        local_softmax_decay_prefill_state, local_softmax_decay_step)
+    from modeling_scaleformer.ops_local_softmax_triton import decode_step
+
+    h = case["horizon"]
+    gen = torch.Generator().manual_seed(h)
+    b, heads, length, d, dv = 2, 3, 17, 5, 4
+    q, k, v = (torch.randn(b, heads, length, dim, dtype=F64, generator=gen) for dim in (d, d, dv))
+    rel = {"per-head": torch.randn(heads, 2 * h + 1, d, dtype=F64, generator=gen),
+           "shared": torch.randn(2 * h + 1, d, dtype=F64, generator=gen), None: None}[case["table"]]
+    decay = torch.rand(heads, dtype=F64, generator=gen)
+    key_mask = torch.ones(b, length, dtype=torch.long)
+    if case["mask"]:
+        key_mask[1, 13] = 0
+    states = {}
+    outs = {}
+    for name, kernel in (("pytorch", None), ("triton", decode_step)):
+        monkeypatch.setattr(ops_local_softmax, "_decode_function", lambda device: kernel)
+        state = local_softmax_decay_prefill_state(k[:, :, :10], v[:, :, :10], decay, horizon=h,
+                                                  key_mask=key_mask[:, :10])
+        steps = []
+        for t in range(10, length):
+            out, state = local_softmax_decay_step(q[:, :, t:t + 1], k[:, :, t:t + 1], v[:, :, t:t + 1], rel, decay,
+                                                  state, key_mask=key_mask[:, t:t + 1], horizon=h)
+            steps.append(out)
+        outs[name], states[name] = torch.cat(steps, dim=2), state
+    torch.testing.assert_close(outs["triton"], outs["pytorch"], rtol=1e-12, atol=1e-13)
+    for field in ("keys", "values", "tail"):
+        torch.testing.assert_close(getattr(states["triton"], field), getattr(states["pytorch"], field), rtol=1e-12,
+                                   atol=1e-13, msg=lambda m: f"{field}: {m}")
+    assert states["triton"].seen == length
+    full = local_softmax_decay_attention(q, k, v, rel, decay, causal=True, key_mask=key_mask, horizon=h, mode="naive")
+    torch.testing.assert_close(outs["triton"], full[:, :, 10:], rtol=1e-10, atol=1e-12)
+
+
+def test_decode_step_keeps_autograd_on_pytorch(monkeypatch):
+    """A step whose inputs need gradients runs in PyTorch (the kernel has no backward), as do steps of several
+    tokens."""
+    from modeling_scaleformer.ops_local_softmax import local_softmax_decay_initial_state, local_softmax_decay_step
+
+    def refuse(*args):
+        raise AssertionError("the kernel ran")
+
+    monkeypatch.setattr(ops_local_softmax, "_decode_function", lambda device: refuse)
+    q, k, v = (torch.randn(1, 2, 1, 4, dtype=F64) for _ in range(3))
+    rel, decay = torch.randn(2, 5, 4, dtype=F64), torch.rand(2, dtype=F64)
+    state = local_softmax_decay_initial_state(1, 2, 4, 4, 2, dtype=F64)
+    out, _ = local_softmax_decay_step(q.requires_grad_(), k, v, rel, decay, state)
+    out.sum().backward()
+    assert q.grad is not None
+    with torch.no_grad():
+        q2, k2, v2 = (torch.randn(1, 2, 3, 4, dtype=F64) for _ in range(3))
+        local_softmax_decay_step(q2, k2, v2, rel, decay, state)
+        with pytest.raises(AssertionError, match="the kernel ran"):
+            local_softmax_decay_step(q2[:, :, :1], k2[:, :, :1], v2[:, :, :1], rel, decay, state)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @CAUSAL
@@ -139,3 +204,33 @@ def test_triton_band_on_cuda(causal, dtype):
     torch.testing.assert_close(outs[0], outs[1], rtol=tol, atol=tol)
     for g, e in zip(*grads):
         torch.testing.assert_close(g, e, rtol=tol, atol=tol * max(1.0, float(e.abs().max())))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_decode_step_on_cuda(monkeypatch):
+    """Real shapes on the GPU (B=4, H=16, D=64, h=16, 300 tokens of prefix): 32 decoding steps by the kernel the
+    step picks on CUDA against the PyTorch step on the same device, outputs and states."""
+    from modeling_scaleformer.ops_local_softmax import local_softmax_decay_prefill_state, local_softmax_decay_step
+    from modeling_scaleformer.ops_local_softmax_triton import decode_step
+
+    assert ops_local_softmax._decode_function(torch.device("cuda")) is decode_step
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(4, 16, 332, 64, device="cuda", generator=gen) for _ in range(3))
+    rel = 0.1 * torch.randn(16, 33, 64, device="cuda", generator=gen)
+    decay = torch.full((16,), 0.1, device="cuda")
+    results = []
+    for kernel in (decode_step, None):
+        monkeypatch.setattr(ops_local_softmax, "_decode_function", lambda device: kernel)
+        state = local_softmax_decay_prefill_state(k[:, :, :300], v[:, :, :300], decay, horizon=16)
+        outs = []
+        for t in range(300, 332):
+            out, state = local_softmax_decay_step(q[:, :, t:t + 1], k[:, :, t:t + 1], v[:, :, t:t + 1], rel, decay,
+                                                  state)
+            outs.append(out)
+        results.append((torch.cat(outs, 2), state))
+    (got, got_state), (expected, expected_state) = results
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got_state.tail, expected_state.tail, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(got_state.keys, expected_state.keys, rtol=0, atol=0)
+

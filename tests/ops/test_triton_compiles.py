@@ -103,3 +103,12 @@ def test_lowering_catches_what_the_interpreter_accepts():
 
     with pytest.raises(Exception, match="Loop-carried variable ptr"):
         lower(changes_shape, torch.float32, BLOCK=16)
+
+
+@DTYPES
+@pytest.mark.parametrize("has_table", [False, True], ids=["no-table", "table"])
+@pytest.mark.parametrize("shape", [(16, 64, 65), (0, 8, 9), (3, 128, 129)], ids=["h16-d64", "h0-d8", "h3-d128"])
+def test_decode_step_lowers(shape, has_table, dtype):
+    horizon, d, dv1 = shape
+    lower(ops_local_softmax_triton._decode_step, dtype, HORIZON=horizon, HAS_TABLE=has_table,
+          **ops_local_softmax_triton._decode_blocks(horizon, d, dv1))
