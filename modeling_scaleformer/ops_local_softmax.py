@@ -204,6 +204,23 @@ def _decode_function(device: torch.device):
     return decode_step
 
 
+def _differentiable(*tensors: Tensor | None) -> bool:
+    """Whether autograd records operations on `tensors` (the decoding kernels have no backward)."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+def _cross_decode_function(device: torch.device):
+    """The cross-attention decoding step's kernel for `device` (`ops_local_softmax_triton.cross_decode`) on CUDA
+    when Triton is installed, None otherwise (the step then computes the reference's weights in PyTorch)."""
+    if device.type != "cuda":
+        return None
+    try:
+        from .ops_local_softmax_triton import cross_decode
+    except ImportError:
+        return None
+    return cross_decode
+
+
 def chunk_local_softmax_decay_attention(
     q: Tensor, k: Tensor, v: Tensor, rel: Tensor | None, decay: Tensor,
     *, causal: bool = False, key_mask: Tensor | None = None, query_offset: int = 0, horizon: int | None = None,
@@ -358,9 +375,7 @@ def local_softmax_decay_step(
 
     vm = augment_values(v.to(dtype), key_mask)
     decode = _decode_function(q.device)
-    differentiable = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, rel, decay,
-                                                                                               state.tail))
-    if decode is not None and q.shape[2] == 1 and not differentiable:
+    if decode is not None and q.shape[2] == 1 and not _differentiable(q, k, v, rel, decay, state.tail):
         # one token without autograd (generation): one kernel launch instead of some forty small operations
         out, keys, values, tail = decode(q.to(dtype), k.to(dtype), vm, table, torch.exp(-decay.to(dtype)), state.keys,
                                          state.values, state.tail)
@@ -378,12 +393,19 @@ def local_softmax_decay_cross_step(
     (`ops_decay.kernelized_decay_cross_summary`: the keys and [m v, m]).
 
     Equals `local_softmax_decay_attention(q, k, v, rel, decay, query_offset=query_offset)` for the keys the
-    summary was built from. Each query reads every key once: O(n Lk (D + Dv)), like softmax cross attention.
+    summary was built from. Each query reads every key once: O(n Lk (D + Dv)), like softmax cross attention. On
+    CUDA without autograd (generation) it runs in one Triton launch (`_cross_decode_function`).
     """
     if not isinstance(summary, KernelizedDecayCrossSummary):
         raise ValueError(f"`summary` must be a KernelizedDecayCrossSummary, got {type(summary).__name__}")
     dtype = summary.keys.dtype
     h = resolve_horizon(rel, horizon)
+    decode = _cross_decode_function(q.device)
+    if decode is not None and not _differentiable(q, rel, decay, summary.keys, summary.values):
+        # without autograd (generation): one kernel launch instead of the reference's some fifty operations
+        out = decode(q.to(dtype), summary.keys, summary.values, head_table(rel, q.shape[1], dtype),
+                     decay.to(dtype), query_offset, h)
+        return out.to(q.dtype)
     weights = naive_local_softmax_decay_weights(
         q.to(dtype), summary.keys, None if rel is None else rel.to(dtype), decay.to(dtype),
         key_mask=summary.values[:, 0, :, -1], query_offset=query_offset, horizon=h,

@@ -1,4 +1,5 @@
-"""Triton kernels of the local softmax band of `ops_local_softmax` (the default attention), for CUDA.
+"""Triton kernels of the local softmax band of `ops_local_softmax` (the default attention) and of its decoding
+steps, for CUDA.
 
 The band is the part of `local_softmax_decay_attention` that is not a linear attention: each query's softmax
 over its 2h+1 nearest keys with Shaw's relative keys, merged with the decayed tails under one row
@@ -17,6 +18,12 @@ band logit and log(tail_i's last channel). Three kernels:
   of the table's gradient;
 - `_band_backward_keys`: one program per block of BLOCK_M keys; the queries that can see them (a window of
   BLOCK_M + 2h) give dk and d[m v, m] without atomics.
+
+Generation has two more, without backward, each one launch per layer and token where PyTorch takes some forty
+to fifty small operations: `_decode_step` (`decode_step`), the self-attention step of one token on the recurrent
+state (window of the last h keys, relative table, decayed tail, row shift, normaliser, and the state's update),
+and `_cross_decode` (`cross_decode`), a query on the encoder's keys (its band, then every key beyond it by
+blocks).
 
 Inputs are in their compute dtype (`ops_common.compute_dtype`: fp32 for half precision), so products and
 sums accumulate in fp32 or fp64. The module imports Triton, which is an optional dependency: it is loaded
@@ -332,4 +339,75 @@ def decode_step(q, k, vm, table, gamma, keys, values, tail):
     return out, new_keys, new_values, new_tail
 
 
-__all__ = ["TritonLocalSoftmaxBand", "decode_step"]
+@triton.jit
+def _cross_decode(
+    Q, KEYS, VALUES, TAB, RATE, OUT,
+    heads, n, lk, d, dv1, offset, scale,
+    HORIZON: tl.constexpr, HAS_TABLE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr,
+):
+    row, i = tl.program_id(0), tl.program_id(1)
+    p = offset + i
+    dd = tl.arange(0, BLOCK_D)
+    vv = tl.arange(0, BLOCK_V)
+    d_in, v_in = dd < d, vv < dv1
+    q = tl.load(Q + (row * n + i) * d + dd, mask=d_in, other=0.0)
+    q_features = tl.where(d_in, tl.where(q > 0, q + 1.0, tl.exp(q)), 0.0)
+    rate = tl.load(RATE + row % heads)
+    # the band: keys j = p - h + w, w = 0 .. 2h, table row 2h - w
+    w = tl.arange(0, BLOCK_W)
+    j = p - HORIZON + w
+    window = (w <= 2 * HORIZON) & (j >= 0) & (j < lk)
+    keys = tl.load(KEYS + (row * lk + j[:, None]) * d + dd[None, :], mask=window[:, None] & d_in[None, :], other=0.0)
+    values = tl.load(VALUES + (row * lk + j[:, None]) * dv1 + vv[None, :], mask=window[:, None] & v_in[None, :],
+                     other=0.0)
+    logits = tl.sum(keys * q[None, :], 1)
+    if HAS_TABLE:
+        tab = tl.load(TAB + ((row % heads) * (2 * HORIZON + 1) + 2 * HORIZON - w[:, None]) * d + dd[None, :],
+                      mask=window[:, None] & d_in[None, :], other=0.0)
+        logits += tl.sum(tab * q[None, :], 1)
+    visible = window & (tl.sum(tl.where(vv[None, :] == dv1 - 1, values, 0.0), 1) > 0)
+    logits = tl.where(visible, logits * scale, float("-inf"))
+    # beyond it: phi(q).phi(k_j) / D exp(-lambda (|p - j| - h)), by blocks of keys (hidden keys hold [0, 0])
+    far = tl.zeros((BLOCK_V,), dtype=OUT.dtype.element_ty)
+    for j0 in range(0, lk, BLOCK_N):
+        jj = j0 + tl.arange(0, BLOCK_N)
+        distance = tl.abs(p - jj)
+        beyond = (jj < lk) & (distance > HORIZON)
+        k = tl.load(KEYS + (row * lk + jj[:, None]) * d + dd[None, :], mask=beyond[:, None] & d_in[None, :],
+                    other=0.0)
+        vm = tl.load(VALUES + (row * lk + jj[:, None]) * dv1 + vv[None, :], mask=beyond[:, None] & v_in[None, :],
+                     other=0.0)
+        k_features = tl.where(d_in[None, :], tl.where(k > 0, k + 1.0, tl.exp(k)), 0.0)
+        weight = tl.sum(k_features * q_features[None, :], 1) / d * tl.exp(-rate * (distance - HORIZON).to(rate.dtype))
+        far += tl.sum(tl.where(beyond, weight, 0.0)[:, None] * vm, 0)
+    far_sum = tl.sum(tl.where(vv == dv1 - 1, far, 0.0), 0)
+    m = tl.maximum(tl.max(logits, 0), tl.where(far_sum > 0, tl.log(tl.where(far_sum > 0, far_sum, 1.0)),
+                                                float("-inf")))
+    m = tl.where(m > float("-inf"), m, 0.0)
+    sums = tl.sum(tl.exp(logits - m)[:, None] * values, 0) + tl.minimum(tl.exp(-m), 3.0e38) * far
+    den = tl.sum(tl.where(vv == dv1 - 1, sums, 0.0), 0)
+    out = tl.where(den > 0, sums / tl.where(den > 0, den, 1.0), 0.0)
+    tl.store(OUT + (row * n + i) * (dv1 - 1) + vv, out, mask=vv < dv1 - 1)
+
+
+CROSS_BLOCK_N = 64  # keys per iteration of `_cross_decode`
+
+
+def cross_decode(q, keys, values, table, rate, query_offset: int, horizon: int):
+    """`ops_local_softmax.local_softmax_decay_cross_step` in one launch (`_cross_decode`, one program per batch*head
+    row and query): queries q (B, H, n, D) at positions query_offset.., the summary's keys (B, H, Lk, D) and
+    [m v, m] (B, H, Lk, Dv+1), table (H, 2h+1, D) or None, rate (H,), all in the summary's dtype. Each query
+    reads every key once, as the PyTorch step does; returns the normalised output (B, H, n, Dv)."""
+    b, heads, n, d = q.shape
+    lk, dv1 = keys.shape[2], values.shape[-1]
+    q, keys, values, rate = (t.contiguous() for t in (q, keys, values, rate))
+    table = None if table is None else table.contiguous()
+    out = q.new_empty(b, heads, n, dv1 - 1)
+    _cross_decode[(b * heads, n)](q, keys, values, q if table is None else table, rate, out, heads, n, lk, d, dv1,
+                                  query_offset, 1.0 / math.sqrt(d), HORIZON=horizon, HAS_TABLE=table is not None,
+                                  BLOCK_N=CROSS_BLOCK_N, **_decode_blocks(2 * horizon, d, dv1))
+    return out
+
+
+__all__ = ["TritonLocalSoftmaxBand", "cross_decode", "decode_step"]

@@ -53,17 +53,19 @@ def test_forward_and_backward_match_the_cpu(tiny_config, batch, monkeypatch):
 @pytest.mark.parametrize("kwargs", [dict(), dict(num_beams=3), dict(do_sample=True, top_k=5)],
                          ids=["greedy", "beam", "sampling"])
 def test_generate(kwargs, tiny_config, batch, monkeypatch):
-    """Greedy and beam search give the CPU's tokens; sampling gives tokens on the device. The decoder's
-    self-attention steps run in the decoding kernel."""
+    """Greedy and beam search give the CPU's tokens; sampling gives tokens on the device. The decoder's self- and
+    cross-attention steps run in the decoding kernels."""
     used = []
-    decode = ops_local_softmax._decode_function
-    monkeypatch.setattr(ops_local_softmax, "_decode_function", lambda device: used.append(decode(device)) or used[-1])
+    for name in ("_decode_function", "_cross_decode_function"):
+        choose = getattr(ops_local_softmax, name)
+        monkeypatch.setattr(ops_local_softmax, name,
+                            lambda device, choose=choose: used.append(choose(device)) or used[-1])
     cpu, device = model_pair(tiny_config)
     src, mask, _ = inputs(batch)
     torch.manual_seed(1)
     got = device.generate(src.to(DEVICE), attention_mask=mask.to(DEVICE), max_new_tokens=20, **kwargs)
     assert got.device.type == DEVICE
-    assert {f.__name__ for f in used} == {"decode_step"}
+    assert {f.__name__ for f in used} == {"decode_step", "cross_decode"}
     if not kwargs.get("do_sample"):
         expected = cpu.generate(src, attention_mask=mask, max_new_tokens=20, **kwargs)
         assert torch.equal(got.cpu(), expected)

@@ -175,6 +175,41 @@ def test_decode_step_keeps_autograd_on_pytorch(monkeypatch):
             local_softmax_decay_step(q2[:, :, :1], k2[:, :, :1], v2[:, :, :1], rel, decay, state)
 
 
+@pytest.mark.parametrize("case", [
+    dict(lq=3, lk=50, horizon=3, offset=20, table="per-head", mask=True),
+    dict(lq=2, lk=40, horizon=2, offset=0, table="shared", mask=False),
+    dict(lq=1, lk=9, horizon=16, offset=4, table="per-head", mask=True),
+    dict(lq=2, lk=30, horizon=0, offset=35, table=None, mask=True),
+], ids=["middle-masked", "band-at-the-start", "band-wider-than-the-keys", "h0-queries-past-the-keys"])
+def test_cross_decode_against_pytorch(case, monkeypatch):
+    """The cross-attention decoding kernel against the PyTorch step (float64), keys in blocks of 16: queries at
+    offsets whose band lies inside, at the edge of and wider than the keys, past them, with hidden keys."""
+    from modeling_scaleformer import ops_local_softmax_triton
+    from modeling_scaleformer.ops_decay import kernelized_decay_cross_summary
+    from modeling_scaleformer.ops_local_softmax import local_softmax_decay_cross_step
+    from modeling_scaleformer.ops_local_softmax_triton import cross_decode
+
+    monkeypatch.setattr(ops_local_softmax_triton, "CROSS_BLOCK_N", 16)
+    h, lq, lk = case["horizon"], case["lq"], case["lk"]
+    gen = torch.Generator().manual_seed(lk)
+    b, heads, d, dv = 2, 3, 5, 4
+    q = torch.randn(b, heads, lq, d, dtype=F64, generator=gen)
+    k, v = (torch.randn(b, heads, lk, dim, dtype=F64, generator=gen) for dim in (d, dv))
+    rel = {"per-head": torch.randn(heads, 2 * h + 1, d, dtype=F64, generator=gen),
+           "shared": torch.randn(2 * h + 1, d, dtype=F64, generator=gen), None: None}[case["table"]]
+    decay = torch.rand(heads, dtype=F64, generator=gen)
+    key_mask = torch.ones(b, lk, dtype=torch.long)
+    if case["mask"]:
+        key_mask[1, -5:] = 0
+        key_mask[0, case["offset"] % lk] = 0
+    summary = kernelized_decay_cross_summary(k, v, key_mask=key_mask)
+    outs = []
+    for kernel in (cross_decode, None):
+        monkeypatch.setattr(ops_local_softmax, "_cross_decode_function", lambda device: kernel)
+        outs.append(local_softmax_decay_cross_step(q, rel, decay, summary, query_offset=case["offset"], horizon=h))
+    torch.testing.assert_close(outs[0], outs[1], rtol=1e-12, atol=1e-13)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @CAUSAL

@@ -112,3 +112,14 @@ def test_decode_step_lowers(shape, has_table, dtype):
     horizon, d, dv1 = shape
     lower(ops_local_softmax_triton._decode_step, dtype, HORIZON=horizon, HAS_TABLE=has_table,
           **ops_local_softmax_triton._decode_blocks(horizon, d, dv1))
+
+
+@DTYPES
+@pytest.mark.parametrize("has_table", [False, True], ids=["no-table", "table"])
+@pytest.mark.parametrize("shape", [(16, 64, 65), (0, 8, 9), (3, 128, 129)], ids=["h16-d64", "h0-d8", "h3-d128"])
+def test_cross_decode_lowers(shape, has_table, dtype):
+    horizon, d, dv1 = shape
+    blocks = ops_local_softmax_triton._decode_blocks(2 * horizon, d, dv1)
+    lower(ops_local_softmax_triton._cross_decode, dtype, HORIZON=horizon, HAS_TABLE=has_table,
+          BLOCK_N=ops_local_softmax_triton.CROSS_BLOCK_N, **blocks)
+
