@@ -261,6 +261,26 @@ class TritonLocalSoftmaxBand(torch.autograd.Function):
 
 
 @triton.jit
+def _elu_features(x, inside):
+    """elu(x) + 1 where `inside`, 0 elsewhere."""
+    return tl.where(inside, tl.where(x > 0, x + 1.0, tl.exp(x)), 0.0)
+
+
+@triton.jit
+def _merge(logits, values, far, vv, dv1):
+    """One query's output from its band logits (W,) on the window's [m v, m] `values` (W, V) and its sum beyond the
+    band `far` (V,): exp(l - m) values + exp(-m) far, m the larger of the largest logit and log(far's last
+    channel) (0 for a row with neither), normalised by the last channel (0 for a row with no visible key)."""
+    far_sum = tl.sum(tl.where(vv == dv1 - 1, far, 0.0), 0)
+    m = tl.maximum(tl.max(logits, 0), tl.where(far_sum > 0, tl.log(tl.where(far_sum > 0, far_sum, 1.0)),
+                                                float("-inf")))
+    m = tl.where(m > float("-inf"), m, 0.0)
+    sums = tl.sum(tl.exp(logits - m)[:, None] * values, 0) + tl.minimum(tl.exp(-m), 3.0e38) * far
+    den = tl.sum(tl.where(vv == dv1 - 1, sums, 0.0), 0)
+    return tl.where(den > 0, sums / tl.where(den > 0, den, 1.0), 0.0)
+
+
+@triton.jit
 def _decode_step(
     Q, K, VM, KEYS, VALUES, TAIL, TAB, GAMMA, OUT, NEW_KEYS, NEW_VALUES, NEW_TAIL,
     heads, d, dv1, scale,
@@ -292,20 +312,13 @@ def _decode_step(
     gamma = tl.load(GAMMA + row % heads)
     tail = gamma * tl.load(TAIL + (row * d + dd[:, None]) * dv1 + vv[None, :], mask=d_in[:, None] & v_in[None, :],
                            other=0.0)
-    features = tl.where(d_in, tl.where(q > 0, q + 1.0, tl.exp(q)), 0.0)
-    far = tl.sum(features[:, None] * tail, 0) / d
-    far_sum = tl.sum(tl.where(vv == dv1 - 1, far, 0.0), 0)
-    m = tl.maximum(tl.max(logits, 0), tl.where(far_sum > 0, tl.log(tl.where(far_sum > 0, far_sum, 1.0)),
-                                                float("-inf")))
-    m = tl.where(m > float("-inf"), m, 0.0)
-    sums = tl.sum(tl.exp(logits - m)[:, None] * values, 0) + tl.minimum(tl.exp(-m), 3.0e38) * far
-    den = tl.sum(tl.where(vv == dv1 - 1, sums, 0.0), 0)
-    out = tl.where(den > 0, sums / tl.where(den > 0, den, 1.0), 0.0)
+    far = tl.sum(_elu_features(q, d_in)[:, None] * tail, 0) / d
+    out = _merge(logits, values, far, vv, dv1)
     tl.store(OUT + row * (dv1 - 1) + vv, out, mask=vv < dv1 - 1)
     # the oldest window key moves to the tail; the others move down one slot
     first = w == 0
     oldest = tl.sum(tl.where(first[:, None], keys, 0.0), 0)
-    oldest = tl.where(d_in, tl.where(oldest > 0, oldest + 1.0, tl.exp(oldest)), 0.0)
+    oldest = _elu_features(oldest, d_in)
     oldest_values = tl.sum(tl.where(first[:, None], values, 0.0), 0)
     tl.store(NEW_TAIL + (row * d + dd[:, None]) * dv1 + vv[None, :], tail + oldest[:, None] * oldest_values[None, :],
              mask=d_in[:, None] & v_in[None, :])
@@ -352,7 +365,7 @@ def _cross_decode(
     vv = tl.arange(0, BLOCK_V)
     d_in, v_in = dd < d, vv < dv1
     q = tl.load(Q + (row * n + i) * d + dd, mask=d_in, other=0.0)
-    q_features = tl.where(d_in, tl.where(q > 0, q + 1.0, tl.exp(q)), 0.0)
+    q_features = _elu_features(q, d_in)
     rate = tl.load(RATE + row % heads)
     # the band: keys j = p - h + w, w = 0 .. 2h, table row 2h - w
     w = tl.arange(0, BLOCK_W)
@@ -378,16 +391,10 @@ def _cross_decode(
                     other=0.0)
         vm = tl.load(VALUES + (row * lk + jj[:, None]) * dv1 + vv[None, :], mask=beyond[:, None] & v_in[None, :],
                      other=0.0)
-        k_features = tl.where(d_in[None, :], tl.where(k > 0, k + 1.0, tl.exp(k)), 0.0)
+        k_features = _elu_features(k, d_in[None, :])
         weight = tl.sum(k_features * q_features[None, :], 1) / d * tl.exp(-rate * (distance - HORIZON).to(rate.dtype))
         far += tl.sum(tl.where(beyond, weight, 0.0)[:, None] * vm, 0)
-    far_sum = tl.sum(tl.where(vv == dv1 - 1, far, 0.0), 0)
-    m = tl.maximum(tl.max(logits, 0), tl.where(far_sum > 0, tl.log(tl.where(far_sum > 0, far_sum, 1.0)),
-                                                float("-inf")))
-    m = tl.where(m > float("-inf"), m, 0.0)
-    sums = tl.sum(tl.exp(logits - m)[:, None] * values, 0) + tl.minimum(tl.exp(-m), 3.0e38) * far
-    den = tl.sum(tl.where(vv == dv1 - 1, sums, 0.0), 0)
-    out = tl.where(den > 0, sums / tl.where(den > 0, den, 1.0), 0.0)
+    out = _merge(logits, values, far, vv, dv1)
     tl.store(OUT + (row * n + i) * (dv1 - 1) + vv, out, mask=vv < dv1 - 1)
 
 
