@@ -143,6 +143,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--device", default="cpu",
                         help="torch device of the models and batches, e.g. cpu, cuda (default: cpu)")
     parser.add_argument("--bf16", action="store_true", help="steps and forward passes under bfloat16 autocast")
+    parser.add_argument("--profile", type=int, metavar="L",
+                        help="after the timings, profile one training step of each model at source length L: the "
+                             "kernels (CPU ops on CPU) with the most self time, and how many kernels the device ran")
     parser.add_argument("--compile", action="store_true",
                         help="every model under torch.compile (not fullgraph; Scaleformer's attention ops run eagerly "
                              "inside it); the warm-up round compiles")
@@ -250,6 +253,32 @@ def forward_pass(trainer: Trainer, input_ids: Tensor, labels: Tensor, args: argp
         return timed(on_device(forward, args))
     finally:
         trainer.model.train()
+
+
+def profile_steps(length: int, args: argparse.Namespace, top: int = 20) -> dict:
+    """One training step of each model at `length` under torch.profiler, after one unprofiled step: the `top`
+    kernels (CPU ops on CPU) by self time as torch.profiler prints them, and the number of device kernels."""
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+
+    cuda = args.device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    key = "self_device_time_total" if cuda else "self_cpu_time_total"
+    input_ids, labels = make_batch(length, args.size.vocab_size, args.seed, args.device)
+    profiles = {}
+    for name in args.models:
+        trainer = build_trainer(name, args)
+        train_step(trainer, input_ids, labels, args)
+        with torch_profile(activities=activities) as prof:
+            train_step(trainer, input_ids, labels, args)
+        kernels = sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA) if cuda else None
+        table = prof.key_averages().table(sort_by=key, row_limit=top)
+        profiles[name] = {"length": length, "device_kernels": kernels, "table": table}
+        print(f"## Profile: {name}, one training step at source length {length}"
+              + (f", {kernels:,} device kernels" if cuda else "") + "\n")
+        print(table)
+        del trainer
+        gc.collect()
+    return profiles
 
 
 def measure_memory_here(name: str, length: int, args: argparse.Namespace) -> dict:
@@ -570,6 +599,7 @@ def main(argv: list[str] | None = None) -> int:
     print_slope_table(slopes, args.lengths)
     targets = evaluate_targets(samples, slopes, memory, skipped, args)
     print_targets(targets)
+    profiles = profile_steps(args.profile, args) if args.profile else None
 
     info["load_average_at_end"] = os.getloadavg()
     if args.json is not None:
@@ -593,6 +623,7 @@ def main(argv: list[str] | None = None) -> int:
             "memory": list(memory.values()),
             "slopes": slopes,
             "targets": [t._asdict() for t in targets],
+            "profiles": profiles,
         })
         print(f"- raw figures written to {args.json}")
     if args.plot is not None:

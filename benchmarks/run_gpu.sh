@@ -41,7 +41,7 @@ print(torch.__version__, triton.__version__, transformers.__version__, torch.cud
         tests) step tests python3 -m pytest -m gpu -v -p no:cacheprovider -rfEs --durations=0 \
             ${TEST_PATHS:-tests/ops tests/models} ;;
         train) step train python3 benchmarks/bench_train.py --device cuda --bf16 --lengths 4096 16384 \
-            --models scaleformer bart led --json "$out/bench_train_gpu.json" ;;
+            --models scaleformer bart led --profile 16384 --json "$out/bench_train_gpu.json" ;;
         train_compiled) step train_compiled python3 benchmarks/bench_train.py --device cuda --bf16 --compile \
             --lengths 4096 16384 --models scaleformer bart led --json "$out/bench_train_gpu_compiled.json" ;;
         generate) step generate python3 benchmarks/bench_generate.py --device cuda --new-tokens "${NEW_TOKENS:-8192}" \

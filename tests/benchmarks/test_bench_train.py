@@ -30,6 +30,15 @@ def test_bench_train_bf16_on_a_device(run_report):
     assert "fp32 under bf16 autocast" in stdout and report["cuda_peak_extra_mib"] == []
 
 
+def test_bench_train_profile(run_report):
+    """`--profile L`: one profiled training step per model after the timings, its table printed and recorded."""
+    stdout, report = run_report(["benchmarks/bench_train.py", "--quick", "--lengths", "64", "--repeats", "1",
+                                 "--no-memory", "--models", "scaleformer", "bart", "--profile", "64"])
+    assert set(report["profiles"]) == {"scaleformer", "bart"}
+    assert all("Self CPU" in p["table"] and p["length"] == 64 for p in report["profiles"].values())
+    assert "## Profile: scaleformer, one training step at source length 64" in stdout
+
+
 def test_bench_train_compile(run_report):
     """`--compile`: the steps of a model under torch.compile, said in the header and recorded in the settings."""
     stdout, report = run_report(["benchmarks/bench_train.py", "--quick", "--lengths", "64", "--repeats", "1",
