@@ -230,8 +230,8 @@ def _decayed_before(y: Tensor, vm: Tensor, rate: Tensor, lead: int, reverse: boo
     keys, values = (y[:, :, :before], vm[:, :, :before]) if not reverse else \
         (y[:, :, lk - before:].flip(2), vm[:, :, lk - before:].flip(2))
     keys = features(keys.to(vm.dtype))
-    distance = lead - 1 - torch.arange(before, device=y.device, dtype=y.dtype)
-    weight = torch.exp(-rate.to(y.dtype)[:, None] * distance)
+    distance = lead - 1 - torch.arange(before, device=y.device, dtype=vm.dtype)
+    weight = torch.exp(-rate.to(vm.dtype)[:, None] * distance)
     return (keys * weight[None, :, :, None]).transpose(-1, -2) @ values
 
 

@@ -80,12 +80,15 @@ def test_tail_against_pytorch(case, reverse, chunk, elu_features, monkeypatch):
         torch.testing.assert_close(g, r, rtol=1e-10, atol=1e-11, msg=lambda m: f"grad {name}: {m}")
 
 
+@pytest.mark.parametrize("case", [(70, 70, 2, 0), (9, 300, 2, 250)], ids=["self", "cross-keys-before-the-span"])
 @pytest.mark.parametrize("reverse", [False, True], ids=["causal", "reversed"])
-def test_tail_with_16_bit_operands(reverse, monkeypatch):
+def test_tail_with_16_bit_operands(case, reverse, monkeypatch):
     """Queries and keys in float16 (the values in float32, as the op passes them): the kernels multiply 16-bit
     operands and accumulate in float32, within float16's precision of the PyTorch path (which computes in
-    float32). bfloat16 takes the same code on a GPU; Triton's interpreter multiplies bfloat16 tiles wrongly."""
-    lq, lk, horizon, offset, e, dv = 70, 70, 2, 0, 8, 9
+    float32), the keys before the span (their decayed sum, in float32) included. bfloat16 takes the same code on a
+    GPU; Triton's interpreter multiplies bfloat16 tiles wrongly."""
+    lq, lk, horizon, offset = case
+    e, dv = 8, 9
     leaves, gen = tail_inputs(1, 2, lq, lk, e, dv, seed=7)
     xq, y, vm, rate = leaves
     leaves = [xq.half(), y.half(), vm.float(), rate.float()]
@@ -104,6 +107,21 @@ def test_tail_with_16_bit_operands(reverse, monkeypatch):
         assert g.dtype == r.dtype, name
         torch.testing.assert_close(g.float(), r.float(), rtol=1e-2, atol=1e-2 * float(r.abs().max()),
                                    msg=lambda m: f"grad {name}: {m}")
+
+
+@pytest.mark.parametrize("reverse", [False, True], ids=["first-keys", "last-keys"])
+def test_keys_before_the_span_from_16_bit_keys(reverse):
+    """The decayed sum of the keys before the span (computed in PyTorch beside the kernels) works in the values'
+    dtype whatever the keys' dtype: bfloat16 keys give the sum of their float32 copies (a distance of 1,000
+    positions is not a bfloat16 number)."""
+    gen = torch.Generator().manual_seed(0)
+    y = torch.randn(1, 2, 1200, 4, generator=gen).bfloat16()
+    vm = torch.randn(1, 2, 1200, 3, generator=gen)
+    rate = torch.tensor([0.001, 0.01])
+    got = ops_decay._decayed_before(y, vm, rate, 1100, reverse, ops_decay.elu_feature_map)
+    expected = ops_decay._decayed_before(y.float(), vm, rate, 1100, reverse, ops_decay.elu_feature_map)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6)
 
 
 def test_tail_rate_gradient_on_long_inputs(monkeypatch):
