@@ -115,7 +115,7 @@ def _band_forward(
     HORIZON: tl.constexpr, CAUSAL: tl.constexpr, HAS_TABLE: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr, DOT: tl.constexpr,
 ):
-    pid, row = tl.program_id(0), tl.program_id(1)
+    pid, row = tl.program_id(0), tl.program_id(1).to(tl.int64)  # offsets can pass 2^31 elements
     i, rows, q, k, vw, tab, logits = _query_block(Q, K, VM, TAB, pid, row, lq, lk, d, dv1, offset, scale, HORIZON,
                                                   CAUSAL, HAS_TABLE, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_V, BLOCK_R,
                                                   DOT)
@@ -144,7 +144,7 @@ def _band_backward_queries(
     HORIZON: tl.constexpr, CAUSAL: tl.constexpr, HAS_TABLE: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr, DOT: tl.constexpr,
 ):
-    pid, row = tl.program_id(0), tl.program_id(1)
+    pid, row = tl.program_id(0), tl.program_id(1).to(tl.int64)  # offsets can pass 2^31 elements
     i, rows, q, k, vw, tab, logits = _query_block(Q, K, VM, TAB, pid, row, lq, lk, d, dv1, offset, scale, HORIZON,
                                                   CAUSAL, HAS_TABLE, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_V, BLOCK_R,
                                                   DOT)
@@ -176,7 +176,7 @@ def _band_backward_keys(
     HORIZON: tl.constexpr, CAUSAL: tl.constexpr, HAS_TABLE: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr, DOT: tl.constexpr,
 ):
-    pid, row = tl.program_id(0), tl.program_id(1)
+    pid, row = tl.program_id(0), tl.program_id(1).to(tl.int64)  # offsets can pass 2^31 elements
     c = tl.arange(0, BLOCK_M)
     j = pid * BLOCK_M + c  # this block's keys
     u = tl.arange(0, BLOCK_N)
@@ -287,7 +287,7 @@ def _decode_step(
     HORIZON: tl.constexpr, HAS_TABLE: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_V: tl.constexpr,
 ):
-    row = tl.program_id(0)
+    row = tl.program_id(0).to(tl.int64)  # offsets can pass 2^31 elements
     w = tl.arange(0, BLOCK_W)  # window slots, oldest first: the state's h keys, then the new one (slot h)
     dd = tl.arange(0, BLOCK_D)
     vv = tl.arange(0, BLOCK_V)
@@ -359,7 +359,7 @@ def _cross_decode(
     HORIZON: tl.constexpr, HAS_TABLE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr,
 ):
-    row, i = tl.program_id(0), tl.program_id(1)
+    row, i = tl.program_id(0).to(tl.int64), tl.program_id(1)  # offsets can pass 2^31 elements
     p = offset + i
     dd = tl.arange(0, BLOCK_D)
     vv = tl.arange(0, BLOCK_V)

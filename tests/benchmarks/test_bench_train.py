@@ -39,8 +39,11 @@ def test_bench_train_profile(run_report):
     assert "## Profile: scaleformer, one training step at source length 64" in stdout
 
 
-def test_bench_train_compile(run_report):
-    """`--compile`: the steps of a model under torch.compile, said in the header and recorded in the settings."""
+def test_bench_train_compile(run_report, monkeypatch):
+    """`--compile`: the steps of a model under torch.compile, said in the header and recorded in the settings.
+    Dynamo is switched off here (compiling on CPU takes a minute; test_conformance.py compiles a model and checks
+    it against eager), so this checks the option's path through the script."""
+    monkeypatch.setenv("TORCHDYNAMO_DISABLE", "1")
     stdout, report = run_report(["benchmarks/bench_train.py", "--quick", "--lengths", "64", "--repeats", "1",
                                  "--no-memory", "--models", "scaleformer", "--compile"])
     assert report["settings"]["compile"] is True
