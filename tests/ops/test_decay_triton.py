@@ -61,9 +61,10 @@ TAIL_CASES = [  # (lq, lk, horizon, offset, E, Dv)
 def test_tail_against_pytorch(case, reverse, elu_features, monkeypatch):
     """`decayed_tail` on the Triton kernels against its PyTorch path (float64): the output and the gradients of the
     queries and keys, the values and the rates, over queries that see no key, spans shorter and longer than a
-    chunk (of 16 positions, and of the kernels' 64 in one case), keys before the span (an initial state), queries past the keys, Lq != Lk both ways, E and Dv that are
-    not powers of two and span several blocks of the state kernels (40 x 70: 1 x 3 programs of 64 x 32), read
-    forwards and reversed in place, with the features given or computed from raw queries and keys."""
+    chunk (of 16 positions, and of the kernels' 64 in one case), keys before the span (an initial state), queries
+    past the keys, Lq != Lk both ways, E and Dv that are not powers of two and span several blocks of the state
+    kernels (40 x 70: 1 x 3 programs of 64 x 32), read forwards and reversed in place, with the features given or
+    computed from raw queries and keys."""
     lq, lk, horizon, offset, e, dv, *chunk = case
     chunk = chunk[0] if chunk else 16
     leaves, gen = tail_inputs(2, 3, lq, lk, e, dv, seed=lq + lk + chunk)
