@@ -1,4 +1,5 @@
-"""The Triton kernels' tests (test_local_softmax_triton.py, test_decay_triton.py) through Triton's interpreter,
+"""The Triton kernels' tests (test_local_softmax_triton.py, test_decay_triton.py, and the models on them in
+tests/models/test_triton_paths.py) through Triton's interpreter,
 in a fresh process with TRITON_INTERPRET=1: on a machine without CUDA, in the default test run. Triton's own
 library functions (tl.sum among them) are interpreted only if the variable was set when Triton was first
 imported, so the kernels cannot share a process with tests that imported it before."""
@@ -13,6 +14,7 @@ import torch
 
 
 KERNEL_TESTS = [Path(__file__).with_name(name) for name in ("test_local_softmax_triton.py", "test_decay_triton.py")]
+KERNEL_TESTS.append(Path(__file__).parents[1] / "models" / "test_triton_paths.py")  # the models on those kernels
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="with CUDA the kernel tests run in this process, on the GPU")
