@@ -126,11 +126,13 @@ def _rows_of(x: Tensor, band: _Band, blocks: tuple[int, int]) -> Tensor:
 class _LocalSoftmaxBand(torch.autograd.Function):
     """out_i = (sum over the band of exp(l_ij - m_i) [m v_j, m_j] + exp(-m_i) tail_i) normalised by its last
     channel, on rows (B*H, L, .) in blocks (`_block_steps`); `tail` (B*H, Lq, Dv+1) is the row's sum beyond
-    the band. Saves the inputs, the output and m_i, and recomputes the band in backward: autograd would keep
-    every (C, W) block of every row alive."""
+    the band. q and k come in the op's input dtype and are computed with in vm's (the compute dtype). Saves the
+    inputs, the output and m_i, and recomputes the band in backward: autograd would keep every (C, W) block of
+    every row alive."""
 
     @staticmethod
-    def forward(ctx, q, k, vm, table, tail, band: _Band):
+    def forward(ctx, q_in, k_in, vm, table, tail, band: _Band):
+        q, k = q_in.to(vm.dtype), k_in.to(vm.dtype)
         rows, lq, _ = q.shape
         out = q.new_empty(rows, lq, vm.shape[-1] - 1)
         shift = q.new_empty(rows, lq, 1)
@@ -145,13 +147,14 @@ class _LocalSoftmaxBand(torch.autograd.Function):
             for target, value in ((out, normalise_rows(sums[..., :-1], sums[..., -1:])), (shift, m),
                                   (den, sums[..., -1:])):
                 target[r0:r1, lo:hi] = value.reshape(r1 - r0, -1, value.shape[-1])[:, :hi - lo]
-        ctx.save_for_backward(q, k, vm, table, out, shift, den)
+        ctx.save_for_backward(q_in, k_in, vm, table, out, shift, den)
         ctx.band = band
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        q, k, vm, table, out, shift, den = ctx.saved_tensors
+        q_in, k_in, vm, table, out, shift, den = ctx.saved_tensors
+        q, k = q_in.to(vm.dtype), k_in.to(vm.dtype)
         band = ctx.band
         scale = 1.0 / math.sqrt(q.shape[-1])
         # out = num / den: d num = g / den, d den = -(g . out) / den; 0 on rows without a visible key
@@ -177,7 +180,7 @@ class _LocalSoftmaxBand(torch.autograd.Function):
             dvm[r0:r1].index_add_(1, index, (weights.transpose(-1, -2) @ gs).flatten(1, 2))
             lo, hi = b0 * band.chunk, min(b1 * band.chunk, q.shape[1])
             dq[r0:r1, lo:hi] = dqb.flatten(1, 2)[:, :hi - lo]
-        return dq, dk, dvm, dtable, grad_tail, None
+        return dq.to(q_in.dtype), dk.to(k_in.dtype), dvm, dtable, grad_tail, None
 
 
 def _band_function(device: torch.device):
@@ -231,7 +234,6 @@ def chunk_local_softmax_decay_attention(
     recomputed by groups of rows."""
     dtype = compute_dtype(q.dtype)
     h = resolve_horizon(rel, horizon)
-    qc, kc = q.to(dtype), k.to(dtype)
     vm = augment_values(v.to(dtype), key_mask)
     chunk = max(chunk_size, 1)
     b, heads, lq, d = q.shape
@@ -247,11 +249,11 @@ def chunk_local_softmax_decay_attention(
                                        elu_features=d)
         return tail.transpose(0, 1)
 
-    # the tails take q and k as they are: the kernels read 16-bit operands (PyTorch computes in `dtype`)
+    # the tails and the band take q and k as they are (the kernels read 16-bit ones; PyTorch computes in `dtype`)
     rows = [x.reshape(b * heads, 1, x.shape[2], x.shape[3]) for x in (q, k, vm)]
     tail = grouped_rows(tails, max(lq, lk) * (chunk + d + vm.shape[-1]), *rows, decay.to(dtype).repeat(b))
     band = _band(lq, h, query_offset, causal, chunk, q.device, half_inputs=half)
-    out = _band_function(q.device).apply(qc.reshape(b * heads, lq, d), kc.reshape(b * heads, -1, d),
+    out = _band_function(q.device).apply(q.reshape(b * heads, lq, d), k.reshape(b * heads, -1, d),
                                          vm.reshape(b * heads, -1, vm.shape[-1]), row_table(rel, b, heads, dtype),
                                          tail.reshape(b * heads, lq, -1), band)
     return out.view(b, heads, lq, -1).to(q.dtype)

@@ -25,8 +25,9 @@ state (window of the last h keys, relative table, decayed tail, row shift, norma
 and `_cross_decode` (`cross_decode`), a query on the encoder's keys (its band, then every key beyond it by
 blocks).
 
-Inputs are in their compute dtype (`ops_common.compute_dtype`: fp32 for half precision), so products and
-sums accumulate in fp32 or fp64. The module imports Triton, which is an optional dependency: it is loaded
+The band reads q and k in the op's input dtype and converts them as it loads them; the other inputs are in their
+compute dtype (`ops_common.compute_dtype`: fp32 for half precision), so products and sums accumulate in fp32 or
+fp64. The module imports Triton, which is an optional dependency: it is loaded
 only for CUDA tensors (or by tests under TRITON_INTERPRET=1).
 """
 
@@ -97,8 +98,11 @@ def _query_block(Q, K, VM, TAB, pid, row, lq, lk, d, dv1, offset, scale, HORIZON
     dd = tl.arange(0, BLOCK_D)
     vv = tl.arange(0, BLOCK_V)
     j, exists = _window(pid, offset, lk, BLOCK_M, BLOCK_N, HORIZON)
-    q = tl.load(Q + row * lq * d + i[:, None] * d + dd[None, :], mask=rows[:, None] & (dd[None, :] < d), other=0.0)
-    k = tl.load(K + row * lk * d + j[:, None] * d + dd[None, :], mask=exists[:, None] & (dd[None, :] < d), other=0.0)
+    acc = VM.dtype.element_ty  # q and k may be 16-bit: the band computes in [m v, m]'s dtype
+    q = tl.load(Q + row * lq * d + i[:, None] * d + dd[None, :], mask=rows[:, None] & (dd[None, :] < d),
+                other=0.0).to(acc)
+    k = tl.load(K + row * lk * d + j[:, None] * d + dd[None, :], mask=exists[:, None] & (dd[None, :] < d),
+                other=0.0).to(acc)
     vw = tl.load(VM + row * lk * dv1 + j[:, None] * dv1 + vv[None, :], mask=exists[:, None] & (vv[None, :] < dv1),
                  other=0.0)
     tab = _table(TAB, row, d, HORIZON, HAS_TABLE, BLOCK_R, BLOCK_D)
@@ -185,8 +189,11 @@ def _band_backward_keys(
     vv = tl.arange(0, BLOCK_V)
     keys = j < lk
     queries = (u < BLOCK_M + 2 * HORIZON) & (i >= 0) & (i < lq)
-    q = tl.load(Q + row * lq * d + i[:, None] * d + dd[None, :], mask=queries[:, None] & (dd[None, :] < d), other=0.0)
-    k = tl.load(K + row * lk * d + j[:, None] * d + dd[None, :], mask=keys[:, None] & (dd[None, :] < d), other=0.0)
+    acc = VM.dtype.element_ty  # q and k may be 16-bit: the band computes in [m v, m]'s dtype
+    q = tl.load(Q + row * lq * d + i[:, None] * d + dd[None, :], mask=queries[:, None] & (dd[None, :] < d),
+                other=0.0).to(acc)
+    k = tl.load(K + row * lk * d + j[:, None] * d + dd[None, :], mask=keys[:, None] & (dd[None, :] < d),
+                other=0.0).to(acc)
     vm = tl.load(VM + row * lk * dv1 + j[:, None] * dv1 + vv[None, :], mask=keys[:, None] & (vv[None, :] < dv1),
                  other=0.0)
     tab = _table(TAB, row, d, HORIZON, HAS_TABLE, BLOCK_R, BLOCK_D)
@@ -214,7 +221,8 @@ def _block_sizes(chunk: int, horizon: int, d: int, dv1: int) -> dict:
 
 class TritonLocalSoftmaxBand(torch.autograd.Function):
     """`ops_local_softmax._LocalSoftmaxBand` in three Triton kernels (see the module docstring): same inputs,
-    q, k (R, L, D), vm and tail (R, L, Dv+1), table (R, 2h+1, D) or None, and the `_Band` of the call."""
+    q, k (R, L, D) in the op's input dtype, vm and tail (R, L, Dv+1) and table (R, 2h+1, D) or None in the compute
+    dtype, and the `_Band` of the call. The kernels read q and k as they are and compute in vm's dtype."""
 
     @staticmethod
     def forward(ctx, q, k, vm, table, tail, band):
@@ -222,9 +230,9 @@ class TritonLocalSoftmaxBand(torch.autograd.Function):
         table = None if table is None else table.contiguous()
         rows, lq, d = q.shape
         lk, dv1 = k.shape[1], vm.shape[-1]
-        sizes = {**_block_sizes(band.chunk, band.horizon, d, dv1), "DOT": dot_precision(q.dtype, band.half_inputs)}
-        out = q.new_empty(rows, lq, dv1 - 1)
-        shift, den = q.new_empty(rows, lq), q.new_empty(rows, lq)
+        sizes = {**_block_sizes(band.chunk, band.horizon, d, dv1), "DOT": dot_precision(vm.dtype, band.half_inputs)}
+        out = vm.new_empty(rows, lq, dv1 - 1)
+        shift, den = vm.new_empty(rows, lq), vm.new_empty(rows, lq)
         grid = (triton.cdiv(lq, sizes["BLOCK_M"]), rows)
         _band_forward[grid](q, k, vm, q if table is None else table, tail, out, shift, den, lq, lk, d, dv1,
                             band.offset, 1.0 / math.sqrt(d), HORIZON=band.horizon, CAUSAL=band.causal,
@@ -245,7 +253,7 @@ class TritonLocalSoftmaxBand(torch.autograd.Function):
         grad_tail = shift_scale(shift) * grad_sums
         dq, dk, dvm = torch.empty_like(q), torch.empty_like(k), torch.empty_like(vm)
         n_blocks = triton.cdiv(lq, sizes["BLOCK_M"])
-        dtab = None if table is None else q.new_empty(rows, n_blocks, sizes["BLOCK_R"], sizes["BLOCK_D"])
+        dtab = None if table is None else vm.new_empty(rows, n_blocks, sizes["BLOCK_R"], sizes["BLOCK_D"])
         common = dict(HORIZON=band.horizon, CAUSAL=band.causal, HAS_TABLE=table is not None,
                       **sizes)
         scale = 1.0 / math.sqrt(d)

@@ -19,7 +19,9 @@ from modeling_scaleformer import ops_decay_triton, ops_local_softmax_triton  # n
 
 
 POINTER = {torch.float32: "*fp32", torch.float64: "*fp64", torch.bfloat16: "*bf16", torch.float16: "*fp16"}
-OPERANDS = ("X", "Y", "DX", "DY")  # the tails' kernels' queries and keys, in the inputs' dtype
+# the arguments in the op's input dtype (the others are in the compute dtype): the queries and keys of the tails'
+# kernels and of the band's
+OPERANDS = ("X", "Y", "DX", "DY", "Q", "K", "DQ", "DK")
 
 
 def lower(kernel, dtype: torch.dtype, operands: torch.dtype | None = None, **constexprs) -> None:
@@ -76,18 +78,23 @@ def test_tail_kernels_lower(shape, elu, dtype):
     lower(ops_decay_triton._grad_v, kernel_dtype, operands, BE=be, **common)
 
 
-@DTYPES
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16],
+                         ids=["float32", "float64", "bfloat16-queries-and-keys"])
 @pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
 @pytest.mark.parametrize("has_table", [False, True], ids=["no-table", "table"])
 @pytest.mark.parametrize("shape", [(64, 16, 64), (64, 3, 8), (16, 0, 64)], ids=["h16-d64", "h3-d8", "h0"])
 def test_band_kernels_lower(shape, has_table, causal, dtype):
+    """The band's kernels with the host's block sizes, q and k in the inputs' dtype (bf16 among them) beside the
+    compute dtype's [m v, m], tails and table."""
     chunk, horizon, d = shape
+    half = dtype == torch.bfloat16
+    kernel_dtype, operands = (torch.float32, dtype) if half else (dtype, None)
     sizes = ops_local_softmax_triton._block_sizes(chunk, horizon, d, d + 1)
     constexprs = dict(HORIZON=horizon, CAUSAL=causal, HAS_TABLE=has_table,
-                      DOT=ops_decay_triton.dot_precision(dtype, half_inputs=False), **sizes)
+                      DOT=ops_decay_triton.dot_precision(kernel_dtype, half_inputs=half), **sizes)
     for kernel in (ops_local_softmax_triton._band_forward, ops_local_softmax_triton._band_backward_queries,
                    ops_local_softmax_triton._band_backward_keys):
-        lower(kernel, dtype, **constexprs)
+        lower(kernel, kernel_dtype, operands, **constexprs)
 
 
 def test_lowering_catches_what_the_interpreter_accepts():
