@@ -126,7 +126,7 @@ def _rows_of(x: Tensor, band: _Band, blocks: tuple[int, int]) -> Tensor:
 class _LocalSoftmaxBand(torch.autograd.Function):
     """out_i = (sum over the band of exp(l_ij - m_i) [m v_j, m_j] + exp(-m_i) tail_i) normalised by its last
     channel, on rows (B*H, L, .) in blocks (`_block_steps`); `tail` (B*H, Lq, Dv+1) is the row's sum beyond
-    the band. q and k come in the op's input dtype and are computed with in vm's (the compute dtype). Saves the
+    the band. q and k come in the op's input dtype and are converted to vm's, the compute dtype. Saves the
     inputs, the output and m_i, and recomputes the band in backward: autograd would keep every (C, W) block of
     every row alive."""
 
