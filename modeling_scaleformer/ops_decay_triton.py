@@ -89,6 +89,12 @@ def _load_tile(PTR, row, rows, first, step, count, c, width, col0, T: tl.constex
 
 
 @triton.jit
+def _elu_features(x, inside):
+    """elu(x) + 1 where `inside`, 0 elsewhere (the default attention's feature map)."""
+    return tl.where(inside, tl.where(x > 0, x + 1.0, tl.exp(x)), 0.0)
+
+
+@triton.jit
 def _load_features(PTR, row, rows, first, step, count, c, width, col0, divisor, ELU: tl.constexpr,
                    ACC: tl.constexpr, T: tl.constexpr, BLOCK: tl.constexpr):
     """The tile of `_load_tile` through the feature map (elu(x) + 1) / divisor when ELU (0 outside the sequence),
@@ -97,7 +103,7 @@ def _load_features(PTR, row, rows, first, step, count, c, width, col0, divisor, 
     raw = tl.load(ptr, mask=mask, other=0.0)
     wide = raw.to(ACC)
     if ELU:
-        return tl.where(mask, tl.where(wide > 0, wide + 1.0, tl.exp(wide)) / divisor, 0.0).to(raw.dtype), wide
+        return (_elu_features(wide, mask) / divisor).to(raw.dtype), wide
     return raw, wide
 
 
@@ -335,10 +341,10 @@ class TritonDecayedTail(torch.autograd.Function):
         states = x.new_empty(b, heads, n, e, dv, dtype=acc)
         be, bv = _block(e, STATE_BLOCK_E), _block(dv, STATE_BLOCK_V)
         first = states if initial is None else initial.to(acc).contiguous()  # unread without an initial state
+        features = _features(elu_features)  # (x_divisor, ELU)
         _states_forward[(triton.cdiv(e, be), triton.cdiv(dv, bv), b * heads)](
             y, v, rate, first, states, *where.key_rows(), where.step, n, heads, e, dv, HAS_INITIAL=initial is not None,
-            ELU=elu_features is not None, T=CHUNK, BE=be, BV=bv, DOT=dot)
-        features = _features(elu_features)
+            ELU=features[1], T=CHUNK, BE=be, BV=bv, DOT=dot)
         out = (x.new_empty if where.span == lq else x.new_zeros)(b, heads, lq, dv, dtype=acc)
         _output_forward[(triton.cdiv(dv, bv), n, b * heads)](x, y, v, rate, states, out, *where.query_rows(),
                                                              *where.key_rows(), where.step, n, heads, e, dv, *features,

@@ -183,45 +183,38 @@ class _LocalSoftmaxBand(torch.autograd.Function):
         return dq.to(q_in.dtype), dk.to(k_in.dtype), dvm, dtable, grad_tail, None
 
 
-def _band_function(device: torch.device):
-    """The band's implementation for `device`: the Triton kernels on CUDA when Triton is installed
-    (`ops_local_softmax_triton`), `_LocalSoftmaxBand` otherwise."""
-    if device.type == "cuda":
-        try:
-            from .ops_local_softmax_triton import TritonLocalSoftmaxBand
-        except ImportError:
-            return _LocalSoftmaxBand
-        return TritonLocalSoftmaxBand
-    return _LocalSoftmaxBand
-
-
-def _decode_function(device: torch.device):
-    """The one-token decoding step's kernel for `device` (`ops_local_softmax_triton.decode_step`) on CUDA when
-    Triton is installed, None otherwise (the step then runs in PyTorch)."""
+def _triton_entry(device: torch.device, name: str):
+    """`ops_local_softmax_triton.<name>` for `device` on CUDA when Triton is installed, None otherwise."""
     if device.type != "cuda":
         return None
     try:
-        from .ops_local_softmax_triton import decode_step
+        from . import ops_local_softmax_triton
     except ImportError:
         return None
-    return decode_step
+    return getattr(ops_local_softmax_triton, name)
+
+
+def _band_function(device: torch.device):
+    """The band's implementation for `device`: the Triton kernels on CUDA when Triton is installed
+    (`ops_local_softmax_triton`), `_LocalSoftmaxBand` otherwise."""
+    return _triton_entry(device, "TritonLocalSoftmaxBand") or _LocalSoftmaxBand
+
+
+def _decode_function(device: torch.device):
+    """The one-token decoding step's kernel for `device` (`ops_local_softmax_triton.decode_step`), or None (the
+    step then runs in PyTorch)."""
+    return _triton_entry(device, "decode_step")
+
+
+def _cross_decode_function(device: torch.device):
+    """The cross-attention decoding step's kernel for `device` (`ops_local_softmax_triton.cross_decode`), or None
+    (the step then computes the reference's weights in PyTorch)."""
+    return _triton_entry(device, "cross_decode")
 
 
 def _differentiable(*tensors: Tensor | None) -> bool:
     """Whether autograd records operations on `tensors` (the decoding kernels have no backward)."""
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
-
-
-def _cross_decode_function(device: torch.device):
-    """The cross-attention decoding step's kernel for `device` (`ops_local_softmax_triton.cross_decode`) on CUDA
-    when Triton is installed, None otherwise (the step then computes the reference's weights in PyTorch)."""
-    if device.type != "cuda":
-        return None
-    try:
-        from .ops_local_softmax_triton import cross_decode
-    except ImportError:
-        return None
-    return cross_decode
 
 
 def chunk_local_softmax_decay_attention(

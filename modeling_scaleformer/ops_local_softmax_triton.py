@@ -45,7 +45,7 @@ except ImportError as error:  # optional (the `gpu` extra): `ops_local_softmax` 
     raise ImportError("the Triton kernels of the default attention need `pip install triton`") from error
 
 from .ops_common import shift_scale
-from .ops_decay_triton import dot_precision
+from .ops_decay_triton import _elu_features, dot_precision
 
 
 @triton.jit
@@ -269,9 +269,19 @@ class TritonLocalSoftmaxBand(torch.autograd.Function):
 
 
 @triton.jit
-def _elu_features(x, inside):
-    """elu(x) + 1 where `inside`, 0 elsewhere."""
-    return tl.where(inside, tl.where(x > 0, x + 1.0, tl.exp(x)), 0.0)
+def _window_logits(q, keys, values, TAB, row, heads, w, inside, d, dd, d_in, vv, dv1, scale, HORIZON: tl.constexpr,
+                   HAS_TABLE: tl.constexpr):
+    """The band logits (W,) of one query q on the window slots w whose keys (W, D) and [m v, m] (W, V) are given:
+    q.(k_w + rel[2h - w]) * scale where the slot is `inside` and its key visible (mask channel > 0), -inf
+    elsewhere. Slot w sits at offset h - w from the query (the self step's slots 0..h, the cross step's 0..2h):
+    table row 2h - w."""
+    logits = tl.sum(keys * q[None, :], 1)
+    if HAS_TABLE:
+        tab = tl.load(TAB + ((row % heads) * (2 * HORIZON + 1) + 2 * HORIZON - w[:, None]) * d + dd[None, :],
+                      mask=inside[:, None] & d_in[None, :], other=0.0)
+        logits += tl.sum(tab * q[None, :], 1)
+    visible = inside & (tl.sum(tl.where(vv[None, :] == dv1 - 1, values, 0.0), 1) > 0)
+    return tl.where(visible, logits * scale, float("-inf"))
 
 
 @triton.jit
@@ -308,14 +318,8 @@ def _decode_step(
     values = tl.load(VALUES + (row * HORIZON + w[:, None]) * dv1 + vv[None, :], mask=old[:, None] & v_in[None, :],
                      other=0.0)
     values += tl.where(new[:, None], tl.load(VM + row * dv1 + vv, mask=v_in, other=0.0)[None, :], 0.0)
-    logits = tl.sum(keys * q[None, :], 1)
-    if HAS_TABLE:
-        # window slot w sits at offset h - w from the new token: table row 2h - w
-        tab = tl.load(TAB + ((row % heads) * (2 * HORIZON + 1) + 2 * HORIZON - w[:, None]) * d + dd[None, :],
-                      mask=(w <= HORIZON)[:, None] & d_in[None, :], other=0.0)
-        logits += tl.sum(tab * q[None, :], 1)
-    visible = (w <= HORIZON) & (tl.sum(tl.where(vv[None, :] == dv1 - 1, values, 0.0), 1) > 0)
-    logits = tl.where(visible, logits * scale, float("-inf"))
+    logits = _window_logits(q, keys, values, TAB, row, heads, w, w <= HORIZON, d, dd, d_in, vv, dv1, scale, HORIZON,
+                            HAS_TABLE)
     # the keys beyond the window, one step further away: gamma * tail
     gamma = tl.load(GAMMA + row % heads)
     tail = gamma * tl.load(TAIL + (row * d + dd[:, None]) * dv1 + vv[None, :], mask=d_in[:, None] & v_in[None, :],
@@ -382,13 +386,8 @@ def _cross_decode(
     keys = tl.load(KEYS + (row * lk + j[:, None]) * d + dd[None, :], mask=window[:, None] & d_in[None, :], other=0.0)
     values = tl.load(VALUES + (row * lk + j[:, None]) * dv1 + vv[None, :], mask=window[:, None] & v_in[None, :],
                      other=0.0)
-    logits = tl.sum(keys * q[None, :], 1)
-    if HAS_TABLE:
-        tab = tl.load(TAB + ((row % heads) * (2 * HORIZON + 1) + 2 * HORIZON - w[:, None]) * d + dd[None, :],
-                      mask=window[:, None] & d_in[None, :], other=0.0)
-        logits += tl.sum(tab * q[None, :], 1)
-    visible = window & (tl.sum(tl.where(vv[None, :] == dv1 - 1, values, 0.0), 1) > 0)
-    logits = tl.where(visible, logits * scale, float("-inf"))
+    logits = _window_logits(q, keys, values, TAB, row, heads, w, window, d, dd, d_in, vv, dv1, scale, HORIZON,
+                            HAS_TABLE)
     # beyond it: phi(q).phi(k_j) / D exp(-lambda (|p - j| - h)), by blocks of keys (hidden keys hold [0, 0])
     far = tl.zeros((BLOCK_V,), dtype=OUT.dtype.element_ty)
     for j0 in range(0, lk, BLOCK_N):
