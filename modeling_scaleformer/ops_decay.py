@@ -275,6 +275,20 @@ def decayed_tail(xq: Tensor, y: Tensor, vm: Tensor, rate: Tensor, horizon: int, 
     return out.flip(2) if reverse else out
 
 
+def decayed_tails(xq: Tensor, y: Tensor, vm: Tensor, rate: Tensor, horizon: int, offset: int, chunk: int, *,
+                  causal: bool, half_inputs: bool = False, elu_features: float | None = None) -> Tensor:
+    """`decayed_tail`, plus, unless `causal`, the anticausal tail: the keys j >= p_i + h + 1, the causal tail of
+    the reversed sequences (key j' = Lk-1-j, query i' = Lq-1-i at p' = i' + Lk - Lq - offset). Where PyTorch
+    computes them, the features of `elu_features` are computed once for both."""
+    if elu_features is not None and _tail_kernel(xq.device, xq.shape[-1]) is None:
+        xq, y, elu_features = elu_feature_map(xq.to(vm.dtype)) / elu_features, elu_feature_map(y.to(vm.dtype)), None
+    tail = decayed_tail(xq, y, vm, rate, horizon, offset, chunk, half_inputs, elu_features=elu_features)
+    if not causal:
+        tail = tail + decayed_tail(xq, y, vm, rate, horizon, y.shape[2] - xq.shape[2] - offset, chunk, half_inputs,
+                                   reverse=True, elu_features=elu_features)
+    return tail
+
+
 def _tail_features(qf: Tensor, kf: Tensor, rf: Tensor | None, edge: int) -> tuple[Tensor, Tensor]:
     """x_i = [phi(q_i), phi(q_i).phi(rel[edge])], y_j = [phi(k_j), 1]; without a table x = phi(q), y = phi(k)."""
     if rf is None:

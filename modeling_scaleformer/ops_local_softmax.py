@@ -18,7 +18,7 @@ logit and the log of its weight beyond the band (`ops_common.row_shift`): the ra
 exceeds 1 and the largest is 1, so that rows neither overflow nor vanish.
 
 The algorithm is linear in length: the band is a local softmax over 2h+1 keys per query, by blocks of
-queries; the tail is `ops_decay.decayed_tail` (a decayed linear attention by chunks, anticausal by reversal),
+queries; the tail is `ops_decay.decayed_tails` (a decayed linear attention by chunks, anticausal by reversal),
 computed first, since its row sums enter m_i, and scaled by exp(-m_i). Time O(L (C + h) (D + Dv) + L D Dv),
 memory O(L (D + Dv) + (L / C) D Dv) per head, C the chunk size. Both parts work on groups of batch*head rows
 and keep every temporary about `BLOCK_ELEMENTS` large, so that long inputs do not pay for fresh pages: the
@@ -56,7 +56,7 @@ from .ops_decay import (
     check_decay,
     check_decay_step,
     decayed_prefill,
-    decayed_tail,
+    decayed_tails,
     decayed_window_steps,
     kernelized_decay_choose_mode,
     resolve_horizon,
@@ -235,11 +235,7 @@ def chunk_local_softmax_decay_attention(
 
     def tails(q, k, vm, rate):  # rows (G, 1, L, .) of (B * H, 1, L, .), rate (G,)
         q, k, vm = (x.transpose(0, 1) for x in (q, k, vm))
-        tail = decayed_tail(q, k, vm, rate, h, query_offset, chunk, half, elu_features=d)
-        if not causal:
-            # keys j >= p_i + h + 1 of the reversed sequences: j' = Lk-1-j, query i' = Lq-1-i at p' = i' + Lk-Lq-off
-            tail = tail + decayed_tail(q, k, vm, rate, h, lk - lq - query_offset, chunk, half, reverse=True,
-                                       elu_features=d)
+        tail = decayed_tails(q, k, vm, rate, h, query_offset, chunk, causal=causal, half_inputs=half, elu_features=d)
         return tail.transpose(0, 1)
 
     # the tails and the band take q and k as they are (the kernels read 16-bit ones; PyTorch computes in `dtype`)
