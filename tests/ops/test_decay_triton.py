@@ -27,14 +27,6 @@ F64 = torch.float64
 CAUSAL = pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
 
 
-def with_triton(monkeypatch, chunk=16):
-    """The op as it runs on CUDA: the tails by the Triton kernels (`_tail_kernel` asked for a CUDA device), in
-    chunks of `chunk` positions so that short inputs span several."""
-    monkeypatch.setattr(ops_decay_triton, "CHUNK", chunk)
-    choose = ops_decay._tail_kernel
-    monkeypatch.setattr(ops_decay, "_tail_kernel", lambda device, dim: choose(torch.device("cuda"), dim))
-
-
 def tail_inputs(b, heads, lq, lk, e, dv, seed):
     gen = torch.Generator().manual_seed(seed)
     xq = torch.randn(b, heads, lq, e, dtype=F64, generator=gen)
@@ -58,7 +50,7 @@ TAIL_CASES = [  # (lq, lk, horizon, offset, E, Dv)
 @pytest.mark.parametrize("elu_features", [None, 3], ids=["features-given", "elu-features-in-the-kernels"])
 @pytest.mark.parametrize("reverse", [False, True], ids=["causal", "reversed"])
 @pytest.mark.parametrize("case", TAIL_CASES + [pytest.param((150, 150, 3, 0, 8, 9, 64), id="chunks-of-64")])
-def test_tail_against_pytorch(case, reverse, elu_features, monkeypatch):
+def test_tail_against_pytorch(case, reverse, elu_features, triton_paths):
     """`decayed_tail` on the Triton kernels against its PyTorch path (float64): the output and the gradients of the
     queries and keys, the values and the rates, over queries that see no key, spans shorter and longer than a
     chunk (of 16 positions, and of the kernels' 64 in one case), keys before the span (an initial state), queries
@@ -72,7 +64,7 @@ def test_tail_against_pytorch(case, reverse, elu_features, monkeypatch):
     leaves = [x.requires_grad_() for x in leaves]
     options = dict(reverse=reverse, elu_features=elu_features)
     expected = ops_decay.decayed_tail(*expected_leaves, horizon, offset, 4, **options)
-    with_triton(monkeypatch, chunk)
+    triton_paths(chunk)
     got = ops_decay.decayed_tail(*leaves, horizon, offset, 4, **options)
     torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-13)
     upstream = torch.randn(expected.shape, dtype=F64, generator=gen)
@@ -83,7 +75,7 @@ def test_tail_against_pytorch(case, reverse, elu_features, monkeypatch):
 
 @pytest.mark.parametrize("case", [(70, 70, 2, 0), (9, 300, 2, 250)], ids=["self", "cross-keys-before-the-span"])
 @pytest.mark.parametrize("reverse", [False, True], ids=["causal", "reversed"])
-def test_tail_with_16_bit_operands(case, reverse, monkeypatch):
+def test_tail_with_16_bit_operands(case, reverse, triton_paths):
     """Queries and keys in float16 (the values in float32, as the op passes them): the kernels multiply 16-bit
     operands and accumulate in float32, within float16's precision of the PyTorch path (which computes in
     float32), the keys before the span (their decayed sum, in float32) included. bfloat16 takes the same code on a
@@ -97,7 +89,7 @@ def test_tail_with_16_bit_operands(case, reverse, monkeypatch):
     leaves = [x.requires_grad_() for x in leaves]
     options = dict(reverse=reverse, elu_features=8)
     expected = ops_decay.decayed_tail(*expected_leaves, horizon, offset, 4, **options)
-    with_triton(monkeypatch)
+    triton_paths()
     got = ops_decay.decayed_tail(*leaves, horizon, offset, 4, **options)
     assert got.dtype == torch.float32
     scale = float(expected.detach().abs().max())
@@ -125,7 +117,7 @@ def test_keys_before_the_span_from_16_bit_keys(reverse):
     torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6)
 
 
-def test_tail_rate_gradient_on_long_inputs(monkeypatch):
+def test_tail_rate_gradient_on_long_inputs(triton_paths):
     """The rates' gradient is a sum of local terms: over 100 chunks it matches, in float32, the float64 value as
     closely as the PyTorch path's does."""
     gen = torch.Generator().manual_seed(0)
@@ -139,7 +131,7 @@ def test_tail_rate_gradient_on_long_inputs(monkeypatch):
 
     reference = rate_grad(*(t.double() for t in (x, y, v)), rate.double())[0].double()
     pytorch = rate_grad(x, y, v, rate)[0].double()
-    with_triton(monkeypatch)
+    triton_paths()
     triton_path = rate_grad(x, y, v, rate)[0].double()
     torch.testing.assert_close(pytorch, reference, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(triton_path, reference, rtol=1e-4, atol=1e-4)
@@ -178,10 +170,10 @@ def test_dot_precision():
     dict(lq=40, lk=40, horizon=2, mask="padding"), dict(lq=9, lk=33, horizon=2, offset=11),
     dict(lq=5, lk=6, horizon=2, offset=20),
 ], ids=["long-tails", "cross-offset-both-tails", "queries-past-the-keys"])
-def test_kernelized_decay_on_triton(case, causal, normalise, decay_inputs, split_case, check_decay_op, monkeypatch):
+def test_kernelized_decay_on_triton(case, causal, normalise, decay_inputs, split_case, check_decay_op, triton_paths):
     """`kernelized_decay`, whose tails use the same scan, against its float64 reference (the cases that reach
     the tails; the default attention above runs them all)."""
-    with_triton(monkeypatch)
+    triton_paths()
     inputs, offset = split_case(decay_inputs, case)
     fn = functools.partial(chunk_kernelized_decay_attention, chunk_size=2)
     check_decay_op(fn, naive_kernelized_decay_attention, inputs, causal, offset, normalise=normalise)

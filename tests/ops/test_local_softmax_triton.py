@@ -16,7 +16,7 @@ if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
 pytest.importorskip("triton")
 pytest.importorskip("numpy")
 
-from modeling_scaleformer import ops_decay, ops_decay_triton, ops_local_softmax  # noqa: E402
+from modeling_scaleformer import ops_local_softmax  # noqa: E402
 from modeling_scaleformer.ops_local_softmax import chunk_local_softmax_decay_attention  # noqa: E402
 from modeling_scaleformer.ops_local_softmax_triton import TritonLocalSoftmaxBand  # noqa: E402
 from modeling_scaleformer.ops_naive import naive_local_softmax_decay_attention  # noqa: E402
@@ -26,22 +26,13 @@ F64 = torch.float64
 CAUSAL = pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
 
 
-def with_triton(monkeypatch):
-    """The op as it runs on CUDA: the Triton band, and the tails by the Triton kernels in chunks of 16 positions
-    (so that short inputs span several)."""
-    monkeypatch.setattr(ops_local_softmax, "_band_function", lambda device: TritonLocalSoftmaxBand)
-    monkeypatch.setattr(ops_decay_triton, "CHUNK", 16)
-    choose = ops_decay._tail_kernel
-    monkeypatch.setattr(ops_decay, "_tail_kernel", lambda device, dim: choose(torch.device("cuda"), dim))
-
-
 @CAUSAL
 @pytest.mark.parametrize("chunk", [1, 4, 32], ids=["chunks-of-1", "chunks-of-4", "chunks-of-32"])
-def test_triton_paths_in_the_op(decay_case, causal, chunk, decay_inputs, split_case, check_decay_op, monkeypatch):
+def test_triton_paths_in_the_op(decay_case, causal, chunk, decay_inputs, split_case, check_decay_op, triton_paths):
     """The whole op on its Triton paths (the band by query blocks of at least 16, the tails by chunks of 16)
     against the float64 reference, over the decay cases: length 1, L < h, Lq != Lk both ways, offsets, padding,
     shared and absent tables."""
-    with_triton(monkeypatch)
+    triton_paths()
     inputs, offset = split_case(decay_inputs, decay_case)
     fn = functools.partial(chunk_local_softmax_decay_attention, chunk_size=chunk)
     check_decay_op(fn, naive_local_softmax_decay_attention, inputs, causal, offset)
@@ -74,9 +65,9 @@ def test_triton_band_against_the_pytorch_band(case, causal, decay_inputs, split_
         torch.testing.assert_close(g, e, rtol=1e-10, atol=1e-12, msg=lambda m: f"grad {name}: {m}")
 
 
-def test_triton_band_extreme_logits(decay_inputs, monkeypatch):
+def test_triton_band_extreme_logits(decay_inputs, triton_paths):
     """Logits scaled by +-40 and shifted by -2000: finite and equal to the reference."""
-    with_triton(monkeypatch)
+    triton_paths()
     q, k, v, rel, decay, key_mask, horizon = decay_inputs(b=1, h=2, lq=30, lk=30, horizon=2, mask="padding")
     for scale in (40.0, -40.0):
         out = chunk_local_softmax_decay_attention(q * abs(scale), k * scale, v, rel, decay, key_mask=key_mask)
@@ -97,10 +88,10 @@ INTERPRETED_BF16 = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1",
 
 @pytest.mark.parametrize("dtype", [torch.float32, pytest.param(torch.bfloat16, marks=INTERPRETED_BF16), torch.float16],
                          ids=["float32", "bfloat16", "float16"])
-def test_triton_band_low_precision(dtype, decay_inputs, monkeypatch):
+def test_triton_band_low_precision(dtype, decay_inputs, triton_paths):
     """Half precision accumulates in float32: within the precision of the inputs of the float64 reference (the
     tails multiply float16 queries and keys on the tensor cores' 16-bit path)."""
-    with_triton(monkeypatch)
+    triton_paths()
     q, k, v, rel, decay, key_mask, horizon = decay_inputs(b=1, h=2, lq=37, lk=37, horizon=3, mask="padding")
     args = [x.to(dtype) for x in (q, k, v, rel, decay)]
     got = chunk_local_softmax_decay_attention(*args, causal=True, key_mask=key_mask)
