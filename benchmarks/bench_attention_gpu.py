@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from common import (
-    cuda_peak_extra_mib, machine_info, parse_device, print_machine, slope_fit, synchronize, write_json,
+    cuda_peak_extra_mib, machine_info, parse_device, print_machine, profile_call, slope_fit, synchronize, write_json,
 )
 from modeling_scaleformer.ops_local_softmax import local_softmax_decay_attention
 
@@ -209,21 +209,11 @@ def report(rows: list[dict], args: argparse.Namespace) -> list[dict]:
 
 def profile(length: int, args: argparse.Namespace, top: int = 15) -> dict:
     """Where one scaleformer forward + backward spends its time at `length`, per direction: the `top` kernels (CPU
-    ops on CPU) by total self time, as printed by torch.profiler."""
-    from torch.profiler import ProfilerActivity, profile as torch_profile
-
-    cuda = args.device.type == "cuda"
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    key = "self_device_time_total" if cuda else "self_cpu_time_total"
+    ops on CPU) by total self time, as printed by torch.profiler (`common.profile_call`)."""
     tables = {}
     for causal in (True, False):
         call = make_call("scaleformer", causal, length, args, None)
-        call()
-        synchronize(args.device)
-        with torch_profile(activities=activities) as prof:
-            call()
-            synchronize(args.device)
-        tables["causal" if causal else "bidir"] = prof.key_averages().table(sort_by=key, row_limit=top)
+        tables["causal" if causal else "bidir"] = profile_call(call, args.device, top)[0]
     for direction, table in tables.items():
         print(f"## Profile: scaleformer {direction}, L={length}, forward + backward\n")
         print(table)

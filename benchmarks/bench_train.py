@@ -66,6 +66,7 @@ runs, so compare the models within one run, and keep `--threads` fixed when comp
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import json
 import os
@@ -81,8 +82,8 @@ from transformers import PreTrainedModel
 from common import (
     GIB, MIB, Sample, Target, count_targets, cuda_peak_extra_mib, describe_error, load_summary, log2_axis,
     machine_info, measure_in_fresh_process, median_of, memory_baseline, parse_device, peak_rss_bytes, print_machine,
-    print_slopes, print_targets, pyplot, rotated, sample_record, save_figure, slope_fit, synchronize, timed,
-    write_json,
+    print_slopes, print_targets, profile_call, pyplot, rotated, sample_record, save_figure, slope_fit, synchronize,
+    timed, write_json,
 )
 from models import (
     ALL_BASELINES, FIRST_PLAIN_ID, MODEL_SIZE, TRAIN_MODEL_NAMES, ModelSize, add_models_argument, build_model,
@@ -256,27 +257,18 @@ def forward_pass(trainer: Trainer, input_ids: Tensor, labels: Tensor, args: argp
 
 
 def profile_steps(length: int, args: argparse.Namespace, top: int = 20) -> dict:
-    """One training step of each model at `length` under torch.profiler, after one unprofiled step: the `top`
-    kernels (CPU ops on CPU) by self time as torch.profiler prints them, and the number of device kernels."""
-    from torch.profiler import ProfilerActivity, profile as torch_profile
-
-    cuda = args.device.type == "cuda"
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    key = "self_device_time_total" if cuda else "self_cpu_time_total"
+    """One training step of each model at `length` under torch.profiler, after one unprofiled step
+    (`common.profile_call`): the `top` kernels (CPU ops on CPU) by self time, and the number of device kernels."""
     input_ids, labels = make_batch(length, args.size.vocab_size, args.seed, args.device)
     profiles = {}
     for name in args.models:
-        trainer = build_trainer(name, args)
-        train_step(trainer, input_ids, labels, args)
-        with torch_profile(activities=activities) as prof:
-            train_step(trainer, input_ids, labels, args)
-        kernels = sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA) if cuda else None
-        table = prof.key_averages().table(sort_by=key, row_limit=top)
+        step = functools.partial(train_step, build_trainer(name, args), input_ids, labels, args)
+        table, kernels = profile_call(step, args.device, top)
         profiles[name] = {"length": length, "device_kernels": kernels, "table": table}
         print(f"## Profile: {name}, one training step at source length {length}"
-              + (f", {kernels:,} device kernels" if cuda else "") + "\n")
+              + (f", {kernels:,} device kernels" if kernels is not None else "") + "\n")
         print(table)
-        del trainer
+        del step  # and its trainer
         gc.collect()
     return profiles
 

@@ -277,6 +277,23 @@ def cuda_peak_extra_mib(call, device: torch.device) -> float:
     return (torch.cuda.max_memory_allocated(device) - held) / 2**20
 
 
+def profile_call(call, device: torch.device, top: int) -> tuple[str, int | None]:
+    """`call()` once, then once more under torch.profiler: the table of the `top` kernels by self device time
+    (CPU ops by self CPU time on CPU), as torch.profiler prints it, and the number of kernels a CUDA `device`
+    ran (None on CPU)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device.type == "cuda"
+    call()
+    synchronize(device)
+    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
+        call()
+        synchronize(device)
+    kernels = sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA) if cuda else None
+    key = "self_device_time_total" if cuda else "self_cpu_time_total"
+    return prof.key_averages().table(sort_by=key, row_limit=top), kernels
+
+
 def write_json(path: Path, report: dict) -> None:
     """Write atomically, so that an interrupted run leaves the previous file whole."""
     path.parent.mkdir(parents=True, exist_ok=True)
