@@ -44,7 +44,6 @@ from .ops_common import (
     compute_dtype,
     augment_values,
     describe,
-    elu_feature_map,
     get_feature_map,
     grouped_rows,
     head_table,
@@ -220,8 +219,8 @@ def _decayed_prefix(x: Tensor, y: Tensor, v: Tensor, rate: Tensor, chunk: int, i
     return out.reshape(b, heads, n * chunk, dv)[:, :, :length]
 
 
-def _decayed_before(y: Tensor, vm: Tensor, rate: Tensor, lead: int, reverse: bool, features) -> Tensor | None:
-    """sum over the keys j < lead of exp(-rate (lead - 1 - j)) features(y_j) vm_j^T (B, H, E, Dv), the keys
+def _decayed_before(y: Tensor, vm: Tensor, rate: Tensor, lead: int, reverse: bool) -> Tensor | None:
+    """sum over the keys j < lead of exp(-rate (lead - 1 - j)) y_j vm_j^T (B, H, E, Dv) in vm's dtype, the keys
     counted from the end when `reverse`; None when there are none."""
     lk = y.shape[2]
     before = min(lead, lk)
@@ -229,14 +228,14 @@ def _decayed_before(y: Tensor, vm: Tensor, rate: Tensor, lead: int, reverse: boo
         return None
     keys, values = (y[:, :, :before], vm[:, :, :before]) if not reverse else \
         (y[:, :, lk - before:].flip(2), vm[:, :, lk - before:].flip(2))
-    keys = features(keys.to(vm.dtype))
+    keys = keys.to(vm.dtype)
     distance = lead - 1 - torch.arange(before, device=y.device, dtype=vm.dtype)
     weight = torch.exp(-rate.to(vm.dtype)[:, None] * distance)
     return (keys * weight[None, :, :, None]).transpose(-1, -2) @ values
 
 
 def decayed_tail(xq: Tensor, y: Tensor, vm: Tensor, rate: Tensor, horizon: int, offset: int, chunk: int,
-                 half_inputs: bool = False, reverse: bool = False, elu_features: float | None = None) -> Tensor:
+                 half_inputs: bool = False, reverse: bool = False) -> Tensor:
     """sum over j <= p_i - h - 1 of exp(-rate (p_i - h - j)) x_i.y_j v_j, p_i = i + offset (any integer offset).
 
     The query with cutoff m = p_i - h - 1 is placed at key position m, so that one causal pass
@@ -245,10 +244,9 @@ def decayed_tail(xq: Tensor, y: Tensor, vm: Tensor, rate: Tensor, horizon: int, 
     with m < 0 see no key. With `reverse` the same on the sequences reversed along their positions (xq, y, vm
     flipped, and the result flipped back): the anticausal tail. On CUDA the Triton kernels compute it
     (`_tail_kernel`) reading the span and the reversal in place; `half_inputs` says that the operands came from
-    16-bit floats (the kernels may multiply them in TF32). With `elu_features`, xq and y are raw and the features
-    are x = (elu(xq) + 1) / elu_features and y = elu(y) + 1 (computed inside the kernels on CUDA). vm is in the
-    accumulation dtype; xq and y may be 16-bit: the kernels then multiply 16-bit operands (features rounded to
-    it, states and sums in float32), and PyTorch computes in vm's dtype.
+    16-bit floats (the kernels may multiply them in TF32). vm is in the accumulation dtype; xq and y may be
+    16-bit: the kernels then multiply 16-bit operands (states and sums in float32), and PyTorch computes in vm's
+    dtype.
     """
     b, heads, lq, e = xq.shape
     first = offset - horizon - 1  # the cutoff of query 0
@@ -258,14 +256,10 @@ def decayed_tail(xq: Tensor, y: Tensor, vm: Tensor, rate: Tensor, horizon: int, 
     lead = max(first, 0)  # the pass covers the cutoffs lead..last
     skip = lead - first  # the queries before it see no key
     kernel = _tail_kernel(xq.device, e)
-    key_features = elu_feature_map if elu_features is not None else (lambda keys: keys)
-    initial = _decayed_before(y, vm, rate, lead, reverse, key_features)
+    initial = _decayed_before(y, vm, rate, lead, reverse)
     if kernel is not None:
-        return kernel(xq, y, vm, rate, initial, skip=skip, lead=lead, reverse=reverse, elu_features=elu_features,
-                      half_inputs=half_inputs)
+        return kernel(xq, y, vm, rate, initial, skip=skip, lead=lead, reverse=reverse, half_inputs=half_inputs)
     xq, y = xq.to(vm.dtype), y.to(vm.dtype)
-    if elu_features is not None:
-        xq, y = elu_feature_map(xq) / elu_features, elu_feature_map(y)
     if reverse:
         xq, y, vm = (t.flip(2) for t in (xq, y, vm))
     span = last - lead + 1
@@ -276,16 +270,13 @@ def decayed_tail(xq: Tensor, y: Tensor, vm: Tensor, rate: Tensor, horizon: int, 
 
 
 def decayed_tails(xq: Tensor, y: Tensor, vm: Tensor, rate: Tensor, horizon: int, offset: int, chunk: int, *,
-                  causal: bool, half_inputs: bool = False, elu_features: float | None = None) -> Tensor:
+                  causal: bool, half_inputs: bool = False) -> Tensor:
     """`decayed_tail`, plus, unless `causal`, the anticausal tail: the keys j >= p_i + h + 1, the causal tail of
-    the reversed sequences (key j' = Lk-1-j, query i' = Lq-1-i at p' = i' + Lk - Lq - offset). Where PyTorch
-    computes them, the features of `elu_features` are computed once for both."""
-    if elu_features is not None and _tail_kernel(xq.device, xq.shape[-1]) is None:
-        xq, y, elu_features = elu_feature_map(xq.to(vm.dtype)) / elu_features, elu_feature_map(y.to(vm.dtype)), None
-    tail = decayed_tail(xq, y, vm, rate, horizon, offset, chunk, half_inputs, elu_features=elu_features)
+    the reversed sequences (key j' = Lk-1-j, query i' = Lq-1-i at p' = i' + Lk - Lq - offset)."""
+    tail = decayed_tail(xq, y, vm, rate, horizon, offset, chunk, half_inputs)
     if not causal:
         tail = tail + decayed_tail(xq, y, vm, rate, horizon, y.shape[2] - xq.shape[2] - offset, chunk, half_inputs,
-                                   reverse=True, elu_features=elu_features)
+                                   reverse=True)
     return tail
 
 

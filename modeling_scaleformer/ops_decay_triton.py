@@ -10,9 +10,7 @@ initial state) carried between them. In PyTorch (`ops_decay._decayed_prefix`) th
 per chunk, a scan launched once per chunk, and copies: the span of queries and keys the pass covers is sliced
 and padded, and the anticausal tail reverses the sequences. `TritonDecayedTail` computes the same in five
 kernels laid out like flash-linear-attention's chunk kernels (states, then outputs; backward likewise), reading
-the span and the reversal in place (`_Span`) and, for the default attention, computing the features
-x = (elu(q) + 1) / D and y = elu(k) + 1 from q and k as they load them (`elu_features`; their gradients go back
-through the feature map in the same kernels):
+the span and the reversal in place (`_Span`):
 
 - `_states_forward`: one program per row and (E, Dv) block of the state walks the chunks with the state in
   registers, S_{c+1} = exp(-lambda T) S_c + (y_c * exp(-lambda (T - 1 - b)))^T v_c, and stores S_0 .. S_{n-1};
@@ -89,45 +87,16 @@ def _load_tile(PTR, row, rows, first, step, count, c, width, col0, T: tl.constex
 
 
 @triton.jit
-def _elu_features(x, inside):
-    """elu(x) + 1 where `inside`, 0 elsewhere (the default attention's feature map)."""
-    return tl.where(inside, tl.where(x > 0, x + 1.0, tl.exp(x)), 0.0)
-
-
-@triton.jit
-def _load_features(PTR, row, rows, first, step, count, c, width, col0, divisor, ELU: tl.constexpr,
-                   ACC: tl.constexpr, T: tl.constexpr, BLOCK: tl.constexpr):
-    """The tile of `_load_tile` through the feature map (elu(x) + 1) / divisor when ELU (0 outside the sequence),
-    computed in ACC and returned in the tensor's dtype (the operands' dtype), and the tile itself in ACC."""
-    ptr, mask = _tile(PTR, row, rows, first, step, count, c, width, col0, T, BLOCK)
-    raw = tl.load(ptr, mask=mask, other=0.0)
-    wide = raw.to(ACC)
-    if ELU:
-        return (_elu_features(wide, mask) / divisor).to(raw.dtype), wide
-    return raw, wide
-
-
-@triton.jit
-def _feature_slope(raw, divisor, ELU: tl.constexpr):
-    """The derivative of the feature map at `raw`: 1 / divisor where raw > 0, exp(raw) / divisor elsewhere (1
-    without ELU)."""
-    if ELU:
-        return tl.where(raw > 0, 1.0, tl.exp(raw)) / divisor
-    return tl.full(raw.shape, 1.0, raw.dtype)
-
-
-@triton.jit
 def _chunk_products(X, Y, STATE, row, c, n, lq, q_first, span, lk, k_first, k_count, step, e_size, dv, v0,
-                    x_divisor, ELU: tl.constexpr, KEYS: tl.constexpr, T: tl.constexpr, BE: tl.constexpr,
-                    BV: tl.constexpr, DOT: tl.constexpr):
+                    KEYS: tl.constexpr, T: tl.constexpr, BE: tl.constexpr, BV: tl.constexpr, DOT: tl.constexpr):
     """Over the blocks of E: the chunk's x y^T (T, T), and the product of its x (its y when KEYS) with columns
     v0.. of state c of STATE (T, BV)."""
     acc = STATE.dtype.element_ty
     scores = tl.zeros((T, T), dtype=acc)
     product = tl.zeros((T, BV), dtype=acc)
     for e0 in range(0, e_size, BE):
-        x, _ = _load_features(X, row, lq, q_first, step, span, c, e_size, e0, x_divisor, ELU, acc, T, BE)
-        y, _ = _load_features(Y, row, lk, k_first, step, k_count, c, e_size, e0, 1.0, ELU, acc, T, BE)
+        x = _load_tile(X, row, lq, q_first, step, span, c, e_size, e0, T, BE)
+        y = _load_tile(Y, row, lk, k_first, step, k_count, c, e_size, e0, T, BE)
         ptr, mask = _state(STATE, row, c, n, e_size, dv, e0, v0, BE, BV)
         state = tl.load(ptr, mask=mask, other=0.0).to(X.dtype.element_ty)
         scores += tl.dot(x, tl.trans(y), input_precision=DOT)
@@ -155,8 +124,7 @@ def _state(PTR, row, c, n, e_size, dv, e0, v0, BE: tl.constexpr, BV: tl.constexp
 
 @triton.jit
 def _states_forward(Y, V, RATE, INITIAL, STATES, lk, k_first, k_count, step, n, heads, e_size, dv,
-                    HAS_INITIAL: tl.constexpr, ELU: tl.constexpr, T: tl.constexpr, BE: tl.constexpr, BV: tl.constexpr,
-                    DOT: tl.constexpr):
+                    HAS_INITIAL: tl.constexpr, T: tl.constexpr, BE: tl.constexpr, BV: tl.constexpr, DOT: tl.constexpr):
     eb, vb, row = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     e0, v0 = eb * BE, vb * BV
     acc = STATES.dtype.element_ty
@@ -171,23 +139,22 @@ def _states_forward(Y, V, RATE, INITIAL, STATES, lk, k_first, k_count, step, n, 
     for c in range(n):
         ptr, mask = _state(STATES, row, c, n, e_size, dv, e0, v0, BE, BV)
         tl.store(ptr, state, mask=mask)
-        y, _ = _load_features(Y, row, lk, k_first, step, k_count, c, e_size, e0, 1.0, ELU, acc, T, BE)
+        y = _load_tile(Y, row, lk, k_first, step, k_count, c, e_size, e0, T, BE)
         v = _load_tile(V, row, lk, k_first, step, k_count, c, dv, v0, T, BV).to(Y.dtype.element_ty)
-        y = (y * to_end[:, None]).to(Y.dtype.element_ty)
+        y = (y.to(acc) * to_end[:, None]).to(Y.dtype.element_ty)
         state = state * carry + tl.dot(tl.trans(y), v, input_precision=DOT)
 
 
 @triton.jit
 def _output_forward(X, Y, V, RATE, STATES, OUT, lq, q_first, span, lk, k_first, k_count, step, n, heads, e_size,
-                    dv, x_divisor, ELU: tl.constexpr, T: tl.constexpr, BE: tl.constexpr, BV: tl.constexpr,
-                    DOT: tl.constexpr):
+                    dv, T: tl.constexpr, BE: tl.constexpr, BV: tl.constexpr, DOT: tl.constexpr):
     vb, c, row = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     v0 = vb * BV
     acc = OUT.dtype.element_ty
     rate = tl.load(RATE + row % heads)
     a = tl.arange(0, T)
     scores, out = _chunk_products(X, Y, STATES, row, c, n, lq, q_first, span, lk, k_first, k_count, step, e_size, dv,
-                                  v0, x_divisor, ELU, False, T, BE, BV, DOT)
+                                  v0, False, T, BE, BV, DOT)
     out = out * tl.exp(-rate * (a + 2).to(acc))[:, None]
     scores = scores * _intra_chunk_decay(rate, T)[0]
     v = _load_tile(V, row, lk, k_first, step, k_count, c, dv, v0, T, BV).to(X.dtype.element_ty)
@@ -198,8 +165,7 @@ def _output_forward(X, Y, V, RATE, STATES, OUT, lq, q_first, span, lk, k_first, 
 
 @triton.jit
 def _states_backward(X, DOUT, RATE, STATES, GRADS, GRAD_INITIAL, GRAD_CARRY, lq, q_first, span, step, n, heads,
-                     e_size, dv, x_divisor, ELU: tl.constexpr, T: tl.constexpr, BE: tl.constexpr, BV: tl.constexpr,
-                     DOT: tl.constexpr):
+                     e_size, dv, T: tl.constexpr, BE: tl.constexpr, BV: tl.constexpr, DOT: tl.constexpr):
     eb, vb, row = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     e0, v0 = eb * BE, vb * BV
     acc = STATES.dtype.element_ty
@@ -214,9 +180,9 @@ def _states_backward(X, DOUT, RATE, STATES, GRADS, GRAD_INITIAL, GRAD_CARRY, lq,
         tl.store(ptr, adjoint, mask=mask)
         ptr, mask = _state(STATES, row, c, n, e_size, dv, e0, v0, BE, BV)
         to_carry += adjoint * tl.load(ptr, mask=mask, other=0.0)
-        x, _ = _load_features(X, row, lq, q_first, step, span, c, e_size, e0, x_divisor, ELU, acc, T, BE)
+        x = _load_tile(X, row, lq, q_first, step, span, c, e_size, e0, T, BE)
         grad = _load_tile(DOUT, row, lq, q_first, step, span, c, dv, v0, T, BV)
-        x = (x * from_start[:, None]).to(X.dtype.element_ty)
+        x = (x.to(acc) * from_start[:, None]).to(X.dtype.element_ty)
         adjoint = adjoint * carry + tl.dot(tl.trans(x), grad.to(X.dtype.element_ty), input_precision=DOT)
     ptr, mask = _state(GRAD_INITIAL, row, 0, 1, e_size, dv, e0, v0, BE, BV)
     tl.store(ptr, adjoint, mask=mask)
@@ -225,8 +191,7 @@ def _states_backward(X, DOUT, RATE, STATES, GRADS, GRAD_INITIAL, GRAD_CARRY, lq,
 
 @triton.jit
 def _grad_xy(X, Y, V, DOUT, RATE, STATES, GRADS, DX, DY, GRAD_RATE, lq, q_first, span, lk, k_first, k_count, step,
-             n, heads, e_size, dv, x_divisor, ELU: tl.constexpr, T: tl.constexpr, BE: tl.constexpr, BV: tl.constexpr,
-             DOT: tl.constexpr):
+             n, heads, e_size, dv, T: tl.constexpr, BE: tl.constexpr, BV: tl.constexpr, DOT: tl.constexpr):
     c, row = tl.program_id(0), tl.program_id(1)
     acc = STATES.dtype.element_ty
     dtype = X.dtype.element_ty
@@ -249,8 +214,8 @@ def _grad_xy(X, Y, V, DOUT, RATE, STATES, GRADS, DX, DY, GRAD_RATE, lq, q_first,
         products += tl.dot(grad, tl.trans(v), input_precision=DOT)
         grad_x_state += tl.dot(grad, tl.trans(state), input_precision=DOT)
         grad_y_state += tl.dot(v, tl.trans(adjoint), input_precision=DOT)
-    x, x_raw = _load_features(X, row, lq, q_first, step, span, c, e_size, 0, x_divisor, ELU, acc, T, BE)
-    y, y_raw = _load_features(Y, row, lk, k_first, step, k_count, c, e_size, 0, 1.0, ELU, acc, T, BE)
+    x = _load_tile(X, row, lq, q_first, step, span, c, e_size, 0, T, BE)
+    y = _load_tile(Y, row, lk, k_first, step, k_count, c, e_size, 0, T, BE)
     decay, gap = _intra_chunk_decay(rate, T)
     grad_scores = products * decay
     # d/dlambda of exp(-lambda t) is -t exp(-lambda t): t = a + 1 - b within the chunk, a + 2 from the state,
@@ -260,19 +225,16 @@ def _grad_xy(X, Y, V, DOUT, RATE, STATES, GRADS, DX, DY, GRAD_RATE, lq, q_first,
     grad_rate -= tl.sum((T - 1 - pos) * to_end * tl.sum(y * grad_y_state, 1), 0)
     tl.store(GRAD_RATE + row * n + c, grad_rate)
     dx = tl.dot(grad_scores.to(dtype), y, input_precision=DOT) + from_start[:, None] * grad_x_state
-    dx = dx * _feature_slope(x_raw, x_divisor, ELU)
     ptr, mask = _tile(DX, row, lq, q_first, step, span, c, e_size, 0, T, BE)
     tl.store(ptr, dx, mask=mask)
     dy = tl.dot(tl.trans(grad_scores.to(dtype)), x, input_precision=DOT) + to_end[:, None] * grad_y_state
-    dy = dy * _feature_slope(y_raw, 1.0, ELU)
     ptr, mask = _tile(DY, row, lk, k_first, step, k_count, c, e_size, 0, T, BE)
     tl.store(ptr, dy, mask=mask)
 
 
 @triton.jit
 def _grad_v(X, Y, DOUT, RATE, GRADS, DV, lq, q_first, span, lk, k_first, k_count, step, n, heads, e_size, dv,
-            x_divisor, ELU: tl.constexpr, T: tl.constexpr, BE: tl.constexpr, BV: tl.constexpr,
-            DOT: tl.constexpr):
+            T: tl.constexpr, BE: tl.constexpr, BV: tl.constexpr, DOT: tl.constexpr):
     vb, c, row = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     v0 = vb * BV
     acc = GRADS.dtype.element_ty
@@ -281,7 +243,7 @@ def _grad_v(X, Y, DOUT, RATE, GRADS, DV, lq, q_first, span, lk, k_first, k_count
     a = tl.arange(0, T)
     to_end = tl.exp(-rate * (T - 1 - a.to(acc)))
     scores, grad_v = _chunk_products(X, Y, GRADS, row, c, n, lq, q_first, span, lk, k_first, k_count, step, e_size,
-                                     dv, v0, x_divisor, ELU, True, T, BE, BV, DOT)
+                                     dv, v0, True, T, BE, BV, DOT)
     grad_v = grad_v * to_end[:, None]
     scores = scores * _intra_chunk_decay(rate, T)[0]
     grad = _load_tile(DOUT, row, lq, q_first, step, span, c, dv, v0, T, BV)
@@ -331,7 +293,7 @@ class TritonDecayedTail(torch.autograd.Function):
     0 on the queries outside the span."""
 
     @staticmethod
-    def forward(ctx, x, y, v, rate, initial, where: _Span, dot: str, elu_features: float | None):
+    def forward(ctx, x, y, v, rate, initial, where: _Span, dot: str):
         b, heads, lq, e = x.shape
         dv = v.shape[-1]
         acc = compute_dtype(x.dtype)
@@ -341,22 +303,21 @@ class TritonDecayedTail(torch.autograd.Function):
         states = x.new_empty(b, heads, n, e, dv, dtype=acc)
         be, bv = _block(e, STATE_BLOCK_E), _block(dv, STATE_BLOCK_V)
         first = states if initial is None else initial.to(acc).contiguous()  # unread without an initial state
-        features = _features(elu_features)  # (x_divisor, ELU)
         _states_forward[(triton.cdiv(e, be), triton.cdiv(dv, bv), b * heads)](
             y, v, rate, first, states, *where.key_rows(), where.step, n, heads, e, dv, HAS_INITIAL=initial is not None,
-            ELU=features[1], T=CHUNK, BE=be, BV=bv, DOT=dot)
+            T=CHUNK, BE=be, BV=bv, DOT=dot)
         out = (x.new_empty if where.span == lq else x.new_zeros)(b, heads, lq, dv, dtype=acc)
         _output_forward[(triton.cdiv(dv, bv), n, b * heads)](x, y, v, rate, states, out, *where.query_rows(),
-                                                             *where.key_rows(), where.step, n, heads, e, dv, *features,
-                                                             T=CHUNK, BE=be, BV=bv, DOT=dot)
+                                                             *where.key_rows(), where.step, n, heads, e, dv, T=CHUNK,
+                                                             BE=be, BV=bv, DOT=dot)
         ctx.save_for_backward(x, y, v, rate, states)
-        ctx.has_initial, ctx.where, ctx.dot, ctx.features = initial is not None, where, dot, features
+        ctx.has_initial, ctx.where, ctx.dot = initial is not None, where, dot
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
         x, y, v, rate, states = ctx.saved_tensors
-        where, dot, features = ctx.where, ctx.dot, ctx.features
+        where, dot = ctx.where, ctx.dot
         b, heads, n, e, dv = states.shape
         grad_out = grad_out.to(states.dtype).contiguous()
         be, bv = _block(e, STATE_BLOCK_E), _block(dv, STATE_BLOCK_V)
@@ -365,30 +326,23 @@ class TritonDecayedTail(torch.autograd.Function):
         grad_initial = states.new_empty(b, heads, e, dv)
         grad_carry = states.new_empty(b * heads, parts[0] * parts[1])
         _states_backward[(*parts, b * heads)](x, grad_out, rate, states, grads, grad_initial, grad_carry,
-                                              *where.query_rows(), where.step, n, heads, e, dv, *features, T=CHUNK,
-                                              BE=be, BV=bv, DOT=dot)
+                                              *where.query_rows(), where.step, n, heads, e, dv, T=CHUNK, BE=be,
+                                              BV=bv, DOT=dot)
         dx = (torch.empty_like if where.span == x.shape[2] else torch.zeros_like)(x)
         dy, dv_ = ((torch.empty_like if where.key_count == y.shape[2] else torch.zeros_like)(t) for t in (y, v))
         grad_rate = states.new_empty(b * heads, n)
         _grad_xy[(n, b * heads)](x, y, v, grad_out, rate, states, grads, dx, dy, grad_rate, *where.query_rows(),
-                                 *where.key_rows(), where.step, n, heads, e, dv, *features, T=CHUNK,
-                                 BE=_block(e, MAX_DIM), BV=bv, DOT=dot)
+                                 *where.key_rows(), where.step, n, heads, e, dv, T=CHUNK, BE=_block(e, MAX_DIM),
+                                 BV=bv, DOT=dot)
         _grad_v[(parts[1], n, b * heads)](x, y, grad_out, rate, grads, dv_, *where.query_rows(), *where.key_rows(),
-                                          where.step, n, heads, e, dv, *features, T=CHUNK, BE=be, BV=bv, DOT=dot)
+                                          where.step, n, heads, e, dv, T=CHUNK, BE=be, BV=bv, DOT=dot)
         carry = torch.exp(-rate * CHUNK)
         grad_rate = grad_rate.sum(1).view(b, heads) - CHUNK * carry * grad_carry.sum(1).view(b, heads)
-        return dx, dy, dv_, grad_rate.sum(0), grad_initial if ctx.has_initial else None, None, None, None
-
-
-def _features(elu_features: float | None) -> tuple[float, bool]:
-    """The kernels' (x_divisor, ELU) arguments: x = (elu(x) + 1) / elu_features and y = elu(y) + 1 when it is given,
-    x and y as they are otherwise."""
-    return (1.0, False) if elu_features is None else (float(elu_features), True)
+        return dx, dy, dv_, grad_rate.sum(0), grad_initial if ctx.has_initial else None, None, None
 
 
 def decayed_tail(x: torch.Tensor, y: torch.Tensor, v: torch.Tensor, rate: torch.Tensor, initial: torch.Tensor | None,
-                 *, skip: int, lead: int, reverse: bool = False, elu_features: float | None = None,
-                 half_inputs: bool = False) -> torch.Tensor:
+                 *, skip: int, lead: int, reverse: bool = False, half_inputs: bool = False) -> torch.Tensor:
     """The pass of `ops_decay.decayed_tail` on CUDA (`TritonDecayedTail`): for the queries i = skip.. of x and the
     keys j = lead.. of y and v (keys past the end count as 0),
 
@@ -396,13 +350,11 @@ def decayed_tail(x: torch.Tensor, y: torch.Tensor, v: torch.Tensor, rate: torch.
                 + exp(-rate (i - skip + 1)) x_i initial,
 
     0 for the queries before skip; with `reverse`, the same on the sequences reversed along their positions (read
-    from the end, without copies). With `elu_features`, x and y stand for (elu(x) + 1) / elu_features and
-    elu(y) + 1, computed in the kernels (`initial` is already a sum of such features). `half_inputs`: the operands
-    came from 16-bit floats (see `dot_precision`)."""
+    from the end, without copies). `half_inputs`: the operands came from 16-bit floats (see `dot_precision`)."""
     if not fits(x.shape[-1]):
         raise ValueError(f"`x` must have at most {MAX_DIM} features for the Triton kernels, got {x.shape[-1]}")
     where = _Span.of(x.shape[2], y.shape[2], skip, lead, reverse)
-    return TritonDecayedTail.apply(x, y, v, rate, initial, where, dot_precision(x.dtype, half_inputs), elu_features)
+    return TritonDecayedTail.apply(x, y, v, rate, initial, where, dot_precision(x.dtype, half_inputs))
 
 
 __all__ = ["TritonDecayedTail", "decayed_tail", "dot_precision", "fits"]

@@ -74,15 +74,13 @@ class _Band(NamedTuple):
     n_blocks: int
     keep: Tensor  # (C, W): the pair is in the band (and j <= p_i when causal)
     rel_index: Tensor  # (C, W): its row of the relative table
-    half_inputs: bool = False  # the op's inputs were 16-bit floats (the CUDA kernels' products may use TF32)
 
 
-def _band(lq: int, horizon: int, offset: int, causal: bool, chunk: int, device, half_inputs: bool = False) -> _Band:
+def _band(lq: int, horizon: int, offset: int, causal: bool, chunk: int, device) -> _Band:
     c = torch.arange(chunk, device=device)[:, None]
     t = c + horizon - torch.arange(chunk + 2 * horizon, device=device)[None, :]  # offset p_i - j, see band_windows
     keep = (t.abs() <= horizon) & ((t >= 0) if causal else True)
-    return _Band(horizon, offset, causal, chunk, -(-lq // chunk), keep, t.clamp(-horizon, horizon) + horizon,
-                 half_inputs)
+    return _Band(horizon, offset, causal, chunk, -(-lq // chunk), keep, t.clamp(-horizon, horizon) + horizon)
 
 
 def _block_steps(band: _Band, rows: int, dim: int, value_dim: int):
@@ -194,10 +192,12 @@ def _triton_entry(device: torch.device, name: str):
     return getattr(ops_local_softmax_triton, name)
 
 
-def _band_function(device: torch.device):
-    """The band's implementation for `device`: the Triton kernels on CUDA when Triton is installed
-    (`ops_local_softmax_triton`), `_LocalSoftmaxBand` otherwise."""
-    return _triton_entry(device, "TritonLocalSoftmaxBand") or _LocalSoftmaxBand
+def _attention_function(device: torch.device, horizon: int, dim: int, value_dim: int):
+    """The linear path's Triton kernels for `device` (`ops_local_softmax_triton.local_softmax_decay`) on CUDA when
+    Triton is installed and the kernels take the horizon and head dimensions, or None (the band then runs in
+    `_LocalSoftmaxBand` and the tails in `ops_decay.decayed_tails`)."""
+    fits = _triton_entry(device, "fits")
+    return _triton_entry(device, "local_softmax_decay") if fits is not None and fits(horizon, dim, value_dim) else None
 
 
 def _decode_function(device: torch.device):
@@ -224,25 +224,29 @@ def chunk_local_softmax_decay_attention(
 ) -> Tensor:
     """The linear algorithm of `local_softmax_decay_attention` (local softmax band plus decayed kernel tails,
     see the module docstring). Differentiable: the band by `_LocalSoftmaxBand`, the tails by autograd,
-    recomputed by groups of rows."""
-    dtype = compute_dtype(q.dtype)
+    recomputed by groups of rows. On CUDA the whole of it runs in the Triton kernels of
+    `ops_local_softmax_triton` (`_attention_function`), in blocks of their own size."""
     h = resolve_horizon(rel, horizon)
-    vm = augment_values(v.to(dtype), key_mask)
-    chunk = max(chunk_size, 1)
     b, heads, lq, d = q.shape
     lk = k.shape[2]
-    half = dtype != q.dtype
+    kernels = _attention_function(q.device, h, d, v.shape[-1])
+    if kernels is not None:
+        return kernels(q, k, v, head_table(rel, heads, q.dtype), decay, causal=causal, key_mask=key_mask,
+                       query_offset=query_offset, horizon=h)
+    dtype = compute_dtype(q.dtype)
+    vm = augment_values(v.to(dtype), key_mask)
+    chunk = max(chunk_size, 1)
 
     def tails(q, k, vm, rate):  # rows (G, 1, L, .) of (B * H, 1, L, .), rate (G,)
         q, k, vm = (x.transpose(0, 1) for x in (q, k, vm))
-        tail = decayed_tails(q, k, vm, rate, h, query_offset, chunk, causal=causal, half_inputs=half, elu_features=d)
-        return tail.transpose(0, 1)
+        x, y = elu_feature_map(q.to(dtype)) / d, elu_feature_map(k.to(dtype))
+        return decayed_tails(x, y, vm, rate, h, query_offset, chunk, causal=causal).transpose(0, 1)
 
-    # the tails and the band take q and k as they are (the kernels read 16-bit ones; PyTorch computes in `dtype`)
+    # the tails and the band take q and k as they are and compute in `dtype`
     rows = [x.reshape(b * heads, 1, x.shape[2], x.shape[3]) for x in (q, k, vm)]
     tail = grouped_rows(tails, max(lq, lk) * (chunk + d + vm.shape[-1]), *rows, decay.to(dtype).repeat(b))
-    band = _band(lq, h, query_offset, causal, chunk, q.device, half_inputs=half)
-    out = _band_function(q.device).apply(q.reshape(b * heads, lq, d), k.reshape(b * heads, -1, d),
+    band = _band(lq, h, query_offset, causal, chunk, q.device)
+    out = _LocalSoftmaxBand.apply(q.reshape(b * heads, lq, d), k.reshape(b * heads, -1, d),
                                          vm.reshape(b * heads, -1, vm.shape[-1]), row_table(rel, b, heads, dtype),
                                          tail.reshape(b * heads, lq, -1), band)
     return out.view(b, heads, lq, -1).to(q.dtype)

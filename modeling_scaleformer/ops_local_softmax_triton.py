@@ -1,39 +1,50 @@
-"""Triton kernels of the local softmax band of `ops_local_softmax` (the default attention) and of its decoding
+"""Triton kernels of the default attention (`ops_local_softmax.local_softmax_decay_attention`) and of its decoding
 steps, for CUDA.
 
-The band is the part of `local_softmax_decay_attention` that is not a linear attention: each query's softmax
-over its 2h+1 nearest keys with Shaw's relative keys, merged with the decayed tails under one row
-normaliser. `TritonLocalSoftmaxBand` has the contract of `ops_local_softmax._LocalSoftmaxBand`, which stays
-the CPU path and the reference:
+`TritonLocalSoftmaxDecay` computes the whole linear path, band and decayed tails under one row normaliser, with
+the PyTorch path (`ops_local_softmax._LocalSoftmaxBand` beside `ops_decay.decayed_tails`) as the CPU path and the
+reference. For query block b (BLOCK queries i, p_i = i + offset), its window is the BLOCK + 2h keys j = s_b ..
+s_b + BLOCK + 2h - 1, s_b = b BLOCK + offset - h, and every key before the window is beyond the band of every query
+of the block: with phi(x) = elu(x) + 1 and m_j the key mask,
 
-    out_i = (sum over the band of exp(l_ij - m_i) [m v_j, m_j] + exp(-m_i) tail_i) / (the same, last channel)
+    L_b = sum_{j < s_b} exp(-lambda (s_b - j)) phi(k_j) m_j [v_j, 1]^T      (D, Dv + 1, held as S (D, Dv), z (D,))
 
-on rows (B*H, L, .), with l_ij = q_i.(k_j + rel[r(i, j)]) / sqrt(D) and m_i the larger of the row's largest
-band logit and log(tail_i's last channel). Three kernels:
+is the block's causal state; the anticausal state holds the keys after the window the same way (the causal state of
+the reversed sequences). Query i at a, its place in the block, weighs the pairs of its window (softmax logits in the
+band, phi(q_i).phi(k_j) / D exp(-lambda (|p_i - j| - h)) beyond it) and the states decayed by exp(-lambda a) and
+exp(-lambda (BLOCK - 1 - a)), all scaled by exp(-m_i) (`ops_common.row_shift`) and normalised together. Five
+kernels, laid out like flash-linear-attention's chunk kernels:
 
-- `_band_forward`: one program per block of BLOCK_M queries and row; the block's BLOCK_M + 2h window keys,
-  the (BLOCK_M, 2h+1) products with the relative table gathered onto the window, the row shift, and
-  out, m and the normaliser, stored for backward;
-- `_band_backward_queries`: the same grid; recomputes the weights from m and gives dq and this block's share
-  of the table's gradient;
-- `_band_backward_keys`: one program per block of BLOCK_M keys; the queries that can see them (a window of
-  BLOCK_M + 2h) give dk and d[m v, m] without atomics.
+- `_states`: one program per batch*head row and direction walks the chunks of BLOCK keys and stores L_b of every
+  block (recomputed in backward rather than kept);
+- `_forward`: one program per query block and row: the window's logits and kernel weights, both states, the row
+  shift m, out, and m and the normaliser for backward;
+- `_states_backward`: one program per row and direction walks the chunks back, carrying the states' gradient
+  G_b = dL/dL_b (the block's queries add theirs, exp(-m_i) exp(-lambda a) phi(q_i) / D [gs_i, -delta_i]); each
+  chunk's keys get their share of it (dphi(k), dv), written per direction; it also stores
+  delta_i = g_i . out_i / den_i;
+- `_backward_queries`: by query blocks, like `_forward`: dq, the table's gradient (atomic adds per head) and
+  lambda's;
+- `_backward_keys`: by key blocks: the query blocks whose windows hold them give dk and dv, and the walks'
+  shares are added.
 
-Generation has two more, without backward, each one launch per layer and token where PyTorch takes some forty
-to fifty small operations: `_decode_step` (`decode_step`), the self-attention step of one token on the recurrent
-state (window of the last h keys, relative table, decayed tail, row shift, normaliser, and the state's update),
-and `_cross_decode` (`cross_decode`), a query on the encoder's keys (its band, then every key beyond it by
-blocks).
+lambda's gradient is a sum of local terms (offsets within a block or a window, BLOCK for each carry), never a
+product of absolute positions. q, k, v, the table and the output stay in the inputs' dtype (read with their
+strides; the output is laid out (B, Lq, H, Dv), so that merging the heads is a view); 16-bit operands are
+multiplied as they are, while features, weights, states and sums are fp32 (fp64 for fp64 inputs).
 
-The band reads q and k in the op's input dtype and converts them as it loads them; the other inputs are in their
-compute dtype (`ops_common.compute_dtype`: fp32 for half precision), so products and sums accumulate in fp32 or
-fp64. The module imports Triton, which is an optional dependency: it is loaded
-only for CUDA tensors (or by tests under TRITON_INTERPRET=1).
+Generation has two more kernels, without backward, each one launch per layer and token where PyTorch takes some
+forty to fifty small operations: `_decode_step` (`decode_step`), the self-attention step of one token on the
+recurrent state (window of the last h keys, relative table, decayed tail, row shift, normaliser, and the state's
+update), and `_cross_decode` (`cross_decode`), a query on the encoder's keys (its band, then every key beyond it
+by blocks); their inputs are in the compute dtype (`ops_common.compute_dtype`). The module imports Triton, which is
+an optional dependency: it is loaded only for CUDA tensors (or by tests under TRITON_INTERPRET=1).
 """
 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 
@@ -44,228 +55,603 @@ try:
 except ImportError as error:  # optional (the `gpu` extra): `ops_local_softmax` falls back to PyTorch without it
     raise ImportError("the Triton kernels of the default attention need `pip install triton`") from error
 
-from .ops_common import shift_scale
-from .ops_decay_triton import _elu_features, dot_precision
+from .ops_common import compute_dtype
+from .ops_decay_triton import dot_precision
 
 
 @triton.jit
-def _window(pid, offset, lk, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HORIZON: tl.constexpr):
-    """Key index of each window slot of query block `pid`, and whether the slot holds an existing key."""
-    w = tl.arange(0, BLOCK_N)
-    j = pid * BLOCK_M + offset - HORIZON + w
-    return j, (w < BLOCK_M + 2 * HORIZON) & (j >= 0) & (j < lk)
+def _elu_features(x, inside):
+    """elu(x) + 1 where `inside`, 0 elsewhere (the default attention's feature map)."""
+    return tl.where(inside, tl.where(x > 0, x + 1.0, tl.exp(x)), 0.0)
 
 
 @triton.jit
-def _table(TAB, row, d, HORIZON: tl.constexpr, HAS_TABLE: tl.constexpr, BLOCK_R: tl.constexpr,
-           BLOCK_D: tl.constexpr):
-    """The row's relative table (2h+1, D), zero-padded to (BLOCK_R, BLOCK_D); zeros without a table."""
-    rr = tl.arange(0, BLOCK_R)
+def _shift_scale(m):
+    """exp(-m) for the weights beyond the band, capped where it would overflow float32: a row whose shift m is that
+    low has no weight beyond the band (`ops_common.shift_scale`)."""
+    return tl.exp(tl.minimum(-m, 88.0))
+
+
+@triton.jit
+def _floor_div(a, b):
+    """floor(a / b) for integers a of any sign and b > 0 (Triton's // truncates towards zero)."""
+    return (a - ((a % b) + b) % b) // b
+
+
+@triton.jit
+def _row_ptrs(PTR, row, heads, stride_b, stride_h, stride_l, pos, inside, width, BLOCK: tl.constexpr):
+    """Pointers and mask of the rows `pos` (where `inside`) and the first `width` of BLOCK columns of batch*head `row`
+    of a (B, H, L, width) tensor with strides (stride_b, stride_h, stride_l, 1)."""
+    col = tl.arange(0, BLOCK)
+    base = PTR + (row // heads).to(tl.int64) * stride_b + (row % heads).to(tl.int64) * stride_h
+    return base + pos.to(tl.int64)[:, None] * stride_l + col[None, :], inside[:, None] & (col[None, :] < width)
+
+
+@triton.jit
+def _load_rows(PTR, row, heads, stride_b, stride_h, stride_l, pos, inside, width, BLOCK: tl.constexpr):
+    ptr, mask = _row_ptrs(PTR, row, heads, stride_b, stride_h, stride_l, pos, inside, width, BLOCK)
+    return tl.load(ptr, mask=mask, other=0.0)
+
+
+@triton.jit
+def _key_weights(MASK, row, heads, lk, j, exists, HAS_MASK: tl.constexpr, ACC: tl.constexpr):
+    """m_j of the keys j (0 where they do not exist): the key mask's value, 1 without a mask."""
+    if HAS_MASK:
+        return tl.load(MASK + (row // heads).to(tl.int64) * lk + j, mask=exists, other=0.0).to(ACC)
+    return tl.where(exists, 1.0, 0.0).to(ACC)
+
+
+@triton.jit
+def _elu_slope(raw):
+    """The derivative of elu(x) + 1 at `raw`."""
+    return tl.where(raw > 0, 1.0, tl.exp(raw))
+
+
+@triton.jit
+def _direction(direction, lq, lk, offset, nq, start0, start1, BLOCK: tl.constexpr):
+    """A direction's coordinates (see `_Walk`): the step and first rows of the queries and the keys, the queries'
+    shift, the offset and the first chunk; direction 1 reads the sequences reversed."""
+    back = direction == 1
+    return (tl.where(back, -1, 1), tl.where(back, lq - 1, 0), tl.where(back, lk - 1, 0),
+            tl.where(back, nq * BLOCK - lq, 0), tl.where(back, lk - lq - offset, offset), tl.where(back, start1, start0))
+
+
+@triton.jit
+def _state_ptrs(S, Z, direction, row, rows, index, n_states, d, dv, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr):
+    """Pointers and masks of state `index` of `row` in `direction`: S (D, Dv) and its normaliser z (D,), in
+    (directions, rows, n_states, D, .) tensors."""
     dd = tl.arange(0, BLOCK_D)
-    if HAS_TABLE:
-        tab = tl.load(TAB + row * (2 * HORIZON + 1) * d + rr[:, None] * d + dd[None, :],
-                      mask=(rr[:, None] < 2 * HORIZON + 1) & (dd[None, :] < d), other=0.0)
-    else:
-        tab = tl.zeros((BLOCK_R, BLOCK_D), dtype=tl.float32)
-    return tab
+    vv = tl.arange(0, BLOCK_V)
+    at = ((direction * rows + row).to(tl.int64) * n_states + index) * d
+    return (S + (at + dd[:, None]) * dv + vv[None, :], Z + at + dd, (dd[:, None] < d) & (vv[None, :] < dv),
+            dd < d)
 
 
 @triton.jit
-def _band_logits(q, k, tab, t, visible, scale, CAUSAL: tl.constexpr, HAS_TABLE: tl.constexpr,
-                 HORIZON: tl.constexpr, BLOCK_R: tl.constexpr, DOT: tl.constexpr):
-    """l = q.(k + rel[t + h]) * scale for the pairs of offset t in the band (and t >= 0 when causal) whose key is
-    `visible`, -inf elsewhere; q (M, D), k (N, D), t (M, N)."""
+def _chunk_keys(K, V, MASK, row, heads, lk, c, kfirst, step, qshift, off_w, d, dv, skb, skh, skl, svb, svh, svl,
+                HORIZON: tl.constexpr, HAS_MASK: tl.constexpr, ACC: tl.constexpr, BLOCK: tl.constexpr,
+                BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr):
+    """Chunk c of the keys in a direction's coordinates, the keys y = s_c .. s_c + BLOCK - 1 with
+    s_c = c BLOCK - qshift + offset - h: their rows in memory, whether they exist, k (raw, ACC), phi(k) m_j (ACC,
+    0 where the key is hidden) and v (the inputs' dtype)."""
+    y = c * BLOCK - qshift + off_w - HORIZON + tl.arange(0, BLOCK)
+    exists = (y >= 0) & (y < lk)
+    j = kfirst + step * y
+    k = _load_rows(K, row, heads, skb, skh, skl, j, exists, d, BLOCK_D).to(ACC)
+    v = _load_rows(V, row, heads, svb, svh, svl, j, exists, dv, BLOCK_V)
+    mk = _key_weights(MASK, row, heads, lk, j, exists, HAS_MASK, ACC)
+    features = _elu_features(k, exists[:, None] & (tl.arange(0, BLOCK_D)[None, :] < d)) * mk[:, None]
+    return j, exists, k, features, v
+
+
+@triton.jit
+def _states(
+    K, V, MASK, RATE, S, Z,
+    lq, lk, heads, rows, offset, nq, n_states, start0, start1, d, dv, skb, skh, skl, svb, svh, svl,
+    HORIZON: tl.constexpr, HAS_MASK: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_V: tl.constexpr, DOT: tl.constexpr,
+):
+    row, direction = tl.program_id(0), tl.program_id(1)
+    step, qfirst, kfirst, qshift, off_w, start = _direction(direction, lq, lk, offset, nq, start0, start1, BLOCK)
+    acc = S.dtype.element_ty
+    op = K.dtype.element_ty
+    rate = tl.load(RATE + row % heads).to(acc)
+    to_next = tl.exp(-rate * (BLOCK - tl.arange(0, BLOCK)).to(acc))  # key t of chunk c to s_{c+1}
+    carry = tl.exp(-rate * BLOCK)
+    state = tl.zeros((BLOCK_D, BLOCK_V), dtype=acc)
+    norm = tl.zeros((BLOCK_D,), dtype=acc)
+    for c in range(start, nq):
+        s_ptr, z_ptr, s_mask, z_mask = _state_ptrs(S, Z, direction, row, rows, c - start, n_states, d, dv, BLOCK_D,
+                                                   BLOCK_V)
+        tl.store(s_ptr, state, mask=s_mask)
+        tl.store(z_ptr, norm, mask=z_mask)
+        j, exists, k, features, v = _chunk_keys(K, V, MASK, row, heads, lk, c, kfirst, step, qshift, off_w, d, dv, skb,
+                                                skh, skl, svb, svh, svl, HORIZON, HAS_MASK, acc, BLOCK, BLOCK_D,
+                                                BLOCK_V)
+        features = features * to_next[:, None]
+        state = state * carry + tl.dot(tl.trans(features.to(op)), v.to(op), input_precision=DOT)
+        norm = norm * carry + tl.sum(features, 0)
+
+
+@triton.jit
+def _query_rows(Q, DO, OUT, SHIFT, DEN, row, heads, lq, x, inside, qfirst, step, d, dv, sqb, sqh, sql, sgb, sgh, sgl,
+                sob, soh, sol, ACC: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr):
+    """Queries x (a direction's coordinates; memory rows qfirst + step x) with what backward needs of them: their
+    rows, q (raw, ACC), the output's gradient divided by the normaliser gs = g / den, delta = g . out / den (0 on
+    rows without a visible key) and exp(-m) (`_shift_scale`)."""
+    i = qfirst + step * x
+    q = _load_rows(Q, row, heads, sqb, sqh, sql, i, inside, d, BLOCK_D).to(ACC)
+    g = _load_rows(DO, row, heads, sgb, sgh, sgl, i, inside, dv, BLOCK_V).to(ACC)
+    out = _load_rows(OUT, row, heads, sob, soh, sol, i, inside, dv, BLOCK_V).to(ACC)
+    at = row.to(tl.int64) * lq + i
+    den = tl.load(DEN + at, mask=inside, other=0.0)
+    m = tl.load(SHIFT + at, mask=inside, other=0.0)
+    inv = tl.where(den > 0, 1.0 / tl.where(den > 0, den, 1.0), 0.0)
+    gs = g * inv[:, None]
+    return i, q, gs, tl.sum(gs * out, 1), _shift_scale(m)
+
+
+@triton.jit
+def _states_backward(
+    Q, K, V, MASK, RATE, S, Z, DO, OUT, SHIFT, DEN, DELTA, DPHI, DVS, GRAD_RATE,
+    lq, lk, heads, rows, offset, nq, n_states, start0, start1, d, dv, sqb, sqh, sql, skb, skh, skl, svb, svh, svl,
+    sgb, sgh, sgl, sob, soh, sol,
+    HORIZON: tl.constexpr, HAS_MASK: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_V: tl.constexpr, DOT: tl.constexpr,
+):
+    row, direction = tl.program_id(0), tl.program_id(1)
+    step, qfirst, kfirst, qshift, off_w, start = _direction(direction, lq, lk, offset, nq, start0, start1, BLOCK)
+    acc = S.dtype.element_ty
+    op = K.dtype.element_ty
+    rate = tl.load(RATE + row % heads).to(acc)
+    t = tl.arange(0, BLOCK)
+    to_next = tl.exp(-rate * (BLOCK - t).to(acc))
+    from_state = tl.exp(-rate * t.to(acc))  # query a of block b from its state L_b
+    carry = tl.exp(-rate * BLOCK)
+    dd = tl.arange(0, BLOCK_D)
+    vv = tl.arange(0, BLOCK_V)
+    adjoint = tl.zeros((BLOCK_D, BLOCK_V), dtype=acc)  # G_{c+1}: the gradient of the state after chunk c
+    adjoint_norm = tl.zeros((BLOCK_D,), dtype=acc)
+    grad_keys = tl.zeros((BLOCK,), dtype=acc)
+    grad_carry = tl.sum(grad_keys, 0)
+    for back in range(0, nq - start):
+        c = nq - 1 - back
+        # the keys of chunk c enter L_{c+1} with weight exp(-lambda (BLOCK - t)) m_j: their share of G_{c+1}
+        j, exists, k, features, v = _chunk_keys(K, V, MASK, row, heads, lk, c, kfirst, step, qshift, off_w, d, dv,
+                                                skb, skh, skl, svb, svh, svl, HORIZON, HAS_MASK, acc, BLOCK, BLOCK_D,
+                                                BLOCK_V)
+        base = tl.dot(v.to(op), tl.trans(adjoint.to(op)), input_precision=DOT) + adjoint_norm[None, :]  # G v + g_z
+        mk = _key_weights(MASK, row, heads, lk, j, exists, HAS_MASK, acc)
+        dvs = tl.dot((features * to_next[:, None]).to(op), adjoint.to(op), input_precision=DOT)
+        at = ((direction * rows + row).to(tl.int64) * lk + j)
+        tl.store(DPHI + at[:, None] * d + dd[None, :], base * (to_next * mk)[:, None],
+                 mask=exists[:, None] & (dd[None, :] < d))
+        tl.store(DVS + at[:, None] * dv + vv[None, :], dvs, mask=exists[:, None] & (vv[None, :] < dv))
+        # d/dlambda: the keys' distance BLOCK - t to s_{c+1}, and the carry's BLOCK applied to L_c
+        grad_keys -= (BLOCK - t).to(acc) * to_next * tl.sum(features * base, 1)
+        s_ptr, z_ptr, s_mask, z_mask = _state_ptrs(S, Z, direction, row, rows, c - start, n_states, d, dv, BLOCK_D,
+                                                   BLOCK_V)
+        state = tl.load(s_ptr, mask=s_mask, other=0.0)
+        norm = tl.load(z_ptr, mask=z_mask, other=0.0)
+        grad_carry += tl.sum(tl.sum(adjoint * state, 1), 0) + tl.sum(adjoint_norm * norm, 0)
+        # G_c = exp(-lambda BLOCK) G_{c+1} + the gradient of L_c from query block c (none for c < 0)
+        x = c * BLOCK - qshift + t
+        inside = (x >= 0) & (x < lq)
+        i, q, gs, delta, shift_scale = _query_rows(Q, DO, OUT, SHIFT, DEN, row, heads, lq, x, inside, qfirst, step, d,
+                                                   dv, sqb, sqh, sql, sgb, sgh, sgl, sob, soh, sol, acc, BLOCK_D,
+                                                   BLOCK_V)
+        tl.store(DELTA + row.to(tl.int64) * lq + i, delta, mask=inside & (x * 0 + direction == 0))
+        coef = shift_scale * from_state
+        features_q = _elu_features(q, inside[:, None] & (dd[None, :] < d)) / d * coef[:, None]
+        adjoint = adjoint * carry + tl.dot(tl.trans(features_q.to(op)), gs.to(op), input_precision=DOT)
+        adjoint_norm = adjoint_norm * carry - tl.sum(features_q * delta[:, None], 0)
+    tl.store(GRAD_RATE + direction * rows + row, tl.sum(grad_keys, 0) - BLOCK * carry * grad_carry)
+
+
+@triton.jit
+def _pair_logits(q, k, tab, t, band, scale, HORIZON: tl.constexpr, HAS_TABLE: tl.constexpr,
+                 BLOCK_R: tl.constexpr, DOT: tl.constexpr):
+    """l = q.(k + rel[t + h]) * scale for the pairs in the `band`, -inf elsewhere; q (M, D), k (N, D), t (M, N) the
+    offsets p_i - j, tab the table (BLOCK_R, D), all in the inputs' dtype."""
     logits = tl.dot(q, tl.trans(k), input_precision=DOT)
     if HAS_TABLE:
         qr = tl.dot(q, tl.trans(tab), input_precision=DOT)  # (M, BLOCK_R)
         logits += tl.gather(qr, tl.minimum(tl.maximum(t + HORIZON, 0), BLOCK_R - 1), axis=1)
-    keep = (t <= HORIZON) & (t >= -HORIZON) & visible
+    return tl.where(band, logits * scale, float("-inf"))
+
+
+@triton.jit
+def _pairs(q, k, features_q, features_k, mk, t, pair, tab, rate, scale, HORIZON: tl.constexpr, CAUSAL: tl.constexpr,
+           HAS_TABLE: tl.constexpr, BLOCK_R: tl.constexpr, DOT: tl.constexpr):
+    """The pairs of queries (M,) and keys (N,) with offsets t = p_i - j (M, N) where `pair` (the key exists, is in
+    the query block's window and the query exists): the band (|t| <= h, t >= 0 when causal, key visible) with its
+    logits (-inf off the band), and the pairs beyond it inside the window (t > h, or t < -h unless causal) with
+    their decay exp(-lambda (|t| - h)) and their kernel weights phi(q).phi(k) / D exp(-lambda (|t| - h)) m_j (0
+    elsewhere)."""
+    band = pair & (t <= HORIZON) & (t >= -HORIZON) & (mk[None, :] > 0)
+    beyond = pair & (t > HORIZON)
     if CAUSAL:
-        keep = keep & (t >= 0)
-    return tl.where(keep, logits * scale, float("-inf"))
+        band = band & (t >= 0)
+    else:
+        beyond = beyond | (pair & (t < -HORIZON))
+    logits = _pair_logits(q, k, tab, t, band, scale, HORIZON, HAS_TABLE, BLOCK_R, DOT)
+    distance = (tl.abs(t) - HORIZON).to(rate.dtype)
+    decay = tl.where(beyond, tl.exp(-rate * tl.maximum(distance, 0.0)), 0.0) * mk[None, :]
+    kernel = tl.dot(features_q, tl.trans(features_k), input_precision=DOT) * decay
+    return band, logits, beyond, decay, distance, kernel
 
 
 @triton.jit
-def _query_block(Q, K, VM, TAB, pid, row, lq, lk, d, dv1, offset, scale, HORIZON: tl.constexpr, CAUSAL: tl.constexpr,
-                 HAS_TABLE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                 BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr, DOT: tl.constexpr):
-    """What the forward and the backward by queries both start from, for query block `pid` of `row`: the query
-    indices and whether they exist, q (M, D), the window's keys (N, D) and [m v, m] (N, V), the table, and the
-    band logits (M, N)."""
-    c = tl.arange(0, BLOCK_M)
-    i = pid * BLOCK_M + c
-    rows = i < lq
-    dd = tl.arange(0, BLOCK_D)
-    vv = tl.arange(0, BLOCK_V)
-    j, exists = _window(pid, offset, lk, BLOCK_M, BLOCK_N, HORIZON)
-    acc = VM.dtype.element_ty  # q and k may be 16-bit: the band computes in [m v, m]'s dtype
-    q = tl.load(Q + row * lq * d + i[:, None] * d + dd[None, :], mask=rows[:, None] & (dd[None, :] < d),
-                other=0.0).to(acc)
-    k = tl.load(K + row * lk * d + j[:, None] * d + dd[None, :], mask=exists[:, None] & (dd[None, :] < d),
-                other=0.0).to(acc)
-    vw = tl.load(VM + row * lk * dv1 + j[:, None] * dv1 + vv[None, :], mask=exists[:, None] & (vv[None, :] < dv1),
-                 other=0.0)
-    tab = _table(TAB, row, d, HORIZON, HAS_TABLE, BLOCK_R, BLOCK_D)
-    key_mask = tl.sum(tl.where(vv[None, :] == dv1 - 1, vw, 0.0), 1)
-    t = c[:, None] + HORIZON - tl.arange(0, BLOCK_N)[None, :]
-    logits = _band_logits(q, k, tab, t, key_mask[None, :] > 0, scale, CAUSAL, HAS_TABLE, HORIZON, BLOCK_R, DOT)
-    return i, rows, q, k, vw, tab, logits
-
-
-@triton.jit
-def _band_forward(
-    Q, K, VM, TAB, TAIL, OUT, SHIFT, DEN,
-    lq, lk, d, dv1, offset, scale,
-    HORIZON: tl.constexpr, CAUSAL: tl.constexpr, HAS_TABLE: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr, DOT: tl.constexpr,
-):
-    pid, row = tl.program_id(0), tl.program_id(1).to(tl.int64)  # offsets can pass 2^31 elements
-    i, rows, q, k, vw, tab, logits = _query_block(Q, K, VM, TAB, pid, row, lq, lk, d, dv1, offset, scale, HORIZON,
-                                                  CAUSAL, HAS_TABLE, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_V, BLOCK_R,
-                                                  DOT)
-    vv = tl.arange(0, BLOCK_V)
-    tail = tl.load(TAIL + row * lq * dv1 + i[:, None] * dv1 + vv[None, :], mask=rows[:, None] & (vv[None, :] < dv1),
-                   other=0.0)
-    tail_sum = tl.sum(tl.where(vv[None, :] == dv1 - 1, tail, 0.0), 1)
-    m = tl.maximum(tl.max(logits, 1), tl.where(tail_sum > 0, tl.log(tl.where(tail_sum > 0, tail_sum, 1.0)),
-                                              float("-inf")))
-    m = tl.where(m > float("-inf"), m, 0.0)
-    p = tl.exp(logits - m[:, None])
-    scale_tail = tl.minimum(tl.exp(-m), 3.0e38)
-    sums = tl.dot(p.to(vw.dtype), vw, input_precision=DOT) + scale_tail[:, None] * tail
-    den = tl.sum(tl.where(vv[None, :] == dv1 - 1, sums, 0.0), 1)
-    out = tl.where(den[:, None] > 0, sums / tl.where(den > 0, den, 1.0)[:, None], 0.0)
-    tl.store(OUT + row * lq * (dv1 - 1) + i[:, None] * (dv1 - 1) + vv[None, :], out,
-             mask=rows[:, None] & (vv[None, :] < dv1 - 1))
-    tl.store(SHIFT + row * lq + i, m, mask=rows)
-    tl.store(DEN + row * lq + i, den, mask=rows)
-
-
-@triton.jit
-def _band_backward_queries(
-    Q, K, VM, TAB, SHIFT, GS, DQ, DTAB,
-    lq, lk, d, dv1, offset, scale,
-    HORIZON: tl.constexpr, CAUSAL: tl.constexpr, HAS_TABLE: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr, DOT: tl.constexpr,
-):
-    pid, row = tl.program_id(0), tl.program_id(1).to(tl.int64)  # offsets can pass 2^31 elements
-    i, rows, q, k, vw, tab, logits = _query_block(Q, K, VM, TAB, pid, row, lq, lk, d, dv1, offset, scale, HORIZON,
-                                                  CAUSAL, HAS_TABLE, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_V, BLOCK_R,
-                                                  DOT)
-    c = tl.arange(0, BLOCK_M)
-    dd = tl.arange(0, BLOCK_D)
-    vv = tl.arange(0, BLOCK_V)
+def _table_tile(TAB, row, heads, d, HORIZON: tl.constexpr, HAS_TABLE: tl.constexpr, BLOCK_R: tl.constexpr,
+                BLOCK_D: tl.constexpr):
+    """The head's relative table (2h+1, D), zero-padded to (BLOCK_R, BLOCK_D), in the inputs' dtype (unread without a
+    table)."""
     rr = tl.arange(0, BLOCK_R)
-    m = tl.load(SHIFT + row * lq + i, mask=rows, other=0.0)
-    p = tl.exp(logits - m[:, None])
-    gs = tl.load(GS + row * lq * dv1 + i[:, None] * dv1 + vv[None, :], mask=rows[:, None] & (vv[None, :] < dv1),
-                 other=0.0)
-    dlogits = p * tl.dot(gs, tl.trans(vw), input_precision=DOT) * scale  # (M, N), 0 off the band
-    dq = tl.dot(dlogits.to(k.dtype), k, input_precision=DOT)
-    if HAS_TABLE:
-        # the pair (c, w) reads table row r = c + 2h - w: row r of query c is window slot c + 2h - r
-        slot = tl.minimum(tl.maximum(c[:, None] + 2 * HORIZON - rr[None, :], 0), BLOCK_N - 1)
-        drel = tl.where(rr[None, :] < 2 * HORIZON + 1, tl.gather(dlogits, slot, axis=1), 0.0)  # (M, BLOCK_R)
-        dq += tl.dot(drel.to(tab.dtype), tab, input_precision=DOT)
-        dtab = tl.dot(tl.trans(drel.to(q.dtype)), q, input_precision=DOT)  # (BLOCK_R, BLOCK_D)
-        n_blocks = tl.num_programs(0)
-        tl.store(DTAB + (row * n_blocks + pid) * BLOCK_R * BLOCK_D + rr[:, None] * BLOCK_D + dd[None, :], dtab)
-    tl.store(DQ + row * lq * d + i[:, None] * d + dd[None, :], dq, mask=rows[:, None] & (dd[None, :] < d))
+    dd = tl.arange(0, BLOCK_D)
+    mask = (rr[:, None] < 2 * HORIZON + 1) & (dd[None, :] < d) & HAS_TABLE
+    return tl.load(TAB + ((row % heads) * (2 * HORIZON + 1) + rr[:, None]) * d + dd[None, :], mask=mask, other=0.0)
 
 
 @triton.jit
-def _band_backward_keys(
-    Q, K, VM, TAB, SHIFT, GS, DK, DVM,
-    lq, lk, d, dv1, offset, scale,
-    HORIZON: tl.constexpr, CAUSAL: tl.constexpr, HAS_TABLE: tl.constexpr, BLOCK_M: tl.constexpr,
+def _block_state(S, Z, direction, row, rows, index, n_states, d, dv, features_q, decay_in, OP: tl.constexpr,
+                 BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, DOT: tl.constexpr):
+    """A query block's state in one direction, its product with the queries' features scaled by `decay_in` (the
+    decay from the state to each query): (M, Dv) and (M,), and the state itself."""
+    s_ptr, z_ptr, s_mask, z_mask = _state_ptrs(S, Z, direction, row, rows, index, n_states, d, dv, BLOCK_D, BLOCK_V)
+    state = tl.load(s_ptr, mask=s_mask, other=0.0)
+    norm = tl.load(z_ptr, mask=z_mask, other=0.0)
+    product = tl.dot(features_q.to(OP), state.to(OP), input_precision=DOT) * decay_in[:, None]
+    return product, tl.sum(features_q * norm[None, :], 1) * decay_in, state, norm
+
+
+@triton.jit
+def _query_block(
+    Q, K, V, MASK, TAB, S, Z, row, b, lq, lk, heads, rows, offset, nq, n_states, start0, start1, d, dv,
+    sqb, sqh, sql, skb, skh, skl, svb, svh, svl, rate, scale,
+    HORIZON: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_TABLE: tl.constexpr, BLOCK: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr, DOT: tl.constexpr,
 ):
-    pid, row = tl.program_id(0), tl.program_id(1).to(tl.int64)  # offsets can pass 2^31 elements
-    c = tl.arange(0, BLOCK_M)
-    j = pid * BLOCK_M + c  # this block's keys
-    u = tl.arange(0, BLOCK_N)
-    i = pid * BLOCK_M - HORIZON - offset + u  # the queries whose band can hold them: p_i in j - h .. j + h
+    """What the forward and the backward by queries start from, for query block b of `row`: its queries with the
+    BLOCK + 2h keys of its window, their pairs (`_pairs`) and the block's states in both directions (`_block_state`;
+    the anticausal one is zero when causal)."""
+    acc = S.dtype.element_ty
+    op = Q.dtype.element_ty
+    a = tl.arange(0, BLOCK)
+    i = b * BLOCK + a
+    queries = i < lq
+    w = tl.arange(0, BLOCK_N)
+    j = b * BLOCK + offset - HORIZON + w
+    exists = (w < BLOCK + 2 * HORIZON) & (j >= 0) & (j < lk)
     dd = tl.arange(0, BLOCK_D)
-    vv = tl.arange(0, BLOCK_V)
+    q = _load_rows(Q, row, heads, sqb, sqh, sql, i, queries, d, BLOCK_D)
+    k = _load_rows(K, row, heads, skb, skh, skl, j, exists, d, BLOCK_D)
+    v = _load_rows(V, row, heads, svb, svh, svl, j, exists, dv, BLOCK_V)
+    mk = _key_weights(MASK, row, heads, lk, j, exists, HAS_MASK, acc)
+    tab = _table_tile(TAB, row, heads, d, HORIZON, HAS_TABLE, BLOCK_R, BLOCK_D)
+    features_q = _elu_features(q.to(acc), queries[:, None] & (dd[None, :] < d)) / d
+    features_k = _elu_features(k.to(acc), exists[:, None] & (dd[None, :] < d))
+    t = a[:, None] + HORIZON - w[None, :]
+    pair = queries[:, None] & exists[None, :]
+    band, logits, beyond, decay, distance, kernel = _pairs(q, k, features_q.to(op), features_k.to(op), mk, t, pair,
+                                                           tab, rate, scale, HORIZON, CAUSAL, HAS_TABLE, BLOCK_R, DOT)
+    from_before = tl.exp(-rate * a.to(acc))
+    before, before_norm, state_before, norm_before = _block_state(S, Z, 0, row, rows, b - start0, n_states, d, dv,
+                                                                  features_q, from_before, op, BLOCK_D, BLOCK_V, DOT)
+    from_after = tl.exp(-rate * (BLOCK - 1 - a).to(acc))
+    if CAUSAL:  # no anticausal state
+        after, after_norm = tl.zeros((BLOCK, BLOCK_V), dtype=acc), tl.zeros((BLOCK,), dtype=acc)
+        state_after, norm_after = tl.zeros((BLOCK_D, BLOCK_V), dtype=acc), tl.zeros((BLOCK_D,), dtype=acc)
+    else:
+        after, after_norm, state_after, norm_after = _block_state(S, Z, 1, row, rows, nq - 1 - b - start1, n_states,
+                                                                  d, dv, features_q, from_after, op, BLOCK_D, BLOCK_V,
+                                                                  DOT)
+    return (i, queries, q, features_q, k, features_k, v, mk, tab, t, band, logits, beyond, decay, distance, kernel,
+            from_before, before, before_norm, state_before, norm_before, from_after, after, after_norm, state_after,
+            norm_after)
+
+
+@triton.jit
+def _forward(
+    Q, K, V, MASK, TAB, RATE, S, Z, OUT, SHIFT, DEN,
+    lq, lk, heads, rows, offset, nq, n_states, start0, start1, d, dv, sqb, sqh, sql, skb, skh, skl, svb, svh, svl,
+    sob, soh, sol, scale,
+    HORIZON: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_TABLE: tl.constexpr, BLOCK: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr, DOT: tl.constexpr,
+):
+    b, row = tl.program_id(0), tl.program_id(1)
+    acc = S.dtype.element_ty
+    rate = tl.load(RATE + row % heads).to(acc)
+    (i, queries, _, _, _, _, v, mk, _, _, band, logits, _, _, _, kernel, _, before, before_norm, _, _, _, after,
+     after_norm, _, _) = _query_block(Q, K, V, MASK, TAB, S, Z, row, b, lq, lk, heads, rows, offset, nq, n_states,
+                                      start0, start1, d, dv, sqb, sqh, sql, skb, skh, skl, svb, svh, svl, rate, scale,
+                                      HORIZON, CAUSAL, HAS_MASK, HAS_TABLE, BLOCK, BLOCK_N, BLOCK_D, BLOCK_V, BLOCK_R,
+                                      DOT)
+    # the row shift m: the larger of the largest band logit and the log of the weight beyond the band
+    beyond_sum = tl.sum(kernel, 1) + before_norm + after_norm
+    m = tl.maximum(tl.max(logits, 1), tl.where(beyond_sum > 0, tl.log(tl.where(beyond_sum > 0, beyond_sum, 1.0)),
+                                                float("-inf")))
+    m = tl.where(m > float("-inf"), m, 0.0)
+    shift_scale = _shift_scale(m)
+    weights = tl.where(band, tl.exp(logits - m[:, None]) * mk[None, :], shift_scale[:, None] * kernel)
+    sums = tl.dot(weights.to(v.dtype), v, input_precision=DOT) + shift_scale[:, None] * (before + after)
+    den = tl.sum(weights, 1) + shift_scale * (before_norm + after_norm)
+    out = tl.where(den[:, None] > 0, sums / tl.where(den > 0, den, 1.0)[:, None], 0.0)
+    ptr, mask = _row_ptrs(OUT, row, heads, sob, soh, sol, i, queries, dv, BLOCK_V)
+    tl.store(ptr, out, mask=mask)
+    tl.store(SHIFT + row.to(tl.int64) * lq + i, m, mask=queries)
+    tl.store(DEN + row.to(tl.int64) * lq + i, den, mask=queries)
+
+
+@triton.jit
+def _backward_queries(
+    Q, K, V, MASK, TAB, RATE, S, Z, DO, SHIFT, DEN, DELTA, DQ, DTAB, GRAD_RATE,
+    lq, lk, heads, rows, offset, nq, n_states, start0, start1, d, dv, sqb, sqh, sql, skb, skh, skl, svb, svh, svl,
+    sgb, sgh, sgl, scale,
+    HORIZON: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_TABLE: tl.constexpr, BLOCK: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr, DOT: tl.constexpr,
+):
+    b, row = tl.program_id(0), tl.program_id(1)
+    acc = S.dtype.element_ty
+    op = Q.dtype.element_ty
+    rate = tl.load(RATE + row % heads).to(acc)
+    (i, queries, q, features_q, k, features_k, v, mk, tab, _, band, logits, beyond, decay, distance, kernel,
+     from_before, _, _, state_before, norm_before, from_after, _, _, state_after,
+     norm_after) = _query_block(Q, K, V, MASK, TAB, S, Z, row, b, lq, lk, heads, rows, offset, nq, n_states, start0,
+                                start1, d, dv, sqb, sqh, sql, skb, skh, skl, svb, svh, svl, rate, scale, HORIZON,
+                                CAUSAL, HAS_MASK, HAS_TABLE, BLOCK, BLOCK_N, BLOCK_D, BLOCK_V, BLOCK_R, DOT)
+    at = row.to(tl.int64) * lq + i
+    m = tl.load(SHIFT + at, mask=queries, other=0.0)
+    den = tl.load(DEN + at, mask=queries, other=0.0)
+    delta = tl.load(DELTA + at, mask=queries, other=0.0)
+    inv = tl.where(den > 0, 1.0 / tl.where(den > 0, den, 1.0), 0.0)
+    gs = _load_rows(DO, row, heads, sgb, sgh, sgl, i, queries, dv, BLOCK_V).to(acc) * inv[:, None]
+    shift_scale = _shift_scale(m)
+    # out = sums / den: a weight w_ij gets gs_i . v_j - delta_i
+    grad_weights = tl.dot(gs.to(op), tl.trans(v), input_precision=DOT) - delta[:, None]
+    grad_logits = tl.where(band, tl.exp(logits - m[:, None]) * mk[None, :], 0.0) * grad_weights * scale
+    grad_kernel = shift_scale[:, None] * grad_weights * decay  # d/d(phi(q).phi(k) / D)
+    grad_rate = -tl.sum(tl.sum(distance * shift_scale[:, None] * kernel * grad_weights, 1), 0)
+    dq = tl.dot(grad_logits.to(op), k, input_precision=DOT).to(acc)
+    if HAS_TABLE:
+        # the pair (a, w) reads table row r = a + 2h - w: row r of query a is window slot a + 2h - r
+        a = tl.arange(0, BLOCK)
+        rr = tl.arange(0, BLOCK_R)
+        slot = tl.minimum(tl.maximum(a[:, None] + 2 * HORIZON - rr[None, :], 0), BLOCK_N - 1)
+        grad_rel = tl.where(rr[None, :] < 2 * HORIZON + 1, tl.gather(grad_logits, slot, axis=1), 0.0)  # (M, BLOCK_R)
+        dq += tl.dot(grad_rel.to(op), tab, input_precision=DOT)
+        dd = tl.arange(0, BLOCK_D)
+        dtab = tl.dot(tl.trans(grad_rel.to(op)), q, input_precision=DOT)
+        tl.atomic_add(DTAB + ((row % heads) * (2 * HORIZON + 1) + rr[:, None]) * d + dd[None, :], dtab,
+                      mask=(rr[:, None] < 2 * HORIZON + 1) & (dd[None, :] < d))
+    grad_features = tl.dot(grad_kernel.to(op), features_k.to(op), input_precision=DOT)
+    # the states: dphi(q_i) / D gets exp(-m_i) decay_i (S gs_i - delta_i z), and lambda the decay's distance
+    for_before = shift_scale * from_before
+    grad_before = (tl.dot(gs.to(op), tl.trans(state_before.to(op)), input_precision=DOT)
+                   - delta[:, None] * norm_before[None, :]) * for_before[:, None]
+    grad_rate -= tl.sum(tl.arange(0, BLOCK).to(acc) * tl.sum(features_q * grad_before, 1), 0)
+    grad_features += grad_before
+    if not CAUSAL:
+        for_after = shift_scale * from_after
+        grad_after = (tl.dot(gs.to(op), tl.trans(state_after.to(op)), input_precision=DOT)
+                      - delta[:, None] * norm_after[None, :]) * for_after[:, None]
+        grad_rate -= tl.sum((BLOCK - 1 - tl.arange(0, BLOCK)).to(acc) * tl.sum(features_q * grad_after, 1), 0)
+        grad_features += grad_after
+    dq += grad_features * _elu_slope(q.to(acc)) / d
+    ptr, mask = _row_ptrs(DQ, row, heads, sqb, sqh, sql, i, queries, d, BLOCK_D)
+    tl.store(ptr, dq, mask=mask)
+    tl.store(GRAD_RATE + row.to(tl.int64) * nq + b, grad_rate)
+
+
+@triton.jit
+def _backward_keys(
+    Q, K, V, MASK, TAB, RATE, DO, SHIFT, DEN, DELTA, DPHI, DVS, DK, DV,
+    lq, lk, heads, rows, offset, nq, d, dv, sqb, sqh, sql, skb, skh, skl, svb, svh, svl, sgb, sgh, sgl, scale,
+    HORIZON: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_TABLE: tl.constexpr, BLOCK: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr, DOT: tl.constexpr,
+):
+    kb, row = tl.program_id(0), tl.program_id(1)
+    acc = DPHI.dtype.element_ty
+    op = Q.dtype.element_ty
+    rate = tl.load(RATE + row % heads).to(acc)
+    a = tl.arange(0, BLOCK)
+    dd = tl.arange(0, BLOCK_D)
+    j = kb * BLOCK + a
     keys = j < lk
-    queries = (u < BLOCK_M + 2 * HORIZON) & (i >= 0) & (i < lq)
-    acc = VM.dtype.element_ty  # q and k may be 16-bit: the band computes in [m v, m]'s dtype
-    q = tl.load(Q + row * lq * d + i[:, None] * d + dd[None, :], mask=queries[:, None] & (dd[None, :] < d),
-                other=0.0).to(acc)
-    k = tl.load(K + row * lk * d + j[:, None] * d + dd[None, :], mask=keys[:, None] & (dd[None, :] < d),
-                other=0.0).to(acc)
-    vm = tl.load(VM + row * lk * dv1 + j[:, None] * dv1 + vv[None, :], mask=keys[:, None] & (vv[None, :] < dv1),
-                 other=0.0)
-    tab = _table(TAB, row, d, HORIZON, HAS_TABLE, BLOCK_R, BLOCK_D)
-    key_mask = tl.sum(tl.where(vv[None, :] == dv1 - 1, vm, 0.0), 1)
-    t = u[:, None] - HORIZON - c[None, :]  # p_i - j
-    visible = (key_mask[None, :] > 0) & queries[:, None]
-    logits = _band_logits(q, k, tab, t, visible, scale, CAUSAL, HAS_TABLE, HORIZON, BLOCK_R, DOT)  # (N, M)
-    m = tl.load(SHIFT + row * lq + i, mask=queries, other=0.0)
-    p = tl.exp(logits - m[:, None])
-    gs = tl.load(GS + row * lq * dv1 + i[:, None] * dv1 + vv[None, :], mask=queries[:, None] & (vv[None, :] < dv1),
-                 other=0.0)
-    dlogits = p * tl.dot(gs, tl.trans(vm), input_precision=DOT) * scale  # (N, M)
-    dk = tl.dot(tl.trans(dlogits.to(q.dtype)), q, input_precision=DOT)
-    dvm = tl.dot(tl.trans(p.to(gs.dtype)), gs, input_precision=DOT)
-    tl.store(DK + row * lk * d + j[:, None] * d + dd[None, :], dk, mask=keys[:, None] & (dd[None, :] < d))
-    tl.store(DVM + row * lk * dv1 + j[:, None] * dv1 + vv[None, :], dvm, mask=keys[:, None] & (vv[None, :] < dv1))
+    k = _load_rows(K, row, heads, skb, skh, skl, j, keys, d, BLOCK_D)
+    v = _load_rows(V, row, heads, svb, svh, svl, j, keys, dv, BLOCK_V)
+    mk = _key_weights(MASK, row, heads, lk, j, keys, HAS_MASK, acc)
+    features_k = _elu_features(k.to(acc), keys[:, None] & (dd[None, :] < d)).to(op)
+    tab = _table_tile(TAB, row, heads, d, HORIZON, HAS_TABLE, BLOCK_R, BLOCK_D)
+    dk = tl.zeros((BLOCK, BLOCK_D), dtype=acc)  # through the band logits
+    grad_features = tl.zeros((BLOCK, BLOCK_D), dtype=acc)  # through phi(k)
+    dv_ = tl.zeros((BLOCK, BLOCK_V), dtype=acc)
+    # the query blocks b whose window s_b .. s_b + BLOCK + 2h - 1 (s_b = b BLOCK + offset - h) meets these keys
+    first = tl.maximum(_floor_div(kb * BLOCK - offset - HORIZON - BLOCK, BLOCK) + 1, 0)
+    last = tl.minimum(_floor_div(kb * BLOCK + BLOCK - 1 - offset + HORIZON, BLOCK), nq - 1)
+    for b in range(first, last + 1):
+        i = b * BLOCK + a
+        queries = i < lq
+        q = _load_rows(Q, row, heads, sqb, sqh, sql, i, queries, d, BLOCK_D)
+        features_q = _elu_features(q.to(acc), queries[:, None] & (dd[None, :] < d)) / d
+        at = row.to(tl.int64) * lq + i
+        m = tl.load(SHIFT + at, mask=queries, other=0.0)
+        den = tl.load(DEN + at, mask=queries, other=0.0)
+        delta = tl.load(DELTA + at, mask=queries, other=0.0)
+        inv = tl.where(den > 0, 1.0 / tl.where(den > 0, den, 1.0), 0.0)
+        gs = (_load_rows(DO, row, heads, sgb, sgh, sgl, i, queries, dv, BLOCK_V).to(acc) * inv[:, None]).to(op)
+        shift_scale = _shift_scale(m)
+        start = b * BLOCK + offset - HORIZON
+        window = (j >= start) & (j < start + BLOCK + 2 * HORIZON) & keys
+        t = (i + offset)[:, None] - j[None, :]
+        band, logits, _, decay, _, kernel = _pairs(q, k, features_q.to(op), features_k, mk, t,
+                                                   queries[:, None] & window[None, :], tab, rate, scale, HORIZON,
+                                                   CAUSAL, HAS_TABLE, BLOCK_R, DOT)
+        band_weights = tl.where(band, tl.exp(logits - m[:, None]) * mk[None, :], 0.0)
+        weights = band_weights + shift_scale[:, None] * kernel
+        grad_weights = tl.dot(gs, tl.trans(v), input_precision=DOT) - delta[:, None]
+        dv_ += tl.dot(tl.trans(weights.to(op)), gs, input_precision=DOT)
+        dk += tl.dot(tl.trans((band_weights * grad_weights * scale).to(op)), q, input_precision=DOT)
+        grad_kernel = shift_scale[:, None] * grad_weights * decay
+        grad_features += tl.dot(tl.trans(grad_kernel.to(op)), features_q.to(op), input_precision=DOT)
+    # the keys' shares of the states' gradients (`_states_backward`), in each direction whose walk reached them:
+    # key y (j, or lk - 1 - j backwards) lies in a chunk before nq - 1
+    vv = tl.arange(0, BLOCK_V)
+    for direction in tl.static_range(2):
+        if direction == 0 or not CAUSAL:
+            if direction == 0:
+                y, qshift, off_w = j, 0, offset
+            else:
+                y, qshift, off_w = lk - 1 - j, nq * BLOCK - lq, lk - lq - offset
+            reached = keys & (y < nq * BLOCK - qshift + off_w - HORIZON - BLOCK)
+            at = (direction * rows + row).to(tl.int64) * lk + j
+            grad_features += tl.load(DPHI + at[:, None] * d + dd[None, :], mask=reached[:, None] & (dd[None, :] < d),
+                                     other=0.0)
+            dv_ += tl.load(DVS + at[:, None] * dv + vv[None, :], mask=reached[:, None] & (vv[None, :] < dv),
+                           other=0.0)
+    dk += grad_features * _elu_slope(k.to(acc))
+    ptr, mask = _row_ptrs(DK, row, heads, skb, skh, skl, j, keys, d, BLOCK_D)
+    tl.store(ptr, dk, mask=mask)
+    ptr, mask = _row_ptrs(DV, row, heads, svb, svh, svl, j, keys, dv, BLOCK_V)
+    tl.store(ptr, dv_, mask=mask)
 
 
-def _block_sizes(chunk: int, horizon: int, d: int, dv1: int) -> dict:
+BLOCK = 64  # queries per block of the forward and backward kernels, keys per chunk of the states
+MAX_HORIZON = 64  # the kernels hold a block's window of BLOCK + 2h keys: h up to this
+MAX_DIM = 128  # and whole rows of q, k and v: D and Dv up to this
+
+
+def fits(horizon: int, dim: int, value_dim: int) -> bool:
+    """Whether the kernels take a horizon and head dimensions this large."""
+    return horizon <= MAX_HORIZON and dim <= MAX_DIM and value_dim <= MAX_DIM
+
+
+def _sizes(horizon: int, d: int, dv: int) -> dict:
     pow2 = triton.next_power_of_2
-    block_m = max(16, pow2(chunk))
-    return dict(BLOCK_M=block_m, BLOCK_N=max(16, pow2(block_m + 2 * horizon)), BLOCK_D=max(16, pow2(d)),
-                BLOCK_V=max(16, pow2(dv1)), BLOCK_R=max(16, pow2(2 * horizon + 1)))
+    return dict(BLOCK=BLOCK, BLOCK_N=max(16, pow2(BLOCK + 2 * horizon)), BLOCK_D=max(16, pow2(d)),
+                BLOCK_V=max(16, pow2(dv)), BLOCK_R=max(16, pow2(2 * horizon + 1)))
 
 
-class TritonLocalSoftmaxBand(torch.autograd.Function):
-    """`ops_local_softmax._LocalSoftmaxBand` in three Triton kernels (see the module docstring): same inputs,
-    q, k (R, L, D) in the op's input dtype, vm and tail (R, L, Dv+1) and table (R, 2h+1, D) or None in the compute
-    dtype, and the `_Band` of the call. The kernels read q and k as they are and compute in vm's dtype."""
+class _Walk(NamedTuple):
+    """How the states of one call are laid out. In direction 0 the queries x and keys y are the sequences' rows; in
+    direction 1 (the anticausal states, bidirectional only) they are read reversed: x = Lq - 1 - i, y = Lk - 1 - j,
+    query x at position x + Lk - Lq - offset, and the query blocks shifted by nq BLOCK - Lq so that they hold the
+    same queries. In both, query block b holds x = b BLOCK - shift .. and chunk c the keys y = s_c .. s_c + BLOCK - 1,
+    s_c = c BLOCK - shift + offset - h (offset of that direction): the keys before s_b are those beyond the band of
+    every query of block b, and L_b = sum_{y < s_b} exp(-lambda (s_b - y)) phi(k_y) m_y [v_y, 1]^T is its state.
+    The walks cover the chunks `starts[direction]` .. nq - 1 (the first holds key 0, or is chunk 0)."""
+
+    nq: int
+    starts: tuple[int, int]
+    n_states: int
+
+    @classmethod
+    def of(cls, lq: int, lk: int, offset: int, horizon: int, causal: bool) -> "_Walk":
+        nq = triton.cdiv(lq, BLOCK)
+        starts = [min(0, (horizon - offset) // BLOCK)]
+        starts.append(0 if causal else min(0, (horizon + nq * BLOCK - lq - (lk - lq - offset)) // BLOCK))
+        return cls(nq, tuple(starts), nq - min(starts))
+
+
+def _strides(*tensors: torch.Tensor) -> list[int]:
+    """The (batch, head, position) strides of (B, H, L, .) tensors, in order."""
+    return [s for t in tensors for s in t.stride()[:3]]
+
+
+class TritonLocalSoftmaxDecay(torch.autograd.Function):
+    """`ops_local_softmax.local_softmax_decay_attention` (linear path) in five Triton kernels, see the module
+    docstring: q (B, H, Lq, D), k (B, H, Lk, D), v (B, H, Lk, Dv) in one dtype, read with their strides; the table
+    (H, 2h+1, D) in that dtype or None; decay (H,); the key mask (B, Lk) or None. Returns (B, H, Lq, Dv) in q's
+    dtype, stored as (B, Lq, H, Dv) (so that merging the heads is a view)."""
 
     @staticmethod
-    def forward(ctx, q, k, vm, table, tail, band):
-        q, k, vm, tail = (x.contiguous() for x in (q, k, vm, tail))
-        table = None if table is None else table.contiguous()
-        rows, lq, d = q.shape
-        lk, dv1 = k.shape[1], vm.shape[-1]
-        sizes = {**_block_sizes(band.chunk, band.horizon, d, dv1), "DOT": dot_precision(vm.dtype, band.half_inputs)}
-        out = vm.new_empty(rows, lq, dv1 - 1)
-        shift, den = vm.new_empty(rows, lq), vm.new_empty(rows, lq)
-        grid = (triton.cdiv(lq, sizes["BLOCK_M"]), rows)
-        _band_forward[grid](q, k, vm, q if table is None else table, tail, out, shift, den, lq, lk, d, dv1,
-                            band.offset, 1.0 / math.sqrt(d), HORIZON=band.horizon, CAUSAL=band.causal,
-                            HAS_TABLE=table is not None, **sizes)
-        ctx.save_for_backward(q, k, vm, table, out, shift, den)
-        ctx.band, ctx.sizes = band, sizes
+    def forward(ctx, q, k, v, table, decay, key_mask, causal: bool, offset: int, horizon: int, dot: str):
+        q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
+        b, heads, lq, d = q.shape
+        lk, dv = k.shape[2], v.shape[-1]
+        acc = compute_dtype(q.dtype)
+        mask = None if key_mask is None else key_mask.to(acc).contiguous()
+        rate = decay.to(acc).contiguous()
+        walk = _Walk.of(lq, lk, offset, horizon, causal)
+        states, norms = _walk_states(k, v, mask, rate, walk, heads, lq, offset, horizon, causal, dot)
+        out = q.new_empty(b, lq, heads, dv).transpose(1, 2)
+        shift, den = (q.new_empty(b * heads, lq, dtype=acc) for _ in range(2))
+        _forward[(walk.nq, b * heads)](
+            q, k, v, k if mask is None else mask, q if table is None else table, rate, states, norms, out, shift, den,
+            lq, lk, heads, b * heads, offset, walk.nq, walk.n_states, *walk.starts, d, dv, *_strides(q, k, v, out),
+            1.0 / math.sqrt(d), HORIZON=horizon, CAUSAL=causal, HAS_MASK=mask is not None, HAS_TABLE=table is not None,
+            DOT=dot, **_sizes(horizon, d, dv), num_warps=8)
+        ctx.save_for_backward(q, k, v, table, rate, mask, out, shift, den)
+        ctx.call = (causal, offset, horizon, dot, walk, decay.dtype)
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        q, k, vm, table, out, shift, den = ctx.saved_tensors
-        band, sizes = ctx.band, ctx.sizes
-        rows, lq, d = q.shape
-        lk, dv1 = k.shape[1], vm.shape[-1]
-        shift, den = shift[..., None], den[..., None]
-        inv = torch.where(den > 0, 1.0 / torch.where(den > 0, den, torch.ones_like(den)), torch.zeros_like(den))
-        grad_sums = (torch.cat([grad_out, -(grad_out * out).sum(-1, keepdim=True)], dim=-1) * inv).contiguous()
-        grad_tail = shift_scale(shift) * grad_sums
-        dq, dk, dvm = torch.empty_like(q), torch.empty_like(k), torch.empty_like(vm)
-        n_blocks = triton.cdiv(lq, sizes["BLOCK_M"])
-        dtab = None if table is None else vm.new_empty(rows, n_blocks, sizes["BLOCK_R"], sizes["BLOCK_D"])
-        common = dict(HORIZON=band.horizon, CAUSAL=band.causal, HAS_TABLE=table is not None,
-                      **sizes)
+        q, k, v, table, rate, mask, out, shift, den = ctx.saved_tensors
+        causal, offset, horizon, dot, walk, decay_dtype = ctx.call
+        g = grad_out if grad_out.stride(-1) == 1 else grad_out.contiguous()
+        b, heads, lq, d = q.shape
+        lk, dv = k.shape[2], v.shape[-1]
+        rows, directions = b * heads, 1 if causal else 2
+        states, norms = _walk_states(k, v, mask, rate, walk, heads, lq, offset, horizon, causal, dot)
+        delta = torch.empty_like(den)
+        grad_phi = den.new_empty(directions, rows, lk, d)
+        grad_state_v = den.new_empty(directions, rows, lk, dv)
+        grad_rate_walk = den.new_empty(directions, rows)
+        sizes = _sizes(horizon, d, dv)
+        mask_arg = k if mask is None else mask
+        common = dict(HORIZON=horizon, HAS_MASK=mask is not None, DOT=dot, BLOCK=BLOCK, BLOCK_D=sizes["BLOCK_D"],
+                      BLOCK_V=sizes["BLOCK_V"])
+        _states_backward[(rows, directions)](
+            q, k, v, mask_arg, rate, states, norms, g, out, shift, den, delta, grad_phi, grad_state_v, grad_rate_walk,
+            lq, lk, heads, rows, offset, walk.nq, walk.n_states, *walk.starts, d, dv, *_strides(q, k, v, g, out),
+            **common)
+        dq = torch.empty_like(q)
+        dtable = None if table is None else den.new_zeros(heads, 2 * horizon + 1, d)
+        grad_rate_queries = den.new_empty(rows, walk.nq)
         scale = 1.0 / math.sqrt(d)
-        tab = q if table is None else table
-        _band_backward_queries[(n_blocks, rows)](q, k, vm, tab, shift, grad_sums, dq, q if dtab is None else dtab,
-                                                  lq, lk, d, dv1, band.offset, scale, **common)
-        _band_backward_keys[(triton.cdiv(lk, sizes["BLOCK_M"]), rows)](q, k, vm, tab, shift, grad_sums, dk, dvm,
-                                                                      lq, lk, d, dv1, band.offset, scale, **common)
-        dtable = None
-        if table is not None:
-            dtable = dtab.sum(1)[:, :table.shape[1], :d]
-        return dq, dk, dvm, dtable, grad_tail, None
+        _backward_queries[(walk.nq, rows)](
+            q, k, v, mask_arg, q if table is None else table, rate, states, norms, g, shift, den, delta, dq,
+            den if dtable is None else dtable, grad_rate_queries, lq, lk, heads, rows, offset, walk.nq, walk.n_states,
+            *walk.starts, d, dv, *_strides(q, k, v, g), scale, CAUSAL=causal, HAS_TABLE=table is not None, **sizes,
+            **{key: common[key] for key in ("HORIZON", "HAS_MASK", "DOT")}, num_warps=8)
+        dk, dv_ = torch.empty_like(k), torch.empty_like(v)
+        _backward_keys[(triton.cdiv(lk, BLOCK), rows)](
+            q, k, v, mask_arg, q if table is None else table, rate, g, shift, den, delta, grad_phi, grad_state_v, dk,
+            dv_, lq, lk, heads, rows, offset, walk.nq, d, dv, *_strides(q, k, v, g), scale, CAUSAL=causal,
+            HAS_TABLE=table is not None, BLOCK_R=sizes["BLOCK_R"], **common)
+        grad_rate = (grad_rate_walk.sum(0) + grad_rate_queries.sum(1)).view(b, heads).sum(0).to(decay_dtype)
+        grad_table = None if table is None else dtable.to(table.dtype)
+        return dq, dk, dv_, grad_table, grad_rate, None, None, None, None, None
+
+
+def _walk_states(k, v, mask, rate, walk: _Walk, heads: int, lq: int, offset: int, horizon: int, causal: bool,
+                 dot: str):
+    """The states L_b (and their normalisers) of every query block in each direction (`_states`)."""
+    b, _, lk, d = k.shape
+    dv = v.shape[-1]
+    directions = 1 if causal else 2
+    states = rate.new_empty(directions, b * heads, walk.n_states, d, dv)
+    norms = rate.new_empty(directions, b * heads, walk.n_states, d)
+    sizes = _sizes(horizon, d, dv)
+    _states[(b * heads, directions)](
+        k, v, k if mask is None else mask, rate, states, norms, lq, lk, heads, b * heads, offset, walk.nq, walk.n_states,
+        *walk.starts, d, dv, *_strides(k, v), HORIZON=horizon, HAS_MASK=mask is not None, BLOCK=BLOCK,
+        BLOCK_D=sizes["BLOCK_D"], BLOCK_V=sizes["BLOCK_V"], DOT=dot)
+    return states, norms
+
+
+def local_softmax_decay(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, table: torch.Tensor | None,
+                        decay: torch.Tensor, *, causal: bool, key_mask: torch.Tensor | None, query_offset: int,
+                        horizon: int) -> torch.Tensor:
+    """The linear path of `ops_local_softmax.local_softmax_decay_attention` on CUDA (`TritonLocalSoftmaxDecay`), for
+    inputs that `fits` takes; `table` is the per-head table (H, 2h+1, D) in q's dtype or None."""
+    if not fits(horizon, q.shape[-1], v.shape[-1]):
+        raise ValueError(f"the Triton kernels take h <= {MAX_HORIZON} and D, Dv <= {MAX_DIM}, got h={horizon}, "
+                         f"D={q.shape[-1]}, Dv={v.shape[-1]}")
+    acc = compute_dtype(q.dtype)
+    dot = dot_precision(acc, half_inputs=acc != q.dtype)
+    table = None if table is None else table.contiguous()
+    return TritonLocalSoftmaxDecay.apply(q, k, v, table, decay, key_mask, causal, query_offset, horizon, dot)
 
 
 @triton.jit
@@ -293,7 +679,7 @@ def _merge(logits, values, far, vv, dv1):
     m = tl.maximum(tl.max(logits, 0), tl.where(far_sum > 0, tl.log(tl.where(far_sum > 0, far_sum, 1.0)),
                                                 float("-inf")))
     m = tl.where(m > float("-inf"), m, 0.0)
-    sums = tl.sum(tl.exp(logits - m)[:, None] * values, 0) + tl.minimum(tl.exp(-m), 3.0e38) * far
+    sums = tl.sum(tl.exp(logits - m)[:, None] * values, 0) + _shift_scale(m) * far
     den = tl.sum(tl.where(vv == dv1 - 1, sums, 0.0), 0)
     return tl.where(den > 0, sums / tl.where(den > 0, den, 1.0), 0.0)
 
@@ -424,4 +810,4 @@ def cross_decode(q, keys, values, table, rate, query_offset: int, horizon: int):
     return out
 
 
-__all__ = ["TritonLocalSoftmaxBand", "cross_decode", "decode_step"]
+__all__ = ["TritonLocalSoftmaxDecay", "cross_decode", "decode_step", "fits", "local_softmax_decay"]

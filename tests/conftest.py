@@ -4,6 +4,14 @@ import pytest
 import torch
 
 
+def pytest_collection_finish(session):
+    """Starts the interpreted Triton tests in their own process as soon as collection ends when they were selected
+    (tests/ops/test_triton_interpreted.py), so that they run beside the rest of the suite."""
+    for item in session.items:
+        if item.name == "test_triton_kernels_through_the_interpreter":
+            item.module.start()
+
+
 @pytest.fixture(autouse=True)
 def seeded_torch():
     """Every test starts from the same global random state, whatever ran before it or beside it, so that inputs
@@ -15,9 +23,9 @@ def seeded_torch():
 @pytest.fixture
 def triton_paths(monkeypatch):
     """`triton_paths(chunk=16)`: every kernel choice of the default attention made as on CUDA, for tensors on any
-    device (on CPU the kernels run in Triton's interpreter): the band, the tails (in chunks of `chunk` positions,
-    so that short inputs span several) and the two decoding steps. Returns the set that collects the names of the
-    kernels' entry points as they are chosen."""
+    device (on CPU the kernels run in Triton's interpreter): the attention's kernels (in blocks of `chunk` positions,
+    so that short inputs span several), the tails of the other decayed attentions (in chunks of `chunk`) and the two
+    decoding steps. Returns the set that collects the names of the kernels' entry points as they are chosen."""
 
     def use(chunk: int = 16) -> set:
         from modeling_scaleformer import ops_decay, ops_decay_triton, ops_local_softmax, ops_local_softmax_triton
@@ -29,13 +37,16 @@ def triton_paths(monkeypatch):
                 used.add(entry.__name__)
             return entry
 
-        for name, entry in (("_band_function", "TritonLocalSoftmaxBand"), ("_decode_function", "decode_step"),
-                            ("_cross_decode_function", "cross_decode")):
+        for name, entry in (("_decode_function", "decode_step"), ("_cross_decode_function", "cross_decode")):
             monkeypatch.setattr(ops_local_softmax, name,
                                 lambda device, entry=entry: chosen(getattr(ops_local_softmax_triton, entry)))
+        attention = ops_local_softmax._attention_function
+        monkeypatch.setattr(ops_local_softmax, "_attention_function",
+                            lambda device, *sizes: chosen(attention(torch.device("cuda"), *sizes)))
         choose = ops_decay._tail_kernel
         monkeypatch.setattr(ops_decay, "_tail_kernel", lambda device, dim: chosen(choose(torch.device("cuda"), dim)))
         monkeypatch.setattr(ops_decay_triton, "CHUNK", chunk)
+        monkeypatch.setattr(ops_local_softmax_triton, "BLOCK", chunk)
         return used
 
     return use

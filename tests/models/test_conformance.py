@@ -180,9 +180,9 @@ def test_torch_compile_matches_eager_and_leaves_the_ops_alone(tiny_config, batch
     from modeling_scaleformer import ops_local_softmax
 
     compiling = []
-    band = ops_local_softmax._band_function
-    monkeypatch.setattr(ops_local_softmax, "_band_function",
-                        lambda device: compiling.append(torch.compiler.is_compiling()) or band(device))
+    choose = ops_local_softmax._attention_function
+    monkeypatch.setattr(ops_local_softmax, "_attention_function",
+                        lambda *args: compiling.append(torch.compiler.is_compiling()) or choose(*args))
     model = build(tiny_config, ScaleformerForConditionalGeneration, attention_mode="linear").eval()
     inputs = inputs_for(batch, ScaleformerForConditionalGeneration, labels=True)
     eager = model(**inputs)

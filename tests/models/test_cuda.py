@@ -7,7 +7,7 @@ Inputs are long enough that the default attention takes its linear path, so that
 import pytest
 import torch
 
-from modeling_scaleformer import ScaleformerForConditionalGeneration, ops_decay, ops_local_softmax
+from modeling_scaleformer import ScaleformerForConditionalGeneration, ops_local_softmax
 
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -31,12 +31,12 @@ def inputs(batch, ls=200, target=40):
 
 
 def test_forward_and_backward_match_the_cpu(tiny_config, batch, monkeypatch):
-    """Logits, loss and every parameter's gradient on the device against the CPU, float32; the Triton band and
-    tails are the implementations the device ran."""
+    """Logits, loss and every parameter's gradient on the device against the CPU, float32; the attention's Triton
+    kernels are the implementation the device ran."""
     used = []
-    band, tail = ops_local_softmax._band_function, ops_decay._tail_kernel
-    monkeypatch.setattr(ops_local_softmax, "_band_function", lambda device: used.append(band(device)) or used[-1])
-    monkeypatch.setattr(ops_decay, "_tail_kernel", lambda *args: used.append(tail(*args)) or used[-1])
+    attention = ops_local_softmax._attention_function
+    monkeypatch.setattr(ops_local_softmax, "_attention_function",
+                        lambda *args: used.append(attention(*args)) or used[-1])
     cpu, device = model_pair(tiny_config)
     src, mask, labels = inputs(batch)
     expected = cpu(input_ids=src, attention_mask=mask, labels=labels)
@@ -44,7 +44,7 @@ def test_forward_and_backward_match_the_cpu(tiny_config, batch, monkeypatch):
     used.clear()
     got = device(input_ids=src.to(DEVICE), attention_mask=mask.to(DEVICE), labels=labels.to(DEVICE))
     got.loss.backward()
-    assert {f.__name__ for f in used} == {"TritonLocalSoftmaxBand", "decayed_tail"}
+    assert {f.__name__ for f in used} == {"local_softmax_decay"}
     torch.testing.assert_close(got.logits.cpu(), expected.logits, rtol=1e-4, atol=1e-4)
     for (name, p), q in zip(cpu.named_parameters(), device.parameters()):
         torch.testing.assert_close(q.grad.cpu(), p.grad, rtol=1e-3, atol=1e-4, msg=lambda m: f"{name}: {m}")

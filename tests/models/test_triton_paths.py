@@ -24,7 +24,7 @@ def models(tiny_config):
 
 
 def test_loss_and_gradients_on_triton_paths(tiny_config, batch, triton_paths):
-    """Logits and every parameter's gradient with the band and the tails on their kernels."""
+    """Logits and every parameter's gradient with the attention on its kernels."""
     model = models(tiny_config)
     src, mask = batch(b=3, ls=50, padding="right")
     labels, _ = batch(b=3, ls=16, seed=5)
@@ -36,7 +36,7 @@ def test_loss_and_gradients_on_triton_paths(tiny_config, batch, triton_paths):
         out = model(input_ids=src, attention_mask=mask, labels=labels)
         out.loss.backward()
         results.append((out.logits.detach(), {name: p.grad.clone() for name, p in model.named_parameters()}))
-    assert used == {"TritonLocalSoftmaxBand", "decayed_tail"}
+    assert used == {"local_softmax_decay"}
     (logits, grads), (expected_logits, expected_grads) = results[1], results[0]
     torch.testing.assert_close(logits, expected_logits, rtol=1e-10, atol=1e-10)
     for name, grad in grads.items():

@@ -47,22 +47,20 @@ TAIL_CASES = [  # (lq, lk, horizon, offset, E, Dv)
 ]
 
 
-@pytest.mark.parametrize("elu_features", [None, 3], ids=["features-given", "elu-features-in-the-kernels"])
 @pytest.mark.parametrize("reverse", [False, True], ids=["causal", "reversed"])
 @pytest.mark.parametrize("case", TAIL_CASES + [pytest.param((150, 150, 3, 0, 8, 9, 64), id="chunks-of-64")])
-def test_tail_against_pytorch(case, reverse, elu_features, triton_paths):
+def test_tail_against_pytorch(case, reverse, triton_paths):
     """`decayed_tail` on the Triton kernels against its PyTorch path (float64): the output and the gradients of the
     queries and keys, the values and the rates, over queries that see no key, spans shorter and longer than a
     chunk (of 16 positions, and of the kernels' 64 in one case), keys before the span (an initial state), queries
     past the keys, Lq != Lk both ways, E and Dv that are not powers of two and span several blocks of the state
-    kernels (40 x 70: 1 x 3 programs of 64 x 32), read forwards and reversed in place, with the features given or
-    computed from raw queries and keys."""
+    kernels (40 x 70: 1 x 3 programs of 64 x 32), read forwards and reversed in place."""
     lq, lk, horizon, offset, e, dv, *chunk = case
     chunk = chunk[0] if chunk else 16
     leaves, gen = tail_inputs(2, 3, lq, lk, e, dv, seed=lq + lk + chunk)
     expected_leaves = [x.clone().requires_grad_() for x in leaves]
     leaves = [x.requires_grad_() for x in leaves]
-    options = dict(reverse=reverse, elu_features=elu_features)
+    options = dict(reverse=reverse)
     expected = ops_decay.decayed_tail(*expected_leaves, horizon, offset, 4, **options)
     triton_paths(chunk)
     got = ops_decay.decayed_tail(*leaves, horizon, offset, 4, **options)
@@ -87,7 +85,7 @@ def test_tail_with_16_bit_operands(case, reverse, triton_paths):
     leaves = [xq.half(), y.half(), vm.float(), rate.float()]
     expected_leaves = [x.clone().requires_grad_() for x in leaves]
     leaves = [x.requires_grad_() for x in leaves]
-    options = dict(reverse=reverse, elu_features=8)
+    options = dict(reverse=reverse)
     expected = ops_decay.decayed_tail(*expected_leaves, horizon, offset, 4, **options)
     triton_paths()
     got = ops_decay.decayed_tail(*leaves, horizon, offset, 4, **options)
@@ -111,8 +109,8 @@ def test_keys_before_the_span_from_16_bit_keys(reverse):
     y = torch.randn(1, 2, 1200, 4, generator=gen).bfloat16()
     vm = torch.randn(1, 2, 1200, 3, generator=gen)
     rate = torch.tensor([0.001, 0.01])
-    got = ops_decay._decayed_before(y, vm, rate, 1100, reverse, ops_decay.elu_feature_map)
-    expected = ops_decay._decayed_before(y.float(), vm, rate, 1100, reverse, ops_decay.elu_feature_map)
+    got = ops_decay._decayed_before(y, vm, rate, 1100, reverse)
+    expected = ops_decay._decayed_before(y.float(), vm, rate, 1100, reverse)
     assert got.dtype == torch.float32
     torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6)
 
@@ -184,18 +182,18 @@ def test_kernelized_decay_on_triton(case, causal, normalise, decay_inputs, split
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
 @pytest.mark.parametrize("reverse", [False, True], ids=["causal", "reversed"])
 def test_tail_on_cuda(reverse, dtype, monkeypatch):
-    """Real shapes on the GPU (the tails of B=4, H=16 rows at 16k tokens, horizon 16, D = 64, Dv = 65, the
-    default attention's feature maps): the Triton kernels the op picks on CUDA against the PyTorch path on the
-    same device (which computes in float32), output and gradients; bfloat16 queries and keys within its
+    """Real shapes on the GPU (the tails of B=4, H=16 rows at 16k tokens, horizon 16, E = 65, Dv = 64, as
+    kernelized_decay's with its relative column): the Triton kernels the op picks on CUDA against the PyTorch path
+    on the same device (which computes in float32), output and gradients; bfloat16 queries and keys within its
     precision."""
-    assert ops_decay._tail_kernel(torch.device("cuda"), 64) is ops_decay_triton.decayed_tail
+    assert ops_decay._tail_kernel(torch.device("cuda"), 65) is ops_decay_triton.decayed_tail
     gen = torch.Generator(device="cuda").manual_seed(0)
-    q, k = (torch.randn(1, 64, 16384, 64, device="cuda", generator=gen).to(dtype) for _ in range(2))
-    leaves = [q, k, torch.randn(1, 64, 16384, 65, device="cuda", generator=gen), torch.rand(64, device="cuda")]
+    x, y = (torch.rand(1, 64, 16384, 65, device="cuda", generator=gen).to(dtype) for _ in range(2))
+    leaves = [x, y, torch.randn(1, 64, 16384, 64, device="cuda", generator=gen), torch.rand(64, device="cuda")]
     leaves = [t.requires_grad_() for t in leaves]
-    got = ops_decay.decayed_tail(*leaves, 16, 0, 64, reverse=reverse, elu_features=64)
+    got = ops_decay.decayed_tail(*leaves, 16, 0, 64, half_inputs=dtype != torch.float32, reverse=reverse)
     monkeypatch.setattr(ops_decay, "_tail_kernel", lambda device, dim: None)
-    expected = ops_decay.decayed_tail(*leaves, 16, 0, 64, reverse=reverse, elu_features=64)
+    expected = ops_decay.decayed_tail(*leaves, 16, 0, 64, reverse=reverse)
     tol = 1e-4 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(got, expected, rtol=tol, atol=tol * float(expected.detach().abs().max()))
     upstream = torch.randn(expected.shape, device="cuda", generator=gen)

@@ -148,22 +148,23 @@ def test_half_precision_accumulates_in_float32(dtype, decay_inputs, assert_low_p
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, F64])
-def test_the_band_is_told_whether_the_inputs_were_half(dtype, decay_inputs, monkeypatch):
-    """The band's kernels may take TF32 products only for 16-bit inputs (exact in TF32): the op says which. The
-    band gets q and k as they are (the kernels read 16-bit ones) and [m v, m] in the compute dtype."""
+def test_the_band_gets_the_inputs_as_they_are(dtype, decay_inputs, monkeypatch):
+    """The band gets q and k in the inputs' dtype (it converts them itself, and returns their gradients in it) and
+    [m v, m] in the compute dtype."""
     seen = []
+    band_function = ops_local_softmax._LocalSoftmaxBand
 
-    class Recording(ops_local_softmax._LocalSoftmaxBand):
+    class Recording(band_function):
         @staticmethod
         def forward(ctx, q, k, vm, table, tail, band):
-            seen.append((q.dtype, k.dtype, vm.dtype, band.half_inputs))
-            return ops_local_softmax._LocalSoftmaxBand.forward(ctx, q, k, vm, table, tail, band)
+            seen.append((q.dtype, k.dtype, vm.dtype))
+            return band_function.forward(ctx, q, k, vm, table, tail, band)
 
-    monkeypatch.setattr(ops_local_softmax, "_band_function", lambda device: Recording)
+    monkeypatch.setattr(ops_local_softmax, "_LocalSoftmaxBand", Recording)
     q, k, v, rel, decay, key_mask, horizon = decay_inputs(b=1, h=2, lq=20, lk=20, d=8, dv=8, horizon=3, dtype=dtype)
     chunk_local_softmax_decay_attention(q, k, v, rel, decay.to(dtype), chunk_size=4)
     half = dtype in (torch.float16, torch.bfloat16)
-    assert seen == [(dtype, dtype, torch.float32 if half else dtype, half)]
+    assert seen == [(dtype, dtype, torch.float32 if half else dtype)]
 
 
 @pytest.mark.parametrize("horizon", [0, 1, 3])

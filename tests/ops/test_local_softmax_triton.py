@@ -1,8 +1,7 @@
-"""The Triton kernels of the default attention's band: run through Triton's interpreter on CPU at small shapes
-(float64, against the quadratic reference and the PyTorch band, forward and gradients), and on CUDA at real
-shapes (`gpu` marker, skipped without a device)."""
+"""The Triton kernels of the default attention and of its decoding steps: run through Triton's interpreter on CPU
+at small shapes (float64, against the quadratic reference and the PyTorch paths, forward and gradients), and on
+CUDA at real shapes (`gpu` marker, skipped without a device)."""
 
-import functools
 import os
 
 import pytest
@@ -18,7 +17,6 @@ pytest.importorskip("numpy")
 
 from modeling_scaleformer import ops_local_softmax  # noqa: E402
 from modeling_scaleformer.ops_local_softmax import chunk_local_softmax_decay_attention  # noqa: E402
-from modeling_scaleformer.ops_local_softmax_triton import TritonLocalSoftmaxBand  # noqa: E402
 from modeling_scaleformer.ops_naive import naive_local_softmax_decay_attention  # noqa: E402
 
 
@@ -27,45 +25,52 @@ CAUSAL = pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", 
 
 
 @CAUSAL
-@pytest.mark.parametrize("chunk", [1, 4, 32], ids=["chunks-of-1", "chunks-of-4", "chunks-of-32"])
-def test_triton_paths_in_the_op(decay_case, causal, chunk, decay_inputs, split_case, check_decay_op, triton_paths):
-    """The whole op on its Triton paths (the band by query blocks of at least 16, the tails by chunks of 16)
-    against the float64 reference, over the decay cases: length 1, L < h, Lq != Lk both ways, offsets, padding,
-    shared and absent tables."""
-    triton_paths()
+def test_triton_paths_in_the_op(decay_case, causal, decay_inputs, split_case, check_decay_op, triton_paths):
+    """The whole op on its kernels (query blocks and key chunks of 16) against the float64 reference, over the decay
+    cases: length 1, L < h, Lq != Lk both ways, offsets, padding, shared and absent tables."""
+    used = triton_paths(16)
     inputs, offset = split_case(decay_inputs, decay_case)
-    fn = functools.partial(chunk_local_softmax_decay_attention, chunk_size=chunk)
-    check_decay_op(fn, naive_local_softmax_decay_attention, inputs, causal, offset)
+    check_decay_op(chunk_local_softmax_decay_attention, naive_local_softmax_decay_attention, inputs, causal, offset)
+    assert used == {"local_softmax_decay"}
 
 
 @CAUSAL
 @pytest.mark.parametrize("case", [
-    dict(lq=40, lk=40, horizon=16), dict(lq=70, lk=33, horizon=3, offset=5), dict(lq=9, lk=50, horizon=16, offset=30),
-], ids=["h16", "lq>lk", "lq<lk-h16"])
-def test_triton_band_against_the_pytorch_band(case, causal, decay_inputs, split_case):
-    """The kernels against `_LocalSoftmaxBand` on its own inputs, tails with rows of zeros included: outputs,
-    and the gradients of q, k, [m v, m], the table and the tails."""
+    dict(lq=50, lk=50, horizon=20), dict(lq=70, lk=30, horizon=2), dict(lq=30, lk=70, horizon=2),
+    dict(lq=40, lk=23, horizon=3, offset=5), dict(lq=9, lk=50, horizon=16, offset=30),
+    dict(lq=5, lk=40, horizon=3, offset=100), dict(lq=33, lk=33, horizon=0, no_rel=True),
+    dict(lq=70, lk=70, horizon=16, block=64),
+], ids=["2h-wider-than-a-block", "lq>lk", "lq<lk", "offset-5", "offset-30-h16", "queries-past-the-keys", "h0",
+        "blocks-of-64"])
+def test_triton_attention_over_blocks(case, causal, decay_inputs, split_case, check_decay_op, triton_paths):
+    """Inputs spanning several blocks (of 16 unless said) in ways the decay cases do not: windows (16 + 2h keys) that
+    meet three or more key blocks, blocks and chunks cut at other places in the two directions (Lq != Lk, offsets),
+    queries whose states hold every key, the blocks of 64 used on a GPU; padded keys."""
     case = dict(case, mask="padding")
-    (q, k, v, rel, _, key_mask, horizon), offset = split_case(decay_inputs, case)
-    b, heads, lq, d = q.shape
-    rows = b * heads
-    gen = torch.Generator().manual_seed(3)
-    vm = torch.cat([v * key_mask[:, None, :, None], key_mask[:, None, :, None].expand(-1, heads, -1, -1)], -1)
-    tail = torch.rand(rows, lq, v.shape[-1] + 1, dtype=F64, generator=gen)
-    tail[::2, :7] = 0.0
-    leaves = [x.reshape(rows, x.shape[2], -1).clone().requires_grad_() for x in (q, k, vm)]
-    leaves += [rel.repeat(b, 1, 1).clone().requires_grad_(), tail.requires_grad_()]
-    band = ops_local_softmax._band(lq, horizon, offset, causal, 16, q.device)
-    expected = ops_local_softmax._LocalSoftmaxBand.apply(*leaves, band)
-    got = TritonLocalSoftmaxBand.apply(*leaves, band)
-    torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-13)
-    upstream = torch.randn(expected.shape, dtype=F64, generator=gen)
-    for name, g, e in zip("q k vm rel tail".split(), torch.autograd.grad(got, leaves, upstream),
-                          torch.autograd.grad(expected, leaves, upstream)):
-        torch.testing.assert_close(g, e, rtol=1e-10, atol=1e-12, msg=lambda m: f"grad {name}: {m}")
+    used = triton_paths(case.pop("block", 16))
+    inputs, offset = split_case(decay_inputs, case)
+    check_decay_op(chunk_local_softmax_decay_attention, naive_local_softmax_decay_attention, inputs, causal, offset)
+    assert used == {"local_softmax_decay"}
 
 
-def test_triton_band_extreme_logits(decay_inputs, triton_paths):
+def test_triton_attention_reads_strided_inputs(decay_inputs, triton_paths):
+    """q, k, v as the model makes them, (B, L, H, D) tensors seen as (B, H, L, D), and an upstream gradient of any
+    layout: the kernels read them in place, give the reference's output and gradients, and lay the output out so
+    that merging the heads is a view."""
+    triton_paths(16)
+    q, k, v, rel, decay, key_mask, horizon = decay_inputs(b=2, h=3, lq=37, lk=37, horizon=3, mask="padding")
+    strided = [x.transpose(1, 2).contiguous().transpose(1, 2).requires_grad_() for x in (q, k, v)]
+    dense = [x.detach().clone().requires_grad_() for x in (q, k, v)]
+    out = chunk_local_softmax_decay_attention(*strided, rel, decay, key_mask=key_mask)
+    expected = naive_local_softmax_decay_attention(*dense, rel, decay, key_mask=key_mask)
+    torch.testing.assert_close(out, expected, rtol=1e-10, atol=1e-12)
+    assert out.transpose(1, 2).is_contiguous()
+    upstream = torch.randn(2, 37, 3, 4, dtype=F64).transpose(1, 2)  # not contiguous, last dim dense
+    for got, want in zip(torch.autograd.grad(out, strided, upstream), torch.autograd.grad(expected, dense, upstream)):
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-11)
+
+
+def test_triton_attention_extreme_logits(decay_inputs, triton_paths):
     """Logits scaled by +-40 and shifted by -2000: finite and equal to the reference."""
     triton_paths()
     q, k, v, rel, decay, key_mask, horizon = decay_inputs(b=1, h=2, lq=30, lk=30, horizon=2, mask="padding")
@@ -80,25 +85,34 @@ def test_triton_band_extreme_logits(decay_inputs, triton_paths):
                                rtol=1e-9, atol=1e-12)
 
 
-# the tails' kernels multiply 16-bit queries and keys as they are; Triton's interpreter gets products of two bfloat16
-# tiles wrong (off by about 1e10 where float16's are right), so bfloat16 is tested on a GPU (test_triton_band_on_cuda)
+# the kernels multiply 16-bit operands as they are; Triton's interpreter gets products of two bfloat16 tiles wrong
+# (off by about 1e10 where float16's are right), so bfloat16 is tested on a GPU (test_triton_attention_on_cuda)
 INTERPRETED_BF16 = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1",
                                       reason="Triton's interpreter multiplies bfloat16 tiles wrongly")
 
 
+@CAUSAL
 @pytest.mark.parametrize("dtype", [torch.float32, pytest.param(torch.bfloat16, marks=INTERPRETED_BF16), torch.float16],
                          ids=["float32", "bfloat16", "float16"])
-def test_triton_band_low_precision(dtype, decay_inputs, triton_paths):
-    """Half precision accumulates in float32: within the precision of the inputs of the float64 reference (the
-    tails multiply float16 queries and keys on the tensor cores' 16-bit path)."""
+def test_triton_attention_low_precision(dtype, causal, decay_inputs, triton_paths):
+    """Half precision accumulates in float32: the output and the gradients of q, k, v, the table and the decay rates
+    within the precision of the inputs of the float64 reference (q, k, v, the features and the weights are
+    multiplied in the inputs' dtype, on the tensor cores' 16-bit path)."""
     triton_paths()
     q, k, v, rel, decay, key_mask, horizon = decay_inputs(b=1, h=2, lq=37, lk=37, horizon=3, mask="padding")
-    args = [x.to(dtype) for x in (q, k, v, rel, decay)]
-    got = chunk_local_softmax_decay_attention(*args, causal=True, key_mask=key_mask)
+    args = [x.to(dtype).requires_grad_() for x in (q, k, v, rel, decay)]
+    wide = [x.detach().to(F64).requires_grad_() for x in args]
+    got = chunk_local_softmax_decay_attention(*args, causal=causal, key_mask=key_mask)
     assert got.dtype == dtype
-    expected = naive_local_softmax_decay_attention(*[x.to(F64) for x in args], causal=True, key_mask=key_mask)
+    expected = naive_local_softmax_decay_attention(*wide, causal=causal, key_mask=key_mask)
     tol = {torch.float32: 1e-5, torch.bfloat16: 3e-2, torch.float16: 5e-3}[dtype]
     torch.testing.assert_close(got.to(F64), expected, rtol=tol, atol=tol)
+    upstream = torch.randn(expected.shape, dtype=F64, generator=torch.Generator().manual_seed(1))
+    for name, g, e in zip("q k v rel decay".split(), torch.autograd.grad(got, args, upstream.to(dtype)),
+                          torch.autograd.grad(expected, wide, upstream)):
+        assert g.dtype == dtype
+        torch.testing.assert_close(g.to(F64), e, rtol=4 * tol, atol=4 * tol * max(1.0, float(e.abs().max())),
+                                   msg=lambda m: f"grad {name}: {m}")
 
 
 @pytest.mark.parametrize("case", [
@@ -205,31 +219,30 @@ def test_cross_decode_against_pytorch(case, monkeypatch):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @CAUSAL
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_triton_band_on_cuda(causal, dtype):
-    """Real shapes on the GPU (B=2, H=8, L=4096, D=64, h=16): the Triton path the op picks on CUDA against the
-    PyTorch band on the same device, outputs and gradients."""
+def test_triton_attention_on_cuda(causal, dtype, monkeypatch):
+    """Real shapes on the GPU (B=2, H=8, L=4096, D=64, h=16, padded keys): the kernels the op picks on CUDA against
+    the PyTorch path on the same device, outputs and the gradients of q, k, v, the table and the decay rates."""
     gen = torch.Generator(device="cuda").manual_seed(0)
     q, k, v = (torch.randn(2, 8, 4096, 64, device="cuda", generator=gen).to(dtype) for _ in range(3))
     rel = (0.1 * torch.randn(8, 33, 64, device="cuda", generator=gen)).to(dtype)
-    decay = torch.full((8,), 0.1, device="cuda").to(dtype)
-    assert ops_local_softmax._band_function(q.device) is TritonLocalSoftmaxBand
+    decay = torch.linspace(0.01, 0.3, 8, device="cuda").to(dtype)
+    key_mask = torch.ones(2, 4096, device="cuda", dtype=torch.long)
+    key_mask[1, 3000:] = 0
+    kernels = ops_local_softmax._attention_function(q.device, 16, 64, 64)
+    assert kernels is not None and kernels.__name__ == "local_softmax_decay"
     outs, grads = [], []
-    for force_pytorch in (False, True):
-        leaves = [x.clone().requires_grad_() for x in (q, k, v, rel)]
-        band = ops_local_softmax._band_function
-        if force_pytorch:
-            ops_local_softmax._band_function = lambda device: ops_local_softmax._LocalSoftmaxBand
-        try:
-            out = chunk_local_softmax_decay_attention(*leaves[:3], leaves[3], decay, causal=causal)
-            out.float().square().sum().backward()
-        finally:
-            ops_local_softmax._band_function = band
+    for choice in (kernels, None):
+        monkeypatch.setattr(ops_local_softmax, "_attention_function", lambda *args: choice)
+        leaves = [x.clone().requires_grad_() for x in (q, k, v, rel, decay)]
+        out = chunk_local_softmax_decay_attention(*leaves, causal=causal, key_mask=key_mask)
+        out.float().square().sum().backward()
         outs.append(out.float())
         grads.append([x.grad.float() for x in leaves])
     tol = 1e-4 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(outs[0], outs[1], rtol=tol, atol=tol)
-    for g, e in zip(*grads):
-        torch.testing.assert_close(g, e, rtol=tol, atol=tol * max(1.0, float(e.abs().max())))
+    for name, g, e in zip("q k v rel decay".split(), *grads):
+        torch.testing.assert_close(g, e, rtol=tol, atol=tol * max(1.0, float(e.abs().max())),
+                                   msg=lambda m: f"{name}: {m}")
 
 
 @pytest.mark.gpu

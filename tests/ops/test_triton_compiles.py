@@ -20,14 +20,14 @@ from modeling_scaleformer import ops_decay_triton, ops_local_softmax_triton  # n
 
 POINTER = {torch.float32: "*fp32", torch.float64: "*fp64", torch.bfloat16: "*bf16", torch.float16: "*fp16"}
 # the arguments in the op's input dtype (the others are in the compute dtype): the queries and keys of the tails'
-# kernels and of the band's
-OPERANDS = ("X", "Y", "DX", "DY", "Q", "K", "DQ", "DK")
+# kernels
+OPERANDS = ("X", "Y", "DX", "DY")
 
 
-def lower(kernel, dtype: torch.dtype, operands: torch.dtype | None = None, **constexprs) -> None:
-    """Lower `kernel` to Triton IR with its tensor arguments (upper-case names) of `dtype` (`OPERANDS` of
-    `operands` when given), `scale` and `x_divisor` floats, the other arguments 32-bit ints and `constexprs`
-    fixed."""
+def lower(kernel, dtype: torch.dtype, operands: torch.dtype | None = None, operand_names=OPERANDS,
+          **constexprs) -> None:
+    """Lower `kernel` to Triton IR with its tensor arguments (upper-case names) of `dtype` (those of `operand_names`
+    of `operands` when given), `scale` a float, the other arguments 32-bit ints and `constexprs` fixed."""
     from triton._C.libtriton import ir
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource, make_backend
@@ -36,9 +36,10 @@ def lower(kernel, dtype: torch.dtype, operands: torch.dtype | None = None, **con
     names = list(parameters)
     missing = {name for name, p in parameters.items() if "constexpr" in str(p.annotation)} - set(constexprs)
     assert not missing, f"{kernel.fn.__name__}: no value for the constexprs {sorted(missing)}"
-    pointers = {name: POINTER[operands if operands is not None and name in OPERANDS else dtype] for name in names}
+    pointers = {name: POINTER[operands if operands is not None and name in operand_names else dtype]
+                for name in names}
     signature = {name: "constexpr" if name in constexprs else pointers[name] if name.isupper() else
-                 "fp32" if name in ("scale", "x_divisor") else "i32" for name in names}
+                 "fp32" if name == "scale" else "i32" for name in names}
     source = ASTSource(fn=kernel, signature=signature,
                        constexprs={(names.index(name),): value for name, value in constexprs.items()})
     target = GPUTarget("cuda", 90, 32)
@@ -51,25 +52,24 @@ def lower(kernel, dtype: torch.dtype, operands: torch.dtype | None = None, **con
 
 
 DTYPES = pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
-# (E, Dv): the default attention's tails (64, 65), kernelized_decay's with its relative column (65, 64), small
+# (E, Dv): the default attention's tails where its own kernels do not run (64, 65), kernelized_decay's with its relative column (65, 64), small
 # heads, and widths over one block of the state kernels
 TAIL_SHAPES = [(64, 65), (65, 64), (8, 9), (129, 200)]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16],
                          ids=["float32", "float64", "bfloat16-operands", "float16-operands"])
-@pytest.mark.parametrize("elu", [False, True], ids=["features-given", "elu-features"])
 @pytest.mark.parametrize("shape", TAIL_SHAPES, ids=lambda s: f"E{s[0]}-Dv{s[1]}")
-def test_tail_kernels_lower(shape, elu, dtype):
-    """The tails' kernels with the block sizes, feature maps and dtypes of the host code: queries and keys in the
-    inputs' dtype (16-bit ones included) beside float32 values, states and gradients."""
+def test_tail_kernels_lower(shape, dtype):
+    """The tails' kernels with the block sizes and dtypes of the host code: queries and keys in the inputs' dtype
+    (16-bit ones included) beside float32 values, states and gradients."""
     e, dv = shape
     half = dtype in (torch.bfloat16, torch.float16)
     dot = ops_decay_triton.dot_precision(dtype, half_inputs=half)
     kernel_dtype, operands = (torch.float32, dtype) if half else (dtype, None)
     block = ops_decay_triton._block
     be, bv = block(e, ops_decay_triton.STATE_BLOCK_E), block(dv, ops_decay_triton.STATE_BLOCK_V)
-    common = dict(T=ops_decay_triton.CHUNK, BV=bv, DOT=dot, ELU=elu)
+    common = dict(T=ops_decay_triton.CHUNK, BV=bv, DOT=dot)
     lower(ops_decay_triton._states_forward, kernel_dtype, operands, HAS_INITIAL=True, BE=be, **common)
     lower(ops_decay_triton._states_forward, kernel_dtype, operands, HAS_INITIAL=False, BE=be, **common)
     lower(ops_decay_triton._output_forward, kernel_dtype, operands, BE=be, **common)
@@ -78,23 +78,34 @@ def test_tail_kernels_lower(shape, elu, dtype):
     lower(ops_decay_triton._grad_v, kernel_dtype, operands, BE=be, **common)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16],
-                         ids=["float32", "float64", "bfloat16-queries-and-keys"])
+# the default attention's kernels take q, k, v, the table, the output and their gradients in the inputs' dtype
+INPUTS = ("Q", "K", "V", "TAB", "OUT", "DO", "DQ", "DK", "DV")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16],
+                         ids=["float32", "float64", "bfloat16", "float16"])
 @pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
-@pytest.mark.parametrize("has_table", [False, True], ids=["no-table", "table"])
-@pytest.mark.parametrize("shape", [(64, 16, 64), (64, 3, 8), (16, 0, 64)], ids=["h16-d64", "h3-d8", "h0"])
-def test_band_kernels_lower(shape, has_table, causal, dtype):
-    """The band's kernels with the host's block sizes, q and k in the inputs' dtype (bf16 among them) beside the
-    compute dtype's [m v, m], tails and table."""
-    chunk, horizon, d = shape
-    half = dtype == torch.bfloat16
+@pytest.mark.parametrize("options", [dict(HAS_TABLE=True, HAS_MASK=True), dict(HAS_TABLE=False, HAS_MASK=False)],
+                         ids=["table-and-mask", "neither"])
+@pytest.mark.parametrize("shape", [(16, 64, 64), (3, 8, 8), (0, 64, 64), (64, 128, 100)],
+                         ids=["h16-d64", "h3-d8", "h0", "h64-d128-dv100"])
+def test_attention_kernels_lower(shape, options, causal, dtype):
+    """The kernels of the default attention with the host's block sizes: q, k, v, the table and the outputs in the
+    inputs' dtype (16-bit ones included) beside the compute dtype's states, shifts and normalisers."""
+    horizon, d, dv = shape
+    kernels = ops_local_softmax_triton
+    half = dtype in (torch.bfloat16, torch.float16)
     kernel_dtype, operands = (torch.float32, dtype) if half else (dtype, None)
-    sizes = ops_local_softmax_triton._block_sizes(chunk, horizon, d, d + 1)
-    constexprs = dict(HORIZON=horizon, CAUSAL=causal, HAS_TABLE=has_table,
-                      DOT=ops_decay_triton.dot_precision(kernel_dtype, half_inputs=half), **sizes)
-    for kernel in (ops_local_softmax_triton._band_forward, ops_local_softmax_triton._band_backward_queries,
-                   ops_local_softmax_triton._band_backward_keys):
-        lower(kernel, kernel_dtype, operands, **constexprs)
+    sizes = kernels._sizes(horizon, d, dv)
+    common = dict(HORIZON=horizon, HAS_MASK=options["HAS_MASK"], BLOCK=sizes["BLOCK"], BLOCK_D=sizes["BLOCK_D"],
+                  BLOCK_V=sizes["BLOCK_V"], DOT=ops_decay_triton.dot_precision(kernel_dtype, half_inputs=half))
+    lower(kernels._states, kernel_dtype, operands, operand_names=INPUTS, **common)
+    lower(kernels._states_backward, kernel_dtype, operands, operand_names=INPUTS, **common)
+    for kernel in (kernels._forward, kernels._backward_queries):
+        lower(kernel, kernel_dtype, operands, operand_names=INPUTS, CAUSAL=causal, **options, **sizes,
+              **{key: common[key] for key in ("HORIZON", "DOT")})
+    lower(kernels._backward_keys, kernel_dtype, operands, operand_names=INPUTS, CAUSAL=causal,
+          HAS_TABLE=options["HAS_TABLE"], BLOCK_R=sizes["BLOCK_R"], **common)
 
 
 def test_lowering_catches_what_the_interpreter_accepts():
