@@ -3,8 +3,7 @@
 What is measured, at B=4, H=16, D=64, horizon 16, bf16 by default, each causal and bidirectional:
 
 * `scaleformer`: `local_softmax_decay_attention(..., mode="linear")`, the op of the default configuration (on
-  CUDA its band runs in the Triton kernels of `ops_local_softmax_triton` and its tails in those of
-  `ops_decay_triton`);
+  CUDA it runs in the Triton kernels of `ops_local_softmax_triton`);
 * `sdpa`: `torch.nn.functional.scaled_dot_product_attention` restricted to the flash backend on CUDA (the
   math backend on CPU), the softmax attention a user would otherwise pick;
 * `fla`: flash-linear-attention's `chunk_linear_attn` (causal; no relative term, no normaliser), the speed

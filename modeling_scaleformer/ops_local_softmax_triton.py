@@ -113,7 +113,8 @@ def _direction(direction, lq, lk, offset, nq, start0, start1, BLOCK: tl.constexp
     shift, the offset and the first chunk; direction 1 reads the sequences reversed."""
     back = direction == 1
     return (tl.where(back, -1, 1), tl.where(back, lq - 1, 0), tl.where(back, lk - 1, 0),
-            tl.where(back, nq * BLOCK - lq, 0), tl.where(back, lk - lq - offset, offset), tl.where(back, start1, start0))
+            tl.where(back, nq * BLOCK - lq, 0), tl.where(back, lk - lq - offset, offset),
+            tl.where(back, start1, start0))
 
 
 @triton.jit
@@ -634,8 +635,8 @@ def _walk_states(k, v, mask, rate, walk: _Walk, heads: int, lq: int, offset: int
     norms = rate.new_empty(directions, b * heads, walk.n_states, d)
     sizes = _sizes(horizon, d, dv)
     _states[(b * heads, directions)](
-        k, v, k if mask is None else mask, rate, states, norms, lq, lk, heads, b * heads, offset, walk.nq, walk.n_states,
-        *walk.starts, d, dv, *_strides(k, v), HORIZON=horizon, HAS_MASK=mask is not None, BLOCK=BLOCK,
+        k, v, k if mask is None else mask, rate, states, norms, lq, lk, heads, b * heads, offset, walk.nq,
+        walk.n_states, *walk.starts, d, dv, *_strides(k, v), HORIZON=horizon, HAS_MASK=mask is not None, BLOCK=BLOCK,
         BLOCK_D=sizes["BLOCK_D"], BLOCK_V=sizes["BLOCK_V"], DOT=dot)
     return states, norms
 

@@ -52,8 +52,8 @@ def lower(kernel, dtype: torch.dtype, operands: torch.dtype | None = None, opera
 
 
 DTYPES = pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
-# (E, Dv): the default attention's tails where its own kernels do not run (64, 65), kernelized_decay's with its relative column (65, 64), small
-# heads, and widths over one block of the state kernels
+# (E, Dv): the default attention's tails where its own kernels do not run (64, 65), kernelized_decay's with its
+# relative column (65, 64), small heads, and widths over one block of the state kernels
 TAIL_SHAPES = [(64, 65), (65, 64), (8, 9), (129, 200)]
 
 
