@@ -205,7 +205,7 @@ class ScaleformerAttention(nn.Module):
             if k is None:  # the encoder summary was computed at the first decoding step
                 return variant.cross_step(q, params, state.cross_summary, query_offset=query_offset)
             if state is not None:
-                state.cross_summary = variant.cross_summary(k, v, key_mask=key_mask)
+                state.cross_summary = variant.cross_summary(k, v, params, key_mask=key_mask)
             return variant.attention(
                 q, k, v, params, causal=False, key_mask=key_mask, query_offset=query_offset, mode=self.mode
             )

@@ -665,9 +665,38 @@ def kernelized_decay_cross_step(
     return _finish(out, normalise).to(q.dtype)
 
 
+class KernelizedSumCrossSummary(NamedTuple):
+    """What `kernelized_sum_cross_step` keeps of the fixed keys of cross attention: with no positions and no decay,
+    every query reads the same sum.
+
+    Fields:
+        sums (`Tensor` of shape `(B, H, D, Dv)`): sum_j phi(k_j) m_j v_j^T over the keys, m the key mask.
+    """
+
+    sums: Tensor
+
+
+def kernelized_sum_cross_summary(k: Tensor, v: Tensor, *, key_mask: Tensor | None = None,
+                                 feature_map: str = "elu") -> KernelizedSumCrossSummary:
+    """The sums of the keys and masked values (B, H, Lk, .) for `kernelized_sum_cross_step`, in O(Lk D Dv)."""
+    dtype = compute_dtype(k.dtype)
+    phi = get_feature_map(feature_map)
+    return KernelizedSumCrossSummary(sums=phi(k.to(dtype)).transpose(-1, -2) @ _mask_values(v.to(dtype), key_mask))
+
+
+def kernelized_sum_cross_step(q: Tensor, summary: KernelizedSumCrossSummary, *, feature_map: str = "elu") -> Tensor:
+    """Attention of queries (B, H, n, D) at any positions on the summarised keys: phi(q_i) sums, O(n D Dv) whatever
+    the number of keys. Equals `kernelized_sum_attention(q, k, v)` for the keys the summary was built from."""
+    if not isinstance(summary, KernelizedSumCrossSummary):
+        raise ValueError(f"`summary` must be a KernelizedSumCrossSummary, got {type(summary).__name__}")
+    dtype = summary.sums.dtype
+    return (get_feature_map(feature_map)(q.to(dtype)) @ summary.sums).to(q.dtype)
+
+
 __all__ = [
     "KernelizedDecayCrossSummary",
     "KernelizedDecayState",
+    "KernelizedSumCrossSummary",
     "chunk_kernelized_decay_attention",
     "kernelized_decay_attention",
     "kernelized_decay_choose_mode",
@@ -676,4 +705,7 @@ __all__ = [
     "kernelized_decay_initial_state",
     "kernelized_decay_prefill_state",
     "kernelized_decay_step",
+    "kernelized_sum_attention",
+    "kernelized_sum_cross_step",
+    "kernelized_sum_cross_summary",
 ]

@@ -8,7 +8,7 @@ attention module serves every variant:
 - `attention(q, k, v, params, *, causal, key_mask, query_offset, mode)`: full-sequence attention;
 - `prefill_state(k, v, params, *, key_mask)`: the generation state after a prompt;
 - `step(q, k, v, params, state, *, key_mask)`: `(out, state)` for new tokens after the state;
-- `cross_summary(k, v, *, key_mask)`: what cross attention keeps of the encoder output, computed once;
+- `cross_summary(k, v, params, *, key_mask)`: what cross attention keeps of the encoder output, computed once;
 - `cross_step(q, params, summary, *, query_offset)`: cross attention of new queries on that summary.
 
 q, k, v have shape (B, H, L, D); `params` maps the parameter names to tensors in q's dtype and, for a variant
@@ -39,6 +39,8 @@ from .ops_decay import (
     kernelized_decay_prefill_state,
     kernelized_decay_step,
     kernelized_sum_attention,
+    kernelized_sum_cross_step,
+    kernelized_sum_cross_summary,
 )
 from .ops_local_softmax import (
     local_softmax_decay_attention,
@@ -187,11 +189,11 @@ def kernelized_decode(q, k, v, params, state, *, key_mask):
     return kernelized_rpe_step(q, k, v, _rel(params), state, key_mask=key_mask)
 
 
-def kernelized_rpe_cross_prefill(k, v, *, key_mask):
+def kernelized_rpe_cross_prefill(k, v, params, *, key_mask):
     return kernelized_rpe_cross_summary(k, v, key_mask=key_mask, relative=True)
 
 
-def kernelized_cross_prefill(k, v, *, key_mask):
+def kernelized_cross_prefill(k, v, params, *, key_mask):
     return kernelized_rpe_cross_summary(k, v, key_mask=key_mask, relative=False)
 
 
@@ -252,7 +254,7 @@ def kernelized_decay_decode(q, k, v, params, state, *, key_mask):
     )
 
 
-def kernelized_decay_cross_prefill(k, v, *, key_mask):
+def kernelized_decay_cross_prefill(k, v, params, *, key_mask):
     return kernelized_decay_cross_summary(k, v, key_mask=key_mask)
 
 
@@ -355,17 +357,20 @@ def kernelized_sum_decode(q, k, v, params, state, *, key_mask):
     )
 
 
+def kernelized_sum_cross_prefill(k, v, params, *, key_mask):
+    return kernelized_sum_cross_summary(k, v, key_mask=key_mask, feature_map=_feature_map(params))
+
+
 def kernelized_sum_cross_decode(q, params, summary, *, query_offset):
-    return kernelized_decay_cross_step(
-        q, None, no_decay(q), summary, query_offset=query_offset, horizon=0, feature_map=_feature_map(params),
-    )
+    return kernelized_sum_cross_step(q, summary, feature_map=_feature_map(params))
 
 
 KERNELIZED_SUM = KERNELIZED_DECAY_GATED._replace(
     description="phi(q_i).phi(k_j), no row normaliser (per-head RMSNorm and output gate) and no position "
     "information: sums that keep every key's weight at any distance, linear",
     rpe_shareable=False, parameters=no_parameters, attention=kernelized_sum_forward,
-    prefill_state=kernelized_sum_prefill, step=kernelized_sum_decode, cross_step=kernelized_sum_cross_decode,
+    prefill_state=kernelized_sum_prefill, step=kernelized_sum_decode, cross_summary=kernelized_sum_cross_prefill,
+    cross_step=kernelized_sum_cross_decode,
 )
 
 
@@ -525,7 +530,7 @@ SHAW_SOFTMAX = AttentionVariant(
 )
 
 
-def softmax_cross_prefill(k, v, *, key_mask):
+def softmax_cross_prefill(k, v, params, *, key_mask):
     return softmax_cross_state(k, v, key_mask=key_mask)
 
 

@@ -351,7 +351,7 @@ def test_kernelized_sum_steps_and_cross_steps_match_the_full_sum(prompt, mask, d
     assert len(sizes) == 1
 
     source_q, _, _, _, _, _, _ = decay_inputs(lq=8, lk=30, no_rel=True, seed=3)
-    summary = variant.cross_summary(k, v, key_mask=key_mask)
+    summary = variant.cross_summary(k, v, params, key_mask=key_mask)
     steps = [variant.cross_step(source_q[:, :, i:i + 1], params, summary, query_offset=i) for i in range(8)]
     torch.testing.assert_close(torch.cat(steps, dim=2), no_decay_loop(decay_loop, source_q, k, v, False, key_mask, 0),
                                rtol=1e-10, atol=1e-12)
