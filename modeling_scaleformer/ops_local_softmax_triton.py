@@ -23,7 +23,7 @@ kernels, laid out like flash-linear-attention's chunk kernels:
   G_b = dL/dL_b (the block's queries add theirs, exp(-m_i) exp(-lambda a) phi(q_i) / D [gs_i, -delta_i]); each
   chunk's keys get their share of it (dphi(k), dv), written per direction; it also stores
   delta_i = g_i . out_i / den_i;
-- `_backward_queries`: by query blocks, like `_forward`: dq, the table's gradient (atomic adds per head) and
+- `_backward_queries`: by query blocks, like `_forward`: dq, each block's share of the table's gradient and
   lambda's;
 - `_backward_keys`: by key blocks: the query blocks whose windows hold them give dk and dv, and the walks'
   shares are added.
@@ -422,8 +422,9 @@ def _backward_queries(
         dq += tl.dot(grad_rel.to(op), tab, input_precision=DOT)
         dd = tl.arange(0, BLOCK_D)
         dtab = tl.dot(tl.trans(grad_rel.to(op)), q, input_precision=DOT)
-        tl.atomic_add(DTAB + ((row % heads) * (2 * HORIZON + 1) + rr[:, None]) * d + dd[None, :], dtab,
-                      mask=(rr[:, None] < 2 * HORIZON + 1) & (dd[None, :] < d))
+        # this block's share, summed over blocks and batch on the host (atomic adds would contend per head)
+        tl.store(DTAB + ((row.to(tl.int64) * nq + b) * (2 * HORIZON + 1) + rr[:, None]) * d + dd[None, :], dtab,
+                 mask=(rr[:, None] < 2 * HORIZON + 1) & (dd[None, :] < d))
     grad_features = tl.dot(grad_kernel.to(op), features_k.to(op), input_precision=DOT)
     # the states: dphi(q_i) / D gets exp(-m_i) decay_i (S gs_i - delta_i z), and lambda the decay's distance
     for_before = shift_scale * from_before
@@ -607,7 +608,7 @@ class TritonLocalSoftmaxDecay(torch.autograd.Function):
             lq, lk, heads, rows, offset, walk.nq, walk.n_states, *walk.starts, d, dv, *_strides(q, k, v, g, out),
             **common)
         dq = torch.empty_like(q)
-        dtable = None if table is None else den.new_zeros(heads, 2 * horizon + 1, d)
+        dtable = None if table is None else den.new_empty(rows, walk.nq, 2 * horizon + 1, d)
         grad_rate_queries = den.new_empty(rows, walk.nq)
         scale = 1.0 / math.sqrt(d)
         _backward_queries[(walk.nq, rows)](
@@ -621,7 +622,7 @@ class TritonLocalSoftmaxDecay(torch.autograd.Function):
             dv_, lq, lk, heads, rows, offset, walk.nq, d, dv, *_strides(q, k, v, g), scale, CAUSAL=causal,
             HAS_TABLE=table is not None, BLOCK_R=sizes["BLOCK_R"], **common)
         grad_rate = (grad_rate_walk.sum(0) + grad_rate_queries.sum(1)).view(b, heads).sum(0).to(decay_dtype)
-        grad_table = None if table is None else dtable.to(table.dtype)
+        grad_table = None if table is None else dtable.sum(1).view(b, heads, -1, d).sum(0).to(table.dtype)
         return dq, dk, dv_, grad_table, grad_rate, None, None, None, None, None
 
 
