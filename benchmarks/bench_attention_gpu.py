@@ -16,6 +16,7 @@ most 1.1. With `--device cpu` (`--quick`) the same code runs on small shapes, as
 about GPUs.
 
     python benchmarks/bench_attention_gpu.py --json benchmarks/results/bench_attention_gpu.json
+    python benchmarks/bench_attention_gpu.py --kernel-block 32 --lengths 16384   # the kernels' blocks of 32
     python benchmarks/bench_attention_gpu.py --device cpu --quick
 """
 
@@ -64,7 +65,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--profile", type=int, metavar="L",
                         help="also profile one scaleformer forward + backward per direction at length L and print "
                              "where its device time goes, by kernel")
+    parser.add_argument("--kernel-block", type=int, metavar="N",
+                        help="queries per block and keys per chunk of the default attention's Triton kernels "
+                             "(ops_local_softmax_triton.BLOCK, a power of two >= 16; default: theirs)")
     args = parser.parse_args(argv)
+    if args.kernel_block is not None and (args.kernel_block < 16 or args.kernel_block & (args.kernel_block - 1)):
+        parser.error(f"--kernel-block must be a power of two >= 16, got {args.kernel_block}")
     args.device = parse_device(parser, args.device)
     if args.quick:
         args.lengths, args.repeats, args.batch, args.heads = args.lengths or list(QUICK_LENGTHS), 1, 1, 2
@@ -225,13 +231,18 @@ def target(name: str, value: float | None, ok) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.kernel_block is not None:
+        from modeling_scaleformer import ops_local_softmax_triton
+
+        ops_local_softmax_triton.BLOCK = args.kernel_block
     info = machine_info(torch.get_num_threads())
     device_name = torch.cuda.get_device_name(args.device) if args.device.type == "cuda" else "cpu"
     print("# Attention on a GPU: scaleformer (default attention) against SDPA flash and fla, forward + backward")
     print()
     print_machine(info)
+    block = f"; kernel blocks of {args.kernel_block}" if args.kernel_block else ""
     print(f"- device: {device_name}; B={args.batch}, H={args.heads}, D={args.dim}, horizon {args.horizon}, "
-          f"{str(args.dtype).removeprefix('torch.')}; median of {args.repeats} after a warm-up")
+          f"{str(args.dtype).removeprefix('torch.')}; median of {args.repeats} after a warm-up{block}")
     print()
     profiles = profile(args.profile, args) if args.profile else None
     rows = run(args)

@@ -108,13 +108,18 @@ def _elu_slope(raw):
 
 
 @triton.jit
-def _direction(direction, lq, lk, offset, nq, start0, start1, BLOCK: tl.constexpr):
-    """A direction's coordinates (see `_Walk`): the step and first rows of the queries and the keys, the queries'
-    shift, the offset and the first chunk; direction 1 reads the sequences reversed."""
+def _walk_start(RATE, row, heads, direction, lq, lk, offset, nq, start0, start1, ACC: tl.constexpr,
+                BLOCK: tl.constexpr):
+    """A walk's coordinates in its direction (see `_Walk`): the step and first rows of the queries and the keys, the
+    queries' shift, the offset and the first chunk (direction 1 reads the sequences reversed); then the row's rate
+    lambda, the decay exp(-lambda BLOCK) from chunk to chunk and exp(-lambda (BLOCK - t)) from key t of a chunk to
+    the next chunk's start."""
     back = direction == 1
+    rate = tl.load(RATE + row % heads).to(ACC)
     return (tl.where(back, -1, 1), tl.where(back, lq - 1, 0), tl.where(back, lk - 1, 0),
             tl.where(back, nq * BLOCK - lq, 0), tl.where(back, lk - lq - offset, offset),
-            tl.where(back, start1, start0))
+            tl.where(back, start1, start0), rate, tl.exp(-rate * BLOCK),
+            tl.exp(-rate * (BLOCK - tl.arange(0, BLOCK)).to(ACC)))
 
 
 @triton.jit
@@ -153,12 +158,10 @@ def _states(
     BLOCK_V: tl.constexpr, DOT: tl.constexpr,
 ):
     row, direction = tl.program_id(0), tl.program_id(1)
-    step, qfirst, kfirst, qshift, off_w, start = _direction(direction, lq, lk, offset, nq, start0, start1, BLOCK)
     acc = S.dtype.element_ty
     op = K.dtype.element_ty
-    rate = tl.load(RATE + row % heads).to(acc)
-    to_next = tl.exp(-rate * (BLOCK - tl.arange(0, BLOCK)).to(acc))  # key t of chunk c to s_{c+1}
-    carry = tl.exp(-rate * BLOCK)
+    step, qfirst, kfirst, qshift, off_w, start, rate, carry, to_next = _walk_start(
+        RATE, row, heads, direction, lq, lk, offset, nq, start0, start1, acc, BLOCK)
     state = tl.zeros((BLOCK_D, BLOCK_V), dtype=acc)
     norm = tl.zeros((BLOCK_D,), dtype=acc)
     for c in range(start, nq):
@@ -201,14 +204,12 @@ def _states_backward(
     BLOCK_V: tl.constexpr, DOT: tl.constexpr,
 ):
     row, direction = tl.program_id(0), tl.program_id(1)
-    step, qfirst, kfirst, qshift, off_w, start = _direction(direction, lq, lk, offset, nq, start0, start1, BLOCK)
     acc = S.dtype.element_ty
     op = K.dtype.element_ty
-    rate = tl.load(RATE + row % heads).to(acc)
+    step, qfirst, kfirst, qshift, off_w, start, rate, carry, to_next = _walk_start(
+        RATE, row, heads, direction, lq, lk, offset, nq, start0, start1, acc, BLOCK)
     t = tl.arange(0, BLOCK)
-    to_next = tl.exp(-rate * (BLOCK - t).to(acc))
     from_state = tl.exp(-rate * t.to(acc))  # query a of block b from its state L_b
-    carry = tl.exp(-rate * BLOCK)
     dd = tl.arange(0, BLOCK_D)
     vv = tl.arange(0, BLOCK_V)
     adjoint = tl.zeros((BLOCK_D, BLOCK_V), dtype=acc)  # G_{c+1}: the gradient of the state after chunk c
@@ -520,6 +521,12 @@ def _backward_keys(
 BLOCK = 64  # queries per block of the forward and backward kernels, keys per chunk of the states
 MAX_HORIZON = 64  # the kernels hold a block's window of BLOCK + 2h keys: h up to this
 MAX_DIM = 128  # and whole rows of q, k and v: D and Dv up to this
+# launch options of each kernel: at BLOCK 64, D = Dv = 64, h = 16 and bf16, those with the fewest register spills
+# that ptxas reports for sm90 among 4, 8 and 16 warps and 1 to 3 pipeline stages (benchmarks/kernel_resources.py:
+# `_states` none, the others some, the most in the tile kernels, (64, 128) tiles; at BLOCK 32 almost none)
+LAUNCH = {"_states": dict(num_warps=8), "_states_backward": dict(num_warps=8, num_stages=2),
+          "_forward": dict(num_warps=8), "_backward_queries": dict(num_warps=8),
+          "_backward_keys": dict(num_warps=8, num_stages=1)}
 
 
 def fits(horizon: int, dim: int, value_dim: int) -> bool:
@@ -581,7 +588,7 @@ class TritonLocalSoftmaxDecay(torch.autograd.Function):
             q, k, v, k if mask is None else mask, q if table is None else table, rate, states, norms, out, shift, den,
             lq, lk, heads, b * heads, offset, walk.nq, walk.n_states, *walk.starts, d, dv, *_strides(q, k, v, out),
             1.0 / math.sqrt(d), HORIZON=horizon, CAUSAL=causal, HAS_MASK=mask is not None, HAS_TABLE=table is not None,
-            DOT=dot, **_sizes(horizon, d, dv), num_warps=8)
+            DOT=dot, **_sizes(horizon, d, dv), **LAUNCH["_forward"])
         ctx.save_for_backward(q, k, v, table, rate, mask, out, shift, den)
         ctx.call = (causal, offset, horizon, dot, walk, decay.dtype)
         return out
@@ -606,7 +613,7 @@ class TritonLocalSoftmaxDecay(torch.autograd.Function):
         _states_backward[(rows, directions)](
             q, k, v, mask_arg, rate, states, norms, g, out, shift, den, delta, grad_phi, grad_state_v, grad_rate_walk,
             lq, lk, heads, rows, offset, walk.nq, walk.n_states, *walk.starts, d, dv, *_strides(q, k, v, g, out),
-            **common)
+            **common, **LAUNCH["_states_backward"])
         dq = torch.empty_like(q)
         dtable = None if table is None else den.new_empty(rows, walk.nq, 2 * horizon + 1, d)
         grad_rate_queries = den.new_empty(rows, walk.nq)
@@ -615,12 +622,12 @@ class TritonLocalSoftmaxDecay(torch.autograd.Function):
             q, k, v, mask_arg, q if table is None else table, rate, states, norms, g, shift, den, delta, dq,
             den if dtable is None else dtable, grad_rate_queries, lq, lk, heads, rows, offset, walk.nq, walk.n_states,
             *walk.starts, d, dv, *_strides(q, k, v, g), scale, CAUSAL=causal, HAS_TABLE=table is not None, **sizes,
-            **{key: common[key] for key in ("HORIZON", "HAS_MASK", "DOT")}, num_warps=8)
+            **{key: common[key] for key in ("HORIZON", "HAS_MASK", "DOT")}, **LAUNCH["_backward_queries"])
         dk, dv_ = torch.empty_like(k), torch.empty_like(v)
         _backward_keys[(triton.cdiv(lk, BLOCK), rows)](
             q, k, v, mask_arg, q if table is None else table, rate, g, shift, den, delta, grad_phi, grad_state_v, dk,
             dv_, lq, lk, heads, rows, offset, walk.nq, d, dv, *_strides(q, k, v, g), scale, CAUSAL=causal,
-            HAS_TABLE=table is not None, BLOCK_R=sizes["BLOCK_R"], **common)
+            HAS_TABLE=table is not None, BLOCK_R=sizes["BLOCK_R"], **common, **LAUNCH["_backward_keys"])
         grad_rate = (grad_rate_walk.sum(0) + grad_rate_queries.sum(1)).view(b, heads).sum(0).to(decay_dtype)
         grad_table = None if table is None else dtable.sum(1).view(b, heads, -1, d).sum(0).to(table.dtype)
         return dq, dk, dv_, grad_table, grad_rate, None, None, None, None, None
@@ -638,7 +645,7 @@ def _walk_states(k, v, mask, rate, walk: _Walk, heads: int, lq: int, offset: int
     _states[(b * heads, directions)](
         k, v, k if mask is None else mask, rate, states, norms, lq, lk, heads, b * heads, offset, walk.nq,
         walk.n_states, *walk.starts, d, dv, *_strides(k, v), HORIZON=horizon, HAS_MASK=mask is not None, BLOCK=BLOCK,
-        BLOCK_D=sizes["BLOCK_D"], BLOCK_V=sizes["BLOCK_V"], DOT=dot)
+        BLOCK_D=sizes["BLOCK_D"], BLOCK_V=sizes["BLOCK_V"], DOT=dot, **LAUNCH["_states"])
     return states, norms
 
 

@@ -29,7 +29,7 @@ def test_triton_paths_in_the_op(decay_case, causal, decay_inputs, split_case, ch
     """The whole op on its kernels (query blocks and key chunks of 16) against the float64 reference, over the decay
     cases: length 1, L < h, Lq != Lk both ways, offsets, padding, shared and absent tables."""
     used = triton_paths(16)
-    inputs, offset = split_case(decay_inputs, decay_case)
+    inputs, offset = split_case(decay_inputs, {"h": 2, **decay_case})  # 4 rows: the interpreter runs each program
     check_decay_op(chunk_local_softmax_decay_attention, naive_local_softmax_decay_attention, inputs, causal, offset)
     assert used == {"local_softmax_decay"}
 

@@ -1,0 +1,131 @@
+"""Registers, spills and shared memory of the default attention's Triton kernels, compiled here for a CUDA target.
+
+Each kernel of `ops_local_softmax_triton` is compiled by Triton for the target (sm90 by default: an H100) with the
+host's block sizes for the given horizon, head dimensions and dtype, then assembled by the ptxas Triton uses for
+that target (`ptxas -v`), for every block size, warp count and pipeline depth asked for. No GPU is needed. The table
+gives what ptxas reports: registers per thread (255 at most), bytes spilled to local memory (stores / loads) and
+the shared memory Triton allocates; `*` marks the launch options the op uses (`LAUNCH`) at the block size it uses
+(`BLOCK`). This is not a timing: a kernel that spills is slower than the same kernel without spills, and one that
+asks for more shared memory than a multiprocessor holds does not launch, but which options are fastest only a GPU
+can say (`bench_attention_gpu.py --kernel-block`).
+
+    python benchmarks/kernel_resources.py                      # blocks of 32 and 64, 4 and 8 warps, 1-3 stages
+    python benchmarks/kernel_resources.py --blocks 64 --warps 8 --stages 2 --kernels _forward
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+KERNELS = ("_states", "_states_backward", "_forward", "_backward_queries", "_backward_keys")
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+POINTERS = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32"}
+INPUTS = ("Q", "K", "V", "TAB", "OUT", "DO", "DQ", "DK", "DV")  # tensors in the inputs' dtype; the others fp32
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kernels", nargs="+", choices=KERNELS, default=list(KERNELS))
+    parser.add_argument("--blocks", type=int, nargs="+", default=[32, 64], help="BLOCK sizes (default: 32 64)")
+    parser.add_argument("--warps", type=int, nargs="+", default=[4, 8], help="num_warps (default: 4 8)")
+    parser.add_argument("--stages", type=int, nargs="+", default=[1, 2, 3], help="num_stages (default: 1 2 3)")
+    parser.add_argument("--horizon", type=int, default=16)
+    parser.add_argument("--dim", type=int, default=64, help="D, the queries' and keys' head dimension")
+    parser.add_argument("--value-dim", type=int, default=64, help="Dv, the values' head dimension")
+    parser.add_argument("--dtype", choices=DTYPES, default="bf16", help="the inputs' dtype (default: bf16)")
+    parser.add_argument("--causal", action="store_true", help="the causal kernels (default: bidirectional)")
+    parser.add_argument("--arch", type=int, default=90, help="CUDA compute capability, e.g. 90, 80 (default: 90)")
+    return parser.parse_args(argv)
+
+
+def constexprs(kernels, name: str, args: argparse.Namespace) -> dict:
+    """The compile-time arguments the host passes to kernel `name` (with a table and a key mask)."""
+    from modeling_scaleformer.ops_decay_triton import dot_precision
+
+    dtype = DTYPES[args.dtype]
+    sizes = kernels._sizes(args.horizon, args.dim, args.value_dim)
+    dot = dot_precision(torch.float32, half_inputs=dtype != torch.float32)
+    walk = dict(HORIZON=args.horizon, HAS_MASK=True, BLOCK=sizes["BLOCK"], BLOCK_D=sizes["BLOCK_D"],
+                BLOCK_V=sizes["BLOCK_V"], DOT=dot)
+    if name in ("_states", "_states_backward"):
+        return walk
+    if name == "_backward_keys":
+        return dict(walk, CAUSAL=args.causal, HAS_TABLE=True, BLOCK_R=sizes["BLOCK_R"])
+    return dict(sizes, HORIZON=args.horizon, CAUSAL=args.causal, HAS_MASK=True, HAS_TABLE=True, DOT=dot)
+
+
+def ptxas(arch: int):
+    """The ptxas Triton assembles its kernels for sm`arch` with (`.path`, `.version`)."""
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    return get_ptxas(arch)
+
+
+def resources(kernel, dtype: torch.dtype, fixed: dict, options: dict, arch: int) -> tuple[int, int, int, int]:
+    """(registers, spill store bytes, spill load bytes, shared bytes) of `kernel` compiled for sm`arch`."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    names = list(inspect.signature(kernel.fn).parameters)
+    signature = {name: "constexpr" if name in fixed else
+                 (POINTERS[dtype] if name in INPUTS else "*fp32") if name.isupper() else
+                 "fp32" if name == "scale" else "i32" for name in names}
+    source = ASTSource(fn=kernel, signature=signature,
+                       constexprs={(names.index(name),): value for name, value in fixed.items()})
+    compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
+    with tempfile.TemporaryDirectory() as scratch:
+        ptx = os.path.join(scratch, "kernel.ptx")
+        Path(ptx).write_text(compiled.asm["ptx"])
+        report = subprocess.run([ptxas(arch).path, "-v", f"--gpu-name=sm_{arch}{'a' if arch == 90 else ''}", ptx, "-o",
+                                 os.path.join(scratch, "kernel.cubin")], capture_output=True, text=True, check=True)
+    registers = int(re.search(r"Used (\d+) registers", report.stderr).group(1))
+    spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report.stderr)
+    return registers, int(spills.group(1)), int(spills.group(2)), compiled.metadata.shared
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from modeling_scaleformer import ops_local_softmax_triton as kernels
+
+    chosen_block = kernels.BLOCK
+    direction = "causal" if args.causal else "bidirectional"
+    import triton
+
+    print(f"# Triton kernels of the default attention: Triton {triton.__version__}, ptxas {ptxas(args.arch).version} "
+          f"-v for sm_{args.arch}, {args.dtype}, {direction}, h={args.horizon}, D={args.dim}, Dv={args.value_dim}\n")
+    print("| kernel | BLOCK | warps | stages | registers | spill stores / loads (bytes) | shared (bytes) |")
+    print("|:---|---:|---:|---:|---:|---:|---:|")
+    try:
+        for name in args.kernels:
+            for block in args.blocks:
+                kernels.BLOCK = block
+                fixed = constexprs(kernels, name, args)
+                for warps in args.warps:
+                    for stages in args.stages:
+                        options = {"num_warps": warps, "num_stages": stages}
+                        registers, stores, loads, shared = resources(getattr(kernels, name), DTYPES[args.dtype],
+                                                                     fixed, options, args.arch)
+                        launch = {"num_warps": 4, "num_stages": 3, **kernels.LAUNCH[name]}
+                        mark = " *" if block == chosen_block and launch == options else ""
+                        print(f"| {name}{mark} | {block} | {warps} | {stages} | {registers} | {stores} / {loads} | "
+                              f"{shared:,} |", flush=True)
+    finally:
+        kernels.BLOCK = chosen_block
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
