@@ -38,4 +38,5 @@ def test_run_gpu_refuses_an_unknown_step(tmp_path):
     result = subprocess.run(["bash", str(RUN_GPU), str(tmp_path), "atention"],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 64
-    assert "unknown step: atention (expected env, attention, tests, train, train_compiled, generate)" in result.stderr
+    assert ("unknown step: atention (expected env, attention, attention_block32, tests, train, train_compiled, "
+            "generate)") in result.stderr
