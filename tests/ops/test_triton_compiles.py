@@ -24,13 +24,11 @@ POINTER = {torch.float32: "*fp32", torch.float64: "*fp64", torch.bfloat16: "*bf1
 OPERANDS = ("X", "Y", "DX", "DY")
 
 
-def lower(kernel, dtype: torch.dtype, operands: torch.dtype | None = None, operand_names=OPERANDS,
-          **constexprs) -> None:
-    """Lower `kernel` to Triton IR with its tensor arguments (upper-case names) of `dtype` (those of `operand_names`
-    of `operands` when given), `scale` a float, the other arguments 32-bit ints and `constexprs` fixed."""
-    from triton._C.libtriton import ir
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource, make_backend
+def source(kernel, dtype: torch.dtype, operands: torch.dtype | None = None, operand_names=OPERANDS, **constexprs):
+    """`kernel` as Triton's compiler takes it, with its tensor arguments (upper-case names) of `dtype` (those of
+    `operand_names` of `operands` when given), `scale` a float, the other arguments 32-bit ints and `constexprs`
+    fixed (every constexpr of the kernel must be given)."""
+    from triton.compiler import ASTSource
 
     parameters = inspect.signature(kernel.fn).parameters
     names = list(parameters)
@@ -40,15 +38,25 @@ def lower(kernel, dtype: torch.dtype, operands: torch.dtype | None = None, opera
                 for name in names}
     signature = {name: "constexpr" if name in constexprs else pointers[name] if name.isupper() else
                  "fp32" if name == "scale" else "i32" for name in names}
-    source = ASTSource(fn=kernel, signature=signature,
-                       constexprs={(names.index(name),): value for name, value in constexprs.items()})
+    return ASTSource(fn=kernel, signature=signature,
+                     constexprs={(names.index(name),): value for name, value in constexprs.items()})
+
+
+def lower(kernel, dtype: torch.dtype, operands: torch.dtype | None = None, operand_names=OPERANDS,
+          **constexprs) -> None:
+    """Lower `kernel` (`source`) to Triton IR for sm90."""
+    from triton._C.libtriton import ir
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import make_backend
+
     target = GPUTarget("cuda", 90, 32)
     backend = make_backend(target)
     options = backend.parse_options({})
     context = ir.context()
     ir.load_dialects(context)
     backend.load_dialects(context)
-    source.make_ir(target, options, backend.get_codegen_implementation(options), backend.get_module_map(), context)
+    source(kernel, dtype, operands, operand_names, **constexprs).make_ir(
+        target, options, backend.get_codegen_implementation(options), backend.get_module_map(), context)
 
 
 DTYPES = pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
@@ -106,6 +114,28 @@ def test_attention_kernels_lower(shape, options, causal, dtype):
               **{key: common[key] for key in ("HORIZON", "DOT")})
     lower(kernels._backward_keys, kernel_dtype, operands, operand_names=INPUTS, CAUSAL=causal,
           HAS_TABLE=options["HAS_TABLE"], BLOCK_R=sizes["BLOCK_R"], **common)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
+def test_attention_kernels_assemble_for_sm90(causal):
+    """The default attention's kernels through every stage of Triton's compiler and ptxas for sm90, bf16, with the
+    host's block sizes and launch options: stages after Triton IR reject programs the lowering accepts (layouts,
+    shared memory), and the kernels must fit an H100's 227 KiB of shared memory per block."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    kernels = ops_local_softmax_triton
+    sizes = kernels._sizes(16, 64, 64)
+    walk = dict(HORIZON=16, HAS_MASK=True, BLOCK=sizes["BLOCK"], BLOCK_D=sizes["BLOCK_D"], BLOCK_V=sizes["BLOCK_V"],
+                DOT="tf32")
+    tiles = dict(sizes, HORIZON=16, CAUSAL=causal, HAS_MASK=True, HAS_TABLE=True, DOT="tf32")
+    for name, constexprs in (("_states", walk), ("_states_backward", walk), ("_forward", tiles),
+                             ("_backward_queries", tiles),
+                             ("_backward_keys", dict(walk, CAUSAL=causal, HAS_TABLE=True, BLOCK_R=sizes["BLOCK_R"]))):
+        compiled = triton.compile(source(getattr(kernels, name), torch.float32, torch.bfloat16, INPUTS, **constexprs),
+                                  target=GPUTarget("cuda", 90, 32), options=kernels.LAUNCH[name])
+        assert compiled.asm["cubin"], name
+        assert compiled.metadata.shared <= 227 * 1024, (name, compiled.metadata.shared)
 
 
 def test_lowering_catches_what_the_interpreter_accepts():
