@@ -138,8 +138,8 @@ def _chunk_keys(K, V, MASK, row, heads, lk, c, kfirst, step, qshift, off_w, d, d
                 HORIZON: tl.constexpr, HAS_MASK: tl.constexpr, ACC: tl.constexpr, BLOCK: tl.constexpr,
                 BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr):
     """Chunk c of the keys in a direction's coordinates, the keys y = s_c .. s_c + BLOCK - 1 with
-    s_c = c BLOCK - qshift + offset - h: their rows in memory, whether they exist, k (raw, ACC), phi(k) m_j (ACC,
-    0 where the key is hidden) and v (the inputs' dtype)."""
+    s_c = c BLOCK - qshift + offset - h: their rows in memory, whether they exist, their mask m_j (`_key_weights`),
+    phi(k) m_j (ACC, 0 where the key is hidden) and v (the inputs' dtype)."""
     y = c * BLOCK - qshift + off_w - HORIZON + tl.arange(0, BLOCK)
     exists = (y >= 0) & (y < lk)
     j = kfirst + step * y
@@ -147,7 +147,7 @@ def _chunk_keys(K, V, MASK, row, heads, lk, c, kfirst, step, qshift, off_w, d, d
     v = _load_rows(V, row, heads, svb, svh, svl, j, exists, dv, BLOCK_V)
     mk = _key_weights(MASK, row, heads, lk, j, exists, HAS_MASK, ACC)
     features = _elu_features(k, exists[:, None] & (tl.arange(0, BLOCK_D)[None, :] < d)) * mk[:, None]
-    return j, exists, k, features, v
+    return j, exists, mk, features, v
 
 
 @triton.jit
@@ -169,9 +169,9 @@ def _states(
                                                    BLOCK_V)
         tl.store(s_ptr, state, mask=s_mask)
         tl.store(z_ptr, norm, mask=z_mask)
-        j, exists, k, features, v = _chunk_keys(K, V, MASK, row, heads, lk, c, kfirst, step, qshift, off_w, d, dv, skb,
-                                                skh, skl, svb, svh, svl, HORIZON, HAS_MASK, acc, BLOCK, BLOCK_D,
-                                                BLOCK_V)
+        j, exists, mk, features, v = _chunk_keys(K, V, MASK, row, heads, lk, c, kfirst, step, qshift, off_w, d, dv,
+                                                 skb, skh, skl, svb, svh, svl, HORIZON, HAS_MASK, acc, BLOCK, BLOCK_D,
+                                                 BLOCK_V)
         features = features * to_next[:, None]
         state = state * carry + tl.dot(tl.trans(features.to(op)), v.to(op), input_precision=DOT)
         norm = norm * carry + tl.sum(features, 0)
@@ -219,11 +219,10 @@ def _states_backward(
     for back in range(0, nq - start):
         c = nq - 1 - back
         # the keys of chunk c enter L_{c+1} with weight exp(-lambda (BLOCK - t)) m_j: their share of G_{c+1}
-        j, exists, k, features, v = _chunk_keys(K, V, MASK, row, heads, lk, c, kfirst, step, qshift, off_w, d, dv,
-                                                skb, skh, skl, svb, svh, svl, HORIZON, HAS_MASK, acc, BLOCK, BLOCK_D,
-                                                BLOCK_V)
+        j, exists, mk, features, v = _chunk_keys(K, V, MASK, row, heads, lk, c, kfirst, step, qshift, off_w, d, dv,
+                                                 skb, skh, skl, svb, svh, svl, HORIZON, HAS_MASK, acc, BLOCK, BLOCK_D,
+                                                 BLOCK_V)
         base = tl.dot(v.to(op), tl.trans(adjoint.to(op)), input_precision=DOT) + adjoint_norm[None, :]  # G v + g_z
-        mk = _key_weights(MASK, row, heads, lk, j, exists, HAS_MASK, acc)
         dvs = tl.dot((features * to_next[:, None]).to(op), adjoint.to(op), input_precision=DOT)
         at = ((direction * rows + row).to(tl.int64) * lk + j)
         tl.store(DPHI + at[:, None] * d + dd[None, :], base * (to_next * mk)[:, None],
