@@ -7,7 +7,8 @@ gives what ptxas reports: registers per thread (255 at most), bytes spilled to l
 the shared memory Triton allocates; `*` marks the launch options the op uses (`LAUNCH`) at the block size it uses
 (`BLOCK`). This is not a timing: a kernel that spills is slower than the same kernel without spills, and one that
 asks for more shared memory than a multiprocessor holds does not launch, but which options are fastest only a GPU
-can say (`bench_attention_gpu.py --kernel-block`).
+can say (`bench_attention_gpu.py --kernel-block`). Run from the repository root with the package and Triton installed
+(`pip install -e ".[gpu]"`):
 
     python benchmarks/kernel_resources.py                      # blocks of 32 and 64, 4 and 8 warps, 1-3 stages
     python benchmarks/kernel_resources.py --blocks 64 --warps 8 --stages 2 --kernels _forward
@@ -26,8 +27,6 @@ from pathlib import Path
 
 import torch
 
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 KERNELS = ("_states", "_states_backward", "_forward", "_backward_queries", "_backward_keys")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
