@@ -25,7 +25,9 @@ and keep every temporary about `BLOCK_ELEMENTS` large, so that long inputs do no
 band's backward is written by hand (`_LocalSoftmaxBand`, which saves its inputs, output and m_i and
 recomputes the weights), the tails are recomputed group by group in backward (`ops_common.grouped_rows`).
 The decoding state (`LocalSoftmaxDecayState`) keeps the last h keys and values and the decayed tail sum:
-constant size.
+constant size. On CUDA, with Triton, the linear path runs in the five kernels of `ops_local_softmax_triton` (band,
+tails and normaliser together, by blocks of queries and chunks of keys) and the one-token decoding steps in one
+kernel each.
 """
 
 from __future__ import annotations
@@ -247,8 +249,8 @@ def chunk_local_softmax_decay_attention(
     tail = grouped_rows(tails, max(lq, lk) * (chunk + d + vm.shape[-1]), *rows, decay.to(dtype).repeat(b))
     band = _band(lq, h, query_offset, causal, chunk, q.device)
     out = _LocalSoftmaxBand.apply(q.reshape(b * heads, lq, d), k.reshape(b * heads, -1, d),
-                                         vm.reshape(b * heads, -1, vm.shape[-1]), row_table(rel, b, heads, dtype),
-                                         tail.reshape(b * heads, lq, -1), band)
+                                  vm.reshape(b * heads, -1, vm.shape[-1]), row_table(rel, b, heads, dtype),
+                                  tail.reshape(b * heads, lq, -1), band)
     return out.view(b, heads, lq, -1).to(q.dtype)
 
 
