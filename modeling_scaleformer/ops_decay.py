@@ -463,11 +463,12 @@ def kernelized_sum_attention(
             q, k, v, None, q.new_zeros(heads), causal=causal, key_mask=key_mask, query_offset=query_offset,
             mode=mode, horizon=0, feature_map=feature_map,
         )
+    if not causal:  # every query reads the same sum, the one cross attention keeps
+        summary = kernelized_sum_cross_summary(k, v, key_mask=key_mask, feature_map=feature_map)
+        return kernelized_sum_cross_step(q, summary, feature_map=feature_map)
     dtype = compute_dtype(q.dtype)
     qf, kf = phi(q.to(dtype)), phi(k.to(dtype))
     vm = _mask_values(v.to(dtype), key_mask)
-    if not causal:
-        return (qf @ (kf.transpose(-1, -2) @ vm)).to(q.dtype)
     running = torch.cumsum(kf[..., :, None] * vm[..., None, :], dim=2)  # (B, H, Lk, D, Dv)
     last = (torch.arange(lq, device=q.device) + query_offset).clamp(max=lk - 1)  # the last key each query sees
     return torch.einsum("bhid,bhide->bhie", qf, running[:, :, last]).to(q.dtype)
