@@ -178,20 +178,27 @@ def _states(
 
 
 @triton.jit
-def _query_rows(Q, DO, OUT, SHIFT, DEN, row, heads, lq, x, inside, qfirst, step, d, dv, sqb, sqh, sql, sgb, sgh, sgl,
-                sob, soh, sol, ACC: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr):
-    """Queries x (a direction's coordinates; memory rows qfirst + step x) with what backward needs of them: their
-    rows, q (raw, ACC), the output's gradient divided by the normaliser gs = g / den, delta = g . out / den (0 on
-    rows without a visible key) and exp(-m) (`_shift_scale`)."""
-    i = qfirst + step * x
-    q = _load_rows(Q, row, heads, sqb, sqh, sql, i, inside, d, BLOCK_D).to(ACC)
-    g = _load_rows(DO, row, heads, sgb, sgh, sgl, i, inside, dv, BLOCK_V).to(ACC)
-    out = _load_rows(OUT, row, heads, sob, soh, sol, i, inside, dv, BLOCK_V).to(ACC)
+def _output_gradient(DO, SHIFT, DEN, row, heads, lq, i, inside, dv, sgb, sgh, sgl, ACC: tl.constexpr,
+                     BLOCK_V: tl.constexpr):
+    """What backward needs of the queries i (where `inside`) of `row`: their offset in the (rows, Lq) tensors, the
+    output's gradient divided by the normaliser, gs = g / den (ACC, 0 on rows without a visible key), and the row
+    shift m."""
     at = row.to(tl.int64) * lq + i
     den = tl.load(DEN + at, mask=inside, other=0.0)
-    m = tl.load(SHIFT + at, mask=inside, other=0.0)
     inv = tl.where(den > 0, 1.0 / tl.where(den > 0, den, 1.0), 0.0)
-    gs = g * inv[:, None]
+    gs = _load_rows(DO, row, heads, sgb, sgh, sgl, i, inside, dv, BLOCK_V).to(ACC) * inv[:, None]
+    return at, gs, tl.load(SHIFT + at, mask=inside, other=0.0)
+
+
+@triton.jit
+def _query_rows(Q, DO, OUT, SHIFT, DEN, row, heads, lq, x, inside, qfirst, step, d, dv, sqb, sqh, sql, sgb, sgh, sgl,
+                sob, soh, sol, ACC: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr):
+    """Queries x (a direction's coordinates; memory rows qfirst + step x) with what the states' gradient needs of
+    them: their rows, q (raw, ACC), gs (`_output_gradient`), delta = g . out / den and exp(-m) (`_shift_scale`)."""
+    i = qfirst + step * x
+    q = _load_rows(Q, row, heads, sqb, sqh, sql, i, inside, d, BLOCK_D).to(ACC)
+    out = _load_rows(OUT, row, heads, sob, soh, sol, i, inside, dv, BLOCK_V).to(ACC)
+    _, gs, m = _output_gradient(DO, SHIFT, DEN, row, heads, lq, i, inside, dv, sgb, sgh, sgl, ACC, BLOCK_V)
     return i, q, gs, tl.sum(gs * out, 1), _shift_scale(m)
 
 
@@ -400,12 +407,8 @@ def _backward_queries(
      norm_after) = _query_block(Q, K, V, MASK, TAB, S, Z, row, b, lq, lk, heads, rows, offset, nq, n_states, start0,
                                 start1, d, dv, sqb, sqh, sql, skb, skh, skl, svb, svh, svl, rate, scale, HORIZON,
                                 CAUSAL, HAS_MASK, HAS_TABLE, BLOCK, BLOCK_N, BLOCK_D, BLOCK_V, BLOCK_R, DOT)
-    at = row.to(tl.int64) * lq + i
-    m = tl.load(SHIFT + at, mask=queries, other=0.0)
-    den = tl.load(DEN + at, mask=queries, other=0.0)
+    at, gs, m = _output_gradient(DO, SHIFT, DEN, row, heads, lq, i, queries, dv, sgb, sgh, sgl, acc, BLOCK_V)
     delta = tl.load(DELTA + at, mask=queries, other=0.0)
-    inv = tl.where(den > 0, 1.0 / tl.where(den > 0, den, 1.0), 0.0)
-    gs = _load_rows(DO, row, heads, sgb, sgh, sgl, i, queries, dv, BLOCK_V).to(acc) * inv[:, None]
     shift_scale = _shift_scale(m)
     # out = sums / den: a weight w_ij gets gs_i . v_j - delta_i
     grad_weights = tl.dot(gs.to(op), tl.trans(v), input_precision=DOT) - delta[:, None]
@@ -475,12 +478,9 @@ def _backward_keys(
         queries = i < lq
         q = _load_rows(Q, row, heads, sqb, sqh, sql, i, queries, d, BLOCK_D)
         features_q = _elu_features(q.to(acc), queries[:, None] & (dd[None, :] < d)) / d
-        at = row.to(tl.int64) * lq + i
-        m = tl.load(SHIFT + at, mask=queries, other=0.0)
-        den = tl.load(DEN + at, mask=queries, other=0.0)
+        at, gs, m = _output_gradient(DO, SHIFT, DEN, row, heads, lq, i, queries, dv, sgb, sgh, sgl, acc, BLOCK_V)
+        gs = gs.to(op)
         delta = tl.load(DELTA + at, mask=queries, other=0.0)
-        inv = tl.where(den > 0, 1.0 / tl.where(den > 0, den, 1.0), 0.0)
-        gs = (_load_rows(DO, row, heads, sgb, sgh, sgl, i, queries, dv, BLOCK_V).to(acc) * inv[:, None]).to(op)
         shift_scale = _shift_scale(m)
         start = b * BLOCK + offset - HORIZON
         window = (j >= start) & (j < start + BLOCK + 2 * HORIZON) & keys
