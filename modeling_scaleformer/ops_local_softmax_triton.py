@@ -12,8 +12,9 @@ of the block: with phi(x) = elu(x) + 1 and m_j the key mask,
 is the block's causal state; the anticausal state holds the keys after the window the same way (the causal state of
 the reversed sequences). Query i at a, its place in the block, weighs the pairs of its window (softmax logits in the
 band, phi(q_i).phi(k_j) / D exp(-lambda (|p_i - j| - h)) beyond it) and the states decayed by exp(-lambda a) and
-exp(-lambda (BLOCK - 1 - a)), all scaled by exp(-m_i) (`ops_common.row_shift`) and normalised together. Five
-kernels, laid out like flash-linear-attention's chunk kernels:
+exp(-lambda (BLOCK - 1 - a)), all scaled by exp(-m_i) (`ops_common.row_shift`) and normalised together (a row
+with no visible key in its band and a weight beyond it below exp(-60), exp(-600) in float64, has no visible key:
+out 0, no gradient; see `_least_shift`). Five kernels, laid out like flash-linear-attention's chunk kernels:
 
 - `_states`: one program per batch*head row and direction walks the chunks of BLOCK keys and stores L_b of every
   block (recomputed in backward rather than kept);
@@ -66,10 +67,27 @@ def _elu_features(x, inside):
 
 
 @triton.jit
+def _max_exponent(x):
+    """The largest t whose exp(t) is finite in x's dtype (float64, else float32)."""
+    if x.dtype == tl.float64:
+        return 709.0
+    return 88.0
+
+
+@triton.jit
+def _least_shift(x):
+    """The least row shift m of a row without a visible key in its band that still counts as having visible keys:
+    a weight below exp(-60) in float32 (exp(-600) in float64) is none, so that exp(-m) times the gradients of a
+    block's queries, summed in the states' gradient, stays within the dtype's range."""
+    if x.dtype == tl.float64:
+        return -600.0
+    return -60.0
+
+
+@triton.jit
 def _shift_scale(m):
-    """exp(-m) for the weights beyond the band, capped where it would overflow float32: a row whose shift m is that
-    low has no weight beyond the band (`ops_common.shift_scale`)."""
-    return tl.exp(tl.minimum(-m, 88.0))
+    """exp(-m) for the weights beyond the band, capped where it would overflow (`ops_common.shift_scale`)."""
+    return tl.exp(tl.minimum(-m, _max_exponent(m)))
 
 
 @triton.jit
@@ -383,6 +401,11 @@ def _forward(
     weights = tl.where(band, tl.exp(logits - m[:, None]) * mk[None, :], shift_scale[:, None] * kernel)
     sums = tl.dot(weights.to(v.dtype), v, input_precision=DOT) + shift_scale[:, None] * (before + after)
     den = tl.sum(weights, 1) + shift_scale * (before_norm + after_norm)
+    # a row without a visible key in its band and with a weight beyond it below exp(_least_shift) has no visible key:
+    # out 0, and its normaliser 0 (with the shift 0 kept for backward) passes it no gradient
+    visible = (tl.max(logits, 1) > float("-inf")) | (m >= _least_shift(m))
+    den = tl.where(visible, den, 0.0)
+    m = tl.where(visible, m, 0.0)
     out = tl.where(den[:, None] > 0, sums / tl.where(den > 0, den, 1.0)[:, None], 0.0)
     ptr, mask = _row_ptrs(OUT, row, heads, sob, soh, sol, i, queries, dv, BLOCK_V)
     tl.store(ptr, out, mask=mask)
@@ -518,8 +541,15 @@ def _backward_keys(
 
 
 BLOCK = 64  # queries per block of the forward and backward kernels, keys per chunk of the states
-MAX_HORIZON = 64  # the kernels hold a block's window of BLOCK + 2h keys: h up to this
-MAX_DIM = 128  # and whole rows of q, k and v: D and Dv up to this
+# the narrowest tile of the head dimensions and of the relative table: narrower ones (16 or 32 wide, for D < 64 or
+# h < 16) compiled by Triton 3.6 for sm90 gave wrong outputs or an invalid shared-memory read in
+# `_backward_queries` (the table's gather and the products with it) on an H200; the padding is masked
+MIN_TILE = 64
+# the kernels hold a block's window of BLOCK + 2h keys and whole rows of q, k and v: h and D, Dv up to these, the
+# sizes whose tiles (64-wide D, Dv and table, 128-wide windows) were checked on a GPU; larger ones take the PyTorch
+# path until theirs are
+MAX_HORIZON = 31
+MAX_DIM = 64
 # launch options of each kernel: at BLOCK 64, D = Dv = 64, h = 16 and bf16, those with the fewest register spills
 # that ptxas reports for sm90 among 4, 8 and 16 warps and 1 to 3 pipeline stages (benchmarks/kernel_resources.py:
 # `_states` none, the others some, the most in the tile kernels, (64, 128) tiles; at BLOCK 32 almost none)
@@ -535,8 +565,8 @@ def fits(horizon: int, dim: int, value_dim: int) -> bool:
 
 def _sizes(horizon: int, d: int, dv: int) -> dict:
     pow2 = triton.next_power_of_2
-    return dict(BLOCK=BLOCK, BLOCK_N=max(16, pow2(BLOCK + 2 * horizon)), BLOCK_D=max(16, pow2(d)),
-                BLOCK_V=max(16, pow2(dv)), BLOCK_R=max(16, pow2(2 * horizon + 1)))
+    return dict(BLOCK=BLOCK, BLOCK_N=max(16, pow2(BLOCK + 2 * horizon)), BLOCK_D=max(MIN_TILE, pow2(d)),
+                BLOCK_V=max(MIN_TILE, pow2(dv)), BLOCK_R=max(MIN_TILE, pow2(2 * horizon + 1)))
 
 
 class _Walk(NamedTuple):

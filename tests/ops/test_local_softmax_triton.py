@@ -83,6 +83,45 @@ def test_triton_attention_extreme_logits(decay_inputs, triton_paths):
                                rtol=1e-9, atol=1e-12)
 
 
+def test_triton_attention_rows_beyond_float32(triton_paths):
+    """float32 rows whose every visible key lies so far back that their weight is below exp(-60) have no visible key:
+    their output is 0 and they pass no gradient back (no inf or NaN), while the rows near the keys keep the float64
+    reference's output and gradients."""
+    triton_paths()
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 300, 4, dtype=F64, generator=gen) for _ in range(3))
+    rel, decay = 0.1 * torch.randn(2, 7, 4, dtype=F64, generator=gen), torch.tensor([0.5, 0.05], dtype=F64)
+    key_mask = torch.ones(1, 300, dtype=torch.long)
+    key_mask[0, 60:] = 0
+    args = [x.float().requires_grad_() for x in (q, k, v, rel, decay)]
+    wide = [x.detach().double().requires_grad_() for x in args]
+    got = chunk_local_softmax_decay_attention(*args, key_mask=key_mask, causal=True)
+    expected = naive_local_softmax_decay_attention(*wide, key_mask=key_mask, causal=True)
+    assert bool((got[0, 0, 200:] == 0).all()) and bool((expected[0, 0, 200:] != 0).all())  # exp(-0.5 * 137) < 1e-29
+    torch.testing.assert_close(got[:, :, :150].double(), expected[:, :, :150], rtol=1e-5, atol=1e-5)
+    upstream = torch.randn(got.shape, dtype=F64, generator=gen)
+    assert all(bool(torch.isfinite(g).all()) for g in torch.autograd.grad(got, args, upstream.float(), retain_graph=True))
+    upstream[:, :, 150:] = 0
+    for name, g, e in zip("q k v rel decay".split(), torch.autograd.grad(got, args, upstream.float()),
+                          torch.autograd.grad(expected, wide, upstream)):
+        torch.testing.assert_close(g.double(), e, rtol=1e-4, atol=1e-4 * max(1.0, float(e.abs().max())),
+                                   msg=lambda m: f"grad {name}: {m}")
+
+
+def test_sizes_beyond_the_kernels_take_the_pytorch_path():
+    """The kernels take h <= 31 and D, Dv <= 64 (the tile sizes checked on a GPU); beyond, the op on CUDA picks the
+    PyTorch path, and the kernels' entry point refuses them by name."""
+    from modeling_scaleformer.ops_local_softmax_triton import local_softmax_decay
+
+    cuda = torch.device("cuda")
+    assert ops_local_softmax._attention_function(cuda, 31, 64, 64).__name__ == "local_softmax_decay"
+    for sizes in ((32, 64, 64), (16, 65, 64), (16, 64, 65)):
+        assert ops_local_softmax._attention_function(cuda, *sizes) is None
+    q = torch.zeros(1, 1, 4, 65)
+    with pytest.raises(ValueError, match=r"h <= 31 and D, Dv <= 64, got h=3, D=65, Dv=65"):
+        local_softmax_decay(q, q, q, None, torch.zeros(1), causal=True, key_mask=None, query_offset=0, horizon=3)
+
+
 # the kernels multiply 16-bit operands as they are; Triton's interpreter gets products of two bfloat16 tiles wrong
 # (off by about 1e10 where float16's are right), so bfloat16 is tested on a GPU (test_triton_attention_on_cuda)
 INTERPRETED_BF16 = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1",
@@ -218,14 +257,16 @@ def test_cross_decode_against_pytorch(case, monkeypatch):
 @CAUSAL
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_triton_attention_on_cuda(causal, dtype, monkeypatch):
-    """Real shapes on the GPU (B=2, H=8, L=4096, D=64, h=16, padded keys): the kernels the op picks on CUDA against
-    the PyTorch path on the same device, outputs and the gradients of q, k, v, the table and the decay rates."""
+    """Real shapes on the GPU (B=2, H=8, L=4096, D=64, h=16, padded keys and a hidden stretch): the kernels the op
+    picks on CUDA against the PyTorch path on the same device, outputs and the gradients of q, k, v, the table and
+    the decay rates."""
     gen = torch.Generator(device="cuda").manual_seed(0)
     q, k, v = (torch.randn(2, 8, 4096, 64, device="cuda", generator=gen).to(dtype) for _ in range(3))
     rel = (0.1 * torch.randn(8, 33, 64, device="cuda", generator=gen)).to(dtype)
     decay = torch.linspace(0.01, 0.3, 8, device="cuda").to(dtype)
     key_mask = torch.ones(2, 4096, device="cuda", dtype=torch.long)
-    key_mask[1, 3000:] = 0
+    key_mask[1, -128:] = 0
+    key_mask[0, 1000:1064] = 0
     kernels = ops_local_softmax._attention_function(q.device, 16, 64, 64)
     assert kernels is not None and kernels.__name__ == "local_softmax_decay"
     outs, grads = [], []
@@ -241,6 +282,38 @@ def test_triton_attention_on_cuda(causal, dtype, monkeypatch):
     for name, g, e in zip("q k v rel decay".split(), *grads):
         torch.testing.assert_close(g, e, rtol=tol, atol=tol * max(1.0, float(e.abs().max())),
                                    msg=lambda m: f"{name}: {m}")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("case", [
+    dict(lq=200, lk=200, d=8, h=3), dict(lq=200, lk=200, d=8, h=3, causal=True), dict(lq=40, lk=200, d=8, h=3),
+    dict(lq=200, lk=40, d=8, h=3), dict(lq=200, lk=200, d=32, h=3), dict(lq=130, lk=130, d=64, h=16, causal=True),
+    dict(lq=300, lk=300, d=64, h=31), dict(lq=150, lk=150, d=48, h=0),
+], ids=["d8-h3", "d8-h3-causal", "lq<lk", "lq>lk", "d32-h3", "d64-h16-causal", "h31", "d48-h0"])
+def test_triton_attention_shapes_on_cuda(case):
+    """The kernels at the sizes the models use (head dimensions 8 to 64, h 0 to 31: every size `fits` takes pads to
+    the tiles of these), Lq != Lk, padded keys, against the float64 reference on the device, output and gradients,
+    float32."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    lq, lk, d, h = case["lq"], case["lk"], case["d"], case["h"]
+    q = torch.randn(3, 2, lq, d, device="cuda", generator=gen)
+    k, v = (torch.randn(3, 2, lk, d, device="cuda", generator=gen) for _ in range(2))
+    rel = 0.1 * torch.randn(2, 2 * h + 1, d, device="cuda", generator=gen)
+    key_mask = torch.ones(3, lk, device="cuda", dtype=torch.long)
+    key_mask[2, -lk // 5:] = 0
+    args = [x.requires_grad_() for x in (q, k, v, rel, torch.tensor([0.05, 0.3], device="cuda"))]
+    wide = [x.detach().double().requires_grad_() for x in args]
+    causal = case.get("causal", False)
+    assert ops_local_softmax._attention_function(q.device, h, d, d).__name__ == "local_softmax_decay"
+    got = chunk_local_softmax_decay_attention(*args, causal=causal, key_mask=key_mask)
+    expected = naive_local_softmax_decay_attention(*wide, causal=causal, key_mask=key_mask)
+    torch.testing.assert_close(got.double(), expected, rtol=1e-4, atol=1e-4)
+    upstream = torch.randn(expected.shape, device="cuda", dtype=F64, generator=gen)
+    for name, g, e in zip("q k v rel decay".split(), torch.autograd.grad(got, args, upstream.float()),
+                          torch.autograd.grad(expected, wide, upstream)):
+        torch.testing.assert_close(g.double(), e, rtol=1e-4, atol=1e-4 * max(1.0, float(e.abs().max())),
+                                   msg=lambda m: f"grad {name}: {m}")
 
 
 @pytest.mark.gpu
