@@ -274,7 +274,8 @@ def local_softmax_decay_attention(
         key_mask (`Tensor` of shape `(B, Lk)`, *optional*): 1 (or True) for keys to attend to.
         query_offset (`int`, defaults to 0): absolute position of the first query.
         mode (`str`, defaults to `"auto"`): `"naive"` (quadratic reference), `"linear"` (local band plus
-            chunked decayed tails, O(L) time and memory) or `"auto"` (the cheaper, by the cost model of
+            chunked decayed tails, O(L) time and memory) or `"auto"` (the linear path's Triton kernels where they
+            run, on CUDA, at any length; elsewhere the cheaper, by the cost model of
             `kernelized_decay_choose_mode`).
         horizon (`int`, *optional*): h; read from `rel` when omitted.
 
@@ -285,7 +286,9 @@ def local_softmax_decay_attention(
     check_attention_inputs(q, k, v, rel, key_mask, query_offset, mode)
     check_decay(decay, q.shape[1], q.dtype)
     h = resolve_horizon(rel, horizon)
-    if mode == "auto":
+    if mode == "auto" and _attention_function(q.device, h, q.shape[-1], v.shape[-1]) is not None:
+        mode = "linear"  # the Triton kernels: a handful of launches at any length, where the quadratic path has dozens
+    elif mode == "auto":
         mode = kernelized_decay_choose_mode(
             q.shape[2], k.shape[2], q.shape[-1], v.shape[-1], h, causal=causal, batch_heads=q.shape[0] * q.shape[1]
         )

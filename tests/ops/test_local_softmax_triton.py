@@ -108,6 +108,22 @@ def test_triton_attention_rows_beyond_float32(triton_paths):
                                    msg=lambda m: f"grad {name}: {m}")
 
 
+@CAUSAL
+def test_auto_mode_takes_the_kernels_at_any_length(causal, decay_inputs, triton_paths):
+    """Where the kernels run, `mode="auto"` takes them even where the CPU's cost model picks the quadratic path (a few
+    launches against dozens of small operations), with the reference's output."""
+    from modeling_scaleformer.ops_decay import kernelized_decay_choose_mode
+    from modeling_scaleformer.ops_local_softmax import local_softmax_decay_attention
+
+    used = triton_paths()
+    q, k, v, rel, decay, key_mask, horizon = decay_inputs(b=2, h=2, lq=6, lk=6, horizon=3, mask="padding")
+    assert kernelized_decay_choose_mode(6, 6, q.shape[-1], v.shape[-1], horizon, causal=causal, batch_heads=4) == "naive"
+    got = local_softmax_decay_attention(q, k, v, rel, decay, causal=causal, key_mask=key_mask)
+    assert used == {"local_softmax_decay"}
+    torch.testing.assert_close(got, naive_local_softmax_decay_attention(q, k, v, rel, decay, causal=causal,
+                                                                        key_mask=key_mask), rtol=1e-10, atol=1e-12)
+
+
 def test_sizes_beyond_the_kernels_take_the_pytorch_path():
     """The kernels take h <= 31 and D, Dv <= 64 (the tile sizes checked on a GPU); beyond, the op on CUDA picks the
     PyTorch path, and the kernels' entry point refuses them by name."""
