@@ -14,10 +14,13 @@ the reversed sequences). Query i at a, its place in the block, weighs the pairs 
 band, phi(q_i).phi(k_j) / D exp(-lambda (|p_i - j| - h)) beyond it) and the states decayed by exp(-lambda a) and
 exp(-lambda (BLOCK - 1 - a)), all scaled by exp(-m_i) (`ops_common.row_shift`) and normalised together (a row
 with no visible key in its band and a weight beyond it below exp(-60), exp(-600) in float64, has no visible key:
-out 0, no gradient; see `_least_shift`). Five kernels, laid out like flash-linear-attention's chunk kernels:
+out 0, no gradient; see `_least_shift`). The kernels, laid out like flash-linear-attention's chunk kernels:
 
-- `_states`: one program per batch*head row and direction walks the chunks of BLOCK keys and stores L_b of every
-  block (recomputed in backward rather than kept);
+- `_chunk_sums` then `_scan_states` (`PARALLEL_STATES`), or `_states`: L_b of every block (recomputed in backward
+  rather than kept). `_chunk_sums` stores what each chunk of BLOCK keys adds, every chunk at once, and
+  `_scan_states` sums them up in place, a sequential pass of elementwise work per batch*head row, direction and
+  SCAN_ROWS rows of the state; `_states` walks the chunks with one program per row and direction, reading each
+  chunk's keys in sequence;
 - `_forward`: one program per query block and row: the window's logits and kernel weights, both states, the row
   shift m, out, and m and the normaliser for backward;
 - `_states_backward`: one program per row and direction walks the chunks back, carrying the states' gradient
@@ -193,6 +196,60 @@ def _states(
         features = features * to_next[:, None]
         state = state * carry + tl.dot(tl.trans(features.to(op)), v.to(op), input_precision=DOT)
         norm = norm * carry + tl.sum(features, 0)
+
+
+@triton.jit
+def _chunk_sums(
+    K, V, MASK, RATE, S, Z,
+    lq, lk, heads, rows, offset, nq, n_states, start0, start1, d, dv, skb, skh, skl, svb, svh, svl,
+    HORIZON: tl.constexpr, HAS_MASK: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_V: tl.constexpr, DOT: tl.constexpr,
+):
+    """`_states` in parallel, first of two: one program per chunk c, row and direction stores what the keys of chunk c
+    add to the next block's state, sum_t exp(-lambda (BLOCK - t)) phi(k_t) m_t [v_t, 1]^T, in state slot c - start + 1
+    (`_scan_states` then sums the slots up)."""
+    index, row, direction = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    acc = S.dtype.element_ty
+    step, qfirst, kfirst, qshift, off_w, start, rate, carry, to_next = _walk_start(
+        RATE, row, heads, direction, lq, lk, offset, nq, start0, start1, acc, BLOCK)
+    c = start + index
+    if c < nq - 1:  # the keys of the last chunk enter no stored state
+        j, exists, mk, features, v = _chunk_keys(K, V, MASK, row, heads, lk, c, kfirst, step, qshift, off_w, d, dv, skb,
+                                           skh, skl, svb, svh, svl, HORIZON, HAS_MASK, acc, BLOCK, BLOCK_D, BLOCK_V)
+        features = features * to_next[:, None]
+        s_ptr, z_ptr, s_mask, z_mask = _state_ptrs(S, Z, direction, row, rows, index + 1, n_states, d, dv, BLOCK_D,
+                                                   BLOCK_V)
+        tl.store(s_ptr, tl.dot(tl.trans(features.to(K.dtype.element_ty)), v.to(K.dtype.element_ty),
+                               input_precision=DOT), mask=s_mask)
+        tl.store(z_ptr, tl.sum(features, 0), mask=z_mask)
+
+
+@triton.jit
+def _scan_states(
+    RATE, S, Z, heads, rows, nq, n_states, start0, start1, d, dv,
+    BLOCK: tl.constexpr, BLOCK_SD: tl.constexpr, BLOCK_V: tl.constexpr,
+):
+    """`_states` in parallel, second of two: one program per row, direction and BLOCK_SD rows of the state turns the
+    chunks' sums (`_chunk_sums`) into the states, L_0 = 0 and L_{c+1} = exp(-lambda BLOCK) L_c + (chunk c's sum), in
+    place: a sequential pass of elementwise work, where `_states` also reads every key."""
+    row, direction, part = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    acc = S.dtype.element_ty
+    rate = tl.load(RATE + row % heads).to(acc)
+    carry = tl.exp(-rate * BLOCK)
+    dd = part * BLOCK_SD + tl.arange(0, BLOCK_SD)
+    vv = tl.arange(0, BLOCK_V)
+    at = (direction * rows + row).to(tl.int64) * n_states * d + dd
+    s_ptr, z_ptr = S + at[:, None] * dv + vv[None, :], Z + at
+    s_mask, z_mask = (dd[:, None] < d) & (vv[None, :] < dv), dd < d
+    state = tl.zeros((BLOCK_SD, BLOCK_V), dtype=acc)
+    norm = tl.zeros((BLOCK_SD,), dtype=acc)
+    tl.store(s_ptr, state, mask=s_mask)
+    tl.store(z_ptr, norm, mask=z_mask)
+    for index in range(1, nq - tl.where(direction == 1, start1, start0)):
+        state = state * carry + tl.load(s_ptr + index * d * dv, mask=s_mask, other=0.0)
+        norm = norm * carry + tl.load(z_ptr + index * d, mask=z_mask, other=0.0)
+        tl.store(s_ptr + index * d * dv, state, mask=s_mask)
+        tl.store(z_ptr + index * d, norm, mask=z_mask)
 
 
 @triton.jit
@@ -553,9 +610,17 @@ MAX_DIM = 64
 # launch options of each kernel: at BLOCK 64, D = Dv = 64, h = 16 and bf16, those with the fewest register spills
 # that ptxas reports for sm90 among 4, 8 and 16 warps and 1 to 3 pipeline stages (benchmarks/kernel_resources.py:
 # `_states` none, the others some, the most in the tile kernels, (64, 128) tiles; at BLOCK 32 almost none)
-LAUNCH = {"_states": dict(num_warps=8), "_states_backward": dict(num_warps=8, num_stages=2),
+LAUNCH = {"_states": dict(num_warps=8), "_chunk_sums": dict(num_warps=8), "_scan_states": dict(num_warps=4),
+          "_states_backward": dict(num_warps=8, num_stages=2),
           "_forward": dict(num_warps=8), "_backward_queries": dict(num_warps=8),
           "_backward_keys": dict(num_warps=8, num_stages=1)}
+
+
+# the forward states by `_chunk_sums` (every chunk at once) and `_scan_states` (a sequential pass of elementwise work,
+# rows of the states in slices of SCAN_ROWS), instead of `_states`' walk, which reads every chunk's keys in sequence
+# with one program per batch*head row and direction
+PARALLEL_STATES = True
+SCAN_ROWS = 16
 
 
 def fits(horizon: int, dim: int, value_dim: int) -> bool:
@@ -664,17 +729,27 @@ class TritonLocalSoftmaxDecay(torch.autograd.Function):
 
 def _walk_states(k, v, mask, rate, walk: _Walk, heads: int, lq: int, offset: int, horizon: int, causal: bool,
                  dot: str):
-    """The states L_b (and their normalisers) of every query block in each direction (`_states`)."""
+    """The states L_b (and their normalisers) of every query block in each direction: `_chunk_sums` then
+    `_scan_states` (`PARALLEL_STATES`), or `_states`' sequential walk."""
     b, _, lk, d = k.shape
     dv = v.shape[-1]
-    directions = 1 if causal else 2
-    states = rate.new_empty(directions, b * heads, walk.n_states, d, dv)
-    norms = rate.new_empty(directions, b * heads, walk.n_states, d)
+    rows, directions = b * heads, 1 if causal else 2
+    states = rate.new_empty(directions, rows, walk.n_states, d, dv)
+    norms = rate.new_empty(directions, rows, walk.n_states, d)
     sizes = _sizes(horizon, d, dv)
-    _states[(b * heads, directions)](
-        k, v, k if mask is None else mask, rate, states, norms, lq, lk, heads, b * heads, offset, walk.nq,
-        walk.n_states, *walk.starts, d, dv, *_strides(k, v), HORIZON=horizon, HAS_MASK=mask is not None, BLOCK=BLOCK,
-        BLOCK_D=sizes["BLOCK_D"], BLOCK_V=sizes["BLOCK_V"], DOT=dot, **LAUNCH["_states"])
+    args = (k, v, k if mask is None else mask, rate, states, norms, lq, lk, heads, rows, offset, walk.nq,
+            walk.n_states, *walk.starts, d, dv, *_strides(k, v))
+    walk_sizes = dict(HORIZON=horizon, HAS_MASK=mask is not None, BLOCK=BLOCK, BLOCK_D=sizes["BLOCK_D"],
+                      BLOCK_V=sizes["BLOCK_V"], DOT=dot)
+    if not PARALLEL_STATES:
+        _states[(rows, directions)](*args, **walk_sizes, **LAUNCH["_states"])
+        return states, norms
+    chunks = walk.nq - 1 - min(walk.starts[:directions])  # the most chunks a direction's keys enter states from
+    if chunks > 0:
+        _chunk_sums[(chunks, rows, directions)](*args, **walk_sizes, **LAUNCH["_chunk_sums"])
+    _scan_states[(rows, directions, triton.cdiv(d, SCAN_ROWS))](
+        rate, states, norms, heads, rows, walk.nq, walk.n_states, *walk.starts, d, dv, BLOCK=BLOCK,
+        BLOCK_SD=SCAN_ROWS, BLOCK_V=sizes["BLOCK_V"], **LAUNCH["_scan_states"])
     return states, norms
 
 

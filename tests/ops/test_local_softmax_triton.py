@@ -51,6 +51,34 @@ def test_triton_attention_over_blocks(case, causal, decay_inputs, split_case, ch
     assert used == {"local_softmax_decay"}
 
 
+@pytest.mark.parametrize("case", [
+    dict(lq=40, lk=23, offset=5, causal=False), dict(lq=5, lk=40, offset=100, causal=False),
+    dict(lq=70, lk=30, offset=0, causal=False), dict(lq=37, lk=37, offset=0, causal=True),
+], ids=["offset-5", "queries-past-the-keys", "lq>lk", "causal"])
+def test_parallel_states_equal_the_walk(case, monkeypatch):
+    """The states of every query block by `_chunk_sums` and `_scan_states` (`PARALLEL_STATES`) equal those of
+    `_states`' sequential walk, in both directions (blocks of 16, padded keys)."""
+    from modeling_scaleformer import ops_local_softmax_triton as kernels
+
+    monkeypatch.setattr(kernels, "BLOCK", 16)
+    gen = torch.Generator().manual_seed(0)
+    lq, lk, offset, causal = case["lq"], case["lk"], case["offset"], case["causal"]
+    k, v = (torch.randn(2, 3, lk, dim, dtype=F64, generator=gen) for dim in (4, 5))
+    mask = torch.ones(2, lk, dtype=F64)
+    mask[1, -4:] = 0
+    rate = torch.tensor([0.05, 0.2, 0.6], dtype=F64)
+    walk = kernels._Walk.of(lq, lk, offset, 2, causal)
+    results = []
+    for parallel in (True, False):
+        monkeypatch.setattr(kernels, "PARALLEL_STATES", parallel)
+        results.append(kernels._walk_states(k, v, mask, rate, walk, 3, lq, offset, 2, causal, "ieee"))
+    for direction in range(1 if causal else 2):
+        used = walk.nq - walk.starts[direction]  # the slots of that direction's states
+        for got, expected in zip(*results):
+            torch.testing.assert_close(got[direction, :, :used], expected[direction, :, :used], rtol=1e-13,
+                                       atol=1e-15)
+
+
 def test_triton_attention_reads_strided_inputs(decay_inputs, triton_paths):
     """q, k, v as the model makes them, (B, L, H, D) tensors seen as (B, H, L, D), and an upstream gradient of any
     layout: the kernels read them in place, give the reference's output and gradients, and lay the output out so

@@ -108,6 +108,9 @@ def test_attention_kernels_lower(shape, options, causal, dtype):
     common = dict(HORIZON=horizon, HAS_MASK=options["HAS_MASK"], BLOCK=sizes["BLOCK"], BLOCK_D=sizes["BLOCK_D"],
                   BLOCK_V=sizes["BLOCK_V"], DOT=ops_decay_triton.dot_precision(kernel_dtype, half_inputs=half))
     lower(kernels._states, kernel_dtype, operands, operand_names=INPUTS, **common)
+    lower(kernels._chunk_sums, kernel_dtype, operands, operand_names=INPUTS, **common)
+    lower(kernels._scan_states, kernel_dtype, BLOCK=sizes["BLOCK"], BLOCK_SD=kernels.SCAN_ROWS,
+          BLOCK_V=sizes["BLOCK_V"])
     lower(kernels._states_backward, kernel_dtype, operands, operand_names=INPUTS, **common)
     for kernel in (kernels._forward, kernels._backward_queries):
         lower(kernel, kernel_dtype, operands, operand_names=INPUTS, CAUSAL=causal, **options, **sizes,
@@ -129,7 +132,9 @@ def test_attention_kernels_assemble_for_sm90(causal):
     walk = dict(HORIZON=16, HAS_MASK=True, BLOCK=sizes["BLOCK"], BLOCK_D=sizes["BLOCK_D"], BLOCK_V=sizes["BLOCK_V"],
                 DOT="tf32")
     tiles = dict(sizes, HORIZON=16, CAUSAL=causal, HAS_MASK=True, HAS_TABLE=True, DOT="tf32")
-    for name, constexprs in (("_states", walk), ("_states_backward", walk), ("_forward", tiles),
+    scan = dict(BLOCK=sizes["BLOCK"], BLOCK_SD=kernels.SCAN_ROWS, BLOCK_V=sizes["BLOCK_V"])
+    for name, constexprs in (("_states", walk), ("_chunk_sums", walk), ("_scan_states", scan),
+                             ("_states_backward", walk), ("_forward", tiles),
                              ("_backward_queries", tiles),
                              ("_backward_keys", dict(walk, CAUSAL=causal, HAS_TABLE=True, BLOCK_R=sizes["BLOCK_R"]))):
         compiled = triton.compile(source(getattr(kernels, name), torch.float32, torch.bfloat16, INPUTS, **constexprs),
