@@ -17,7 +17,7 @@ about GPUs.
 
     python benchmarks/bench_attention_gpu.py --json benchmarks/results/bench_attention_gpu.json
     python benchmarks/bench_attention_gpu.py --kernel-block 32 --lengths 16384   # the kernels' blocks of 32
-    python benchmarks/bench_attention_gpu.py --sequential-states --lengths 16384  # the states by `_states`' walk
+    python benchmarks/bench_attention_gpu.py --sequential-walks --lengths 16384  # `_states`' walks instead
     python benchmarks/bench_attention_gpu.py --device cpu --quick
 """
 
@@ -69,9 +69,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--kernel-block", type=int, metavar="N",
                         help="queries per block and keys per chunk of the default attention's Triton kernels "
                              "(ops_local_softmax_triton.BLOCK, a power of two >= 16; default: theirs)")
-    parser.add_argument("--sequential-states", action="store_true",
-                        help="the forward states by `_states`' sequential walk instead of `_chunk_sums` and "
-                             "`_scan_states` (ops_local_softmax_triton.PARALLEL_STATES = False)")
+    parser.add_argument("--sequential-walks", action="store_true",
+                        help="the states and their gradient by the sequential walks of `_states` and "
+                             "`_states_backward` instead of the parallel kernels "
+                             "(ops_local_softmax_triton.PARALLEL_WALKS = False)")
     args = parser.parse_args(argv)
     if args.kernel_block is not None and (args.kernel_block < 16 or args.kernel_block & (args.kernel_block - 1)):
         parser.error(f"--kernel-block must be a power of two >= 16, got {args.kernel_block}")
@@ -239,17 +240,17 @@ def main(argv: list[str] | None = None) -> int:
         from modeling_scaleformer import ops_local_softmax_triton
 
         ops_local_softmax_triton.BLOCK = args.kernel_block
-    if args.sequential_states:
+    if args.sequential_walks:
         from modeling_scaleformer import ops_local_softmax_triton
 
-        ops_local_softmax_triton.PARALLEL_STATES = False
+        ops_local_softmax_triton.PARALLEL_WALKS = False
     info = machine_info(torch.get_num_threads())
     device_name = torch.cuda.get_device_name(args.device) if args.device.type == "cuda" else "cpu"
     print("# Attention on a GPU: scaleformer (default attention) against SDPA flash and fla, forward + backward")
     print()
     print_machine(info)
     block = (f"; kernel blocks of {args.kernel_block}" if args.kernel_block else "") + (
-        "; sequential states" if args.sequential_states else "")
+        "; sequential walks" if args.sequential_walks else "")
     print(f"- device: {device_name}; B={args.batch}, H={args.heads}, D={args.dim}, horizon {args.horizon}, "
           f"{str(args.dtype).removeprefix('torch.')}; median of {args.repeats} after a warm-up{block}")
     print()

@@ -6,7 +6,7 @@
 #
 # STEP is any of env, attention, attention_block32, attention_sequential, tests, train, train_compiled, generate
 # (default: env, attention, tests, train, generate, in that order; attention_block32 times the op with the kernels'
-# blocks of 32, attention_sequential with the forward states by the sequential walk). Each step writes its log
+# blocks of 32, attention_sequential with the states by the sequential walks). Each step writes its log
 # (and its JSON) under OUT_DIR and runs under its own time limit (seconds, e.g. LIMIT_tests=300; at the limit the
 # step gets SIGINT, so that pytest still reports what ran), so that a failing or slow step leaves the others'
 # figures; the exit status is the number of steps that failed. TEST_PATHS
@@ -43,7 +43,7 @@ print(torch.__version__, triton.__version__, transformers.__version__, torch.cud
         attention_block32) step attention_block32 python3 benchmarks/bench_attention_gpu.py --kernel-block 32 \
             --lengths 4096 16384 65536 --json "$out/bench_attention_gpu_block32.json" ;;
         attention_sequential) step attention_sequential python3 benchmarks/bench_attention_gpu.py \
-            --sequential-states --lengths 4096 16384 65536 --json "$out/bench_attention_gpu_sequential.json" ;;
+            --sequential-walks --lengths 4096 16384 65536 --json "$out/bench_attention_gpu_sequential.json" ;;
         tests) step tests python3 -m pytest -m gpu -v -p no:cacheprovider -rfEs --durations=0 \
             ${TEST_PATHS:-tests/ops tests/models} ;;
         train) step train python3 benchmarks/bench_train.py --device cuda --bf16 --lengths 4096 16384 \

@@ -16,17 +16,19 @@ exp(-lambda (BLOCK - 1 - a)), all scaled by exp(-m_i) (`ops_common.row_shift`) a
 with no visible key in its band and a weight beyond it below exp(-60), exp(-600) in float64, has no visible key:
 out 0, no gradient; see `_least_shift`). The kernels, laid out like flash-linear-attention's chunk kernels:
 
-- `_chunk_sums` then `_scan_states` (`PARALLEL_STATES`), or `_states`: L_b of every block (recomputed in backward
+- `_chunk_sums` then `_scan_sums` (`PARALLEL_WALKS`), or `_states`: L_b of every block (recomputed in backward
   rather than kept). `_chunk_sums` stores what each chunk of BLOCK keys adds, every chunk at once, and
-  `_scan_states` sums them up in place, a sequential pass of elementwise work per batch*head row, direction and
+  `_scan_sums` sums them up in place, a sequential pass of elementwise work per batch*head row, direction and
   SCAN_ROWS rows of the state; `_states` walks the chunks with one program per row and direction, reading each
   chunk's keys in sequence;
 - `_forward`: one program per query block and row: the window's logits and kernel weights, both states, the row
   shift m, out, and m and the normaliser for backward;
-- `_states_backward`: one program per row and direction walks the chunks back, carrying the states' gradient
-  G_b = dL/dL_b (the block's queries add theirs, exp(-m_i) exp(-lambda a) phi(q_i) / D [gs_i, -delta_i]); each
-  chunk's keys get their share of it (dphi(k), dv), written per direction; it also stores
-  delta_i = g_i . out_i / den_i;
+- `_query_sums`, `_scan_sums` then `_key_shares` (`PARALLEL_WALKS`), or `_states_backward`: the states'
+  gradient G_b = dL/dL_b (the block's queries add theirs, exp(-m_i) exp(-lambda a) phi(q_i) / D [gs_i, -delta_i],
+  and G_b = exp(-lambda BLOCK) G_{b+1} + that) and each chunk's keys' share of it (dphi(k), dv), written per
+  direction, with delta_i = g_i . out_i / den_i: every block's sum at once, a sequential elementwise pass from the
+  last block back, then every chunk's share at once; `_states_backward` walks the chunks back with one program
+  per row and direction;
 - `_backward_queries`: by query blocks, like `_forward`: dq, each block's share of the table's gradient and
   lambda's;
 - `_backward_keys`: by key blocks: the query blocks whose windows hold them give dk and dv, and the walks'
@@ -206,18 +208,18 @@ def _chunk_sums(
     BLOCK_V: tl.constexpr, DOT: tl.constexpr,
 ):
     """`_states` in parallel, first of two: one program per chunk c, row and direction stores what the keys of chunk c
-    add to the next block's state, sum_t exp(-lambda (BLOCK - t)) phi(k_t) m_t [v_t, 1]^T, in state slot c - start + 1
-    (`_scan_states` then sums the slots up)."""
+    add to the next block's state, sum_t exp(-lambda (BLOCK - t)) phi(k_t) m_t [v_t, 1]^T, in state slot c - start
+    (`_scan_sums` then turns the slots into the states)."""
     index, row, direction = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     acc = S.dtype.element_ty
     step, qfirst, kfirst, qshift, off_w, start, rate, carry, to_next = _walk_start(
         RATE, row, heads, direction, lq, lk, offset, nq, start0, start1, acc, BLOCK)
     c = start + index
-    if c < nq - 1:  # the keys of the last chunk enter no stored state
+    if c < nq:
         j, exists, mk, features, v = _chunk_keys(K, V, MASK, row, heads, lk, c, kfirst, step, qshift, off_w, d, dv, skb,
                                            skh, skl, svb, svh, svl, HORIZON, HAS_MASK, acc, BLOCK, BLOCK_D, BLOCK_V)
         features = features * to_next[:, None]
-        s_ptr, z_ptr, s_mask, z_mask = _state_ptrs(S, Z, direction, row, rows, index + 1, n_states, d, dv, BLOCK_D,
+        s_ptr, z_ptr, s_mask, z_mask = _state_ptrs(S, Z, direction, row, rows, index, n_states, d, dv, BLOCK_D,
                                                    BLOCK_V)
         tl.store(s_ptr, tl.dot(tl.trans(features.to(K.dtype.element_ty)), v.to(K.dtype.element_ty),
                                input_precision=DOT), mask=s_mask)
@@ -225,31 +227,34 @@ def _chunk_sums(
 
 
 @triton.jit
-def _scan_states(
+def _scan_sums(
     RATE, S, Z, heads, rows, nq, n_states, start0, start1, d, dv,
-    BLOCK: tl.constexpr, BLOCK_SD: tl.constexpr, BLOCK_V: tl.constexpr,
+    REVERSE: tl.constexpr, BLOCK: tl.constexpr, BLOCK_SD: tl.constexpr, BLOCK_V: tl.constexpr,
 ):
-    """`_states` in parallel, second of two: one program per row, direction and BLOCK_SD rows of the state turns the
-    chunks' sums (`_chunk_sums`) into the states, L_0 = 0 and L_{c+1} = exp(-lambda BLOCK) L_c + (chunk c's sum), in
-    place: a sequential pass of elementwise work, where `_states` also reads every key."""
+    """The parallel walks' sequential pass: one program per batch*head row, direction and BLOCK_SD rows of (D, Dv)
+    sums x_c (and their (D,) normalisers) in the slots of chunks c = start .. nq - 1 replaces them in place by
+    y_c = sum over the chunks c' before c of exp(-lambda BLOCK (c - c' - 1)) x_c' (y_start = 0), or, REVERSE, over
+    the chunks after c: the states from the chunks' sums (`_chunk_sums`), the states' gradient from the blocks' sums
+    (`_query_sums`). Elementwise work, where the walks also read every chunk's keys or queries."""
     row, direction, part = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     acc = S.dtype.element_ty
-    rate = tl.load(RATE + row % heads).to(acc)
-    carry = tl.exp(-rate * BLOCK)
+    carry = tl.exp(-tl.load(RATE + row % heads).to(acc) * BLOCK)
     dd = part * BLOCK_SD + tl.arange(0, BLOCK_SD)
     vv = tl.arange(0, BLOCK_V)
     at = (direction * rows + row).to(tl.int64) * n_states * d + dd
     s_ptr, z_ptr = S + at[:, None] * dv + vv[None, :], Z + at
     s_mask, z_mask = (dd[:, None] < d) & (vv[None, :] < dv), dd < d
-    state = tl.zeros((BLOCK_SD, BLOCK_V), dtype=acc)
-    norm = tl.zeros((BLOCK_SD,), dtype=acc)
-    tl.store(s_ptr, state, mask=s_mask)
-    tl.store(z_ptr, norm, mask=z_mask)
-    for index in range(1, nq - tl.where(direction == 1, start1, start0)):
-        state = state * carry + tl.load(s_ptr + index * d * dv, mask=s_mask, other=0.0)
-        norm = norm * carry + tl.load(z_ptr + index * d, mask=z_mask, other=0.0)
-        tl.store(s_ptr + index * d * dv, state, mask=s_mask)
-        tl.store(z_ptr + index * d, norm, mask=z_mask)
+    total = tl.zeros((BLOCK_SD, BLOCK_V), dtype=acc)
+    total_norm = tl.zeros((BLOCK_SD,), dtype=acc)
+    slots = nq - tl.where(direction == 1, start1, start0)
+    for step in range(0, slots):
+        index = slots - 1 - step if REVERSE else step
+        x = tl.load(s_ptr + index * d * dv, mask=s_mask, other=0.0)
+        x_norm = tl.load(z_ptr + index * d, mask=z_mask, other=0.0)
+        tl.store(s_ptr + index * d * dv, total, mask=s_mask)
+        tl.store(z_ptr + index * d, total_norm, mask=z_mask)
+        total = total * carry + x
+        total_norm = total_norm * carry + x_norm
 
 
 @triton.jit
@@ -329,6 +334,80 @@ def _states_backward(
         adjoint = adjoint * carry + tl.dot(tl.trans(features_q.to(op)), gs.to(op), input_precision=DOT)
         adjoint_norm = adjoint_norm * carry - tl.sum(features_q * delta[:, None], 0)
     tl.store(GRAD_RATE + direction * rows + row, tl.sum(grad_keys, 0) - BLOCK * carry * grad_carry)
+
+
+@triton.jit
+def _query_sums(
+    Q, RATE, A, AZ, DO, OUT, SHIFT, DEN, DELTA,
+    lq, lk, heads, rows, offset, nq, n_states, start0, start1, d, dv, sqb, sqh, sql, sgb, sgh, sgl, sob, soh, sol,
+    BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, DOT: tl.constexpr,
+):
+    """`_states_backward` in parallel, first of three: one program per query block c, row and direction stores what
+    the block's queries add to the gradient of its state L_c, exp(-m_i) exp(-lambda a) phi(q_i) / D [gs_i, -delta_i]
+    summed over them, in slot c - start (and delta_i, in direction 0); `_scan_sums` (REVERSE) then turns the slots
+    into G_{c+1}, the gradient of the state after chunk c."""
+    index, row, direction = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    acc = A.dtype.element_ty
+    step, qfirst, kfirst, qshift, off_w, start, rate, carry, to_next = _walk_start(
+        RATE, row, heads, direction, lq, lk, offset, nq, start0, start1, acc, BLOCK)
+    if index < nq - start:
+        t = tl.arange(0, BLOCK)
+        x = (start + index) * BLOCK - qshift + t
+        inside = (x >= 0) & (x < lq)
+        i, q, gs, delta, shift_scale = _query_rows(Q, DO, OUT, SHIFT, DEN, row, heads, lq, x, inside, qfirst, step, d,
+                                                   dv, sqb, sqh, sql, sgb, sgh, sgl, sob, soh, sol, acc, BLOCK_D,
+                                                   BLOCK_V)
+        tl.store(DELTA + row.to(tl.int64) * lq + i, delta, mask=inside & (x * 0 + direction == 0))
+        coef = shift_scale * tl.exp(-rate * t.to(acc))
+        features_q = _elu_features(q, inside[:, None] & (tl.arange(0, BLOCK_D)[None, :] < d)) / d * coef[:, None]
+        a_ptr, az_ptr, a_mask, az_mask = _state_ptrs(A, AZ, direction, row, rows, index, n_states, d, dv, BLOCK_D,
+                                                     BLOCK_V)
+        tl.store(a_ptr, tl.dot(tl.trans(features_q.to(Q.dtype.element_ty)), gs.to(Q.dtype.element_ty),
+                               input_precision=DOT), mask=a_mask)
+        tl.store(az_ptr, -tl.sum(features_q * delta[:, None], 0), mask=az_mask)
+
+
+@triton.jit
+def _key_shares(
+    K, V, MASK, RATE, S, Z, A, AZ, DPHI, DVS, GRAD_RATE,
+    lq, lk, heads, rows, offset, nq, n_states, start0, start1, d, dv, skb, skh, skl, svb, svh, svl,
+    HORIZON: tl.constexpr, HAS_MASK: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_V: tl.constexpr, DOT: tl.constexpr,
+):
+    """`_states_backward` in parallel, last of three: one program per chunk c, row and direction gives the chunk's keys
+    their share of G_{c+1} (`_scan_sums`), dphi(k) and dv, written per direction, and stores its part of lambda's
+    gradient (the keys' distances to s_{c+1}, and the carry applied to L_c)."""
+    index, row, direction = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    acc = A.dtype.element_ty
+    op = K.dtype.element_ty
+    step, qfirst, kfirst, qshift, off_w, start, rate, carry, to_next = _walk_start(
+        RATE, row, heads, direction, lq, lk, offset, nq, start0, start1, acc, BLOCK)
+    if index < nq - start:
+        c = start + index
+        t = tl.arange(0, BLOCK)
+        dd = tl.arange(0, BLOCK_D)
+        vv = tl.arange(0, BLOCK_V)
+        j, exists, mk, features, v = _chunk_keys(K, V, MASK, row, heads, lk, c, kfirst, step, qshift, off_w, d, dv,
+                                                 skb, skh, skl, svb, svh, svl, HORIZON, HAS_MASK, acc, BLOCK, BLOCK_D,
+                                                 BLOCK_V)
+        a_ptr, az_ptr, a_mask, az_mask = _state_ptrs(A, AZ, direction, row, rows, index, n_states, d, dv, BLOCK_D,
+                                                     BLOCK_V)
+        adjoint = tl.load(a_ptr, mask=a_mask, other=0.0)
+        adjoint_norm = tl.load(az_ptr, mask=az_mask, other=0.0)
+        base = tl.dot(v.to(op), tl.trans(adjoint.to(op)), input_precision=DOT) + adjoint_norm[None, :]  # G v + g_z
+        dvs = tl.dot((features * to_next[:, None]).to(op), adjoint.to(op), input_precision=DOT)
+        at = ((direction * rows + row).to(tl.int64) * lk + j)
+        tl.store(DPHI + at[:, None] * d + dd[None, :], base * (to_next * mk)[:, None],
+                 mask=exists[:, None] & (dd[None, :] < d))
+        tl.store(DVS + at[:, None] * dv + vv[None, :], dvs, mask=exists[:, None] & (vv[None, :] < dv))
+        s_ptr, z_ptr, s_mask, z_mask = _state_ptrs(S, Z, direction, row, rows, index, n_states, d, dv, BLOCK_D,
+                                                   BLOCK_V)
+        state = tl.load(s_ptr, mask=s_mask, other=0.0)
+        norm = tl.load(z_ptr, mask=z_mask, other=0.0)
+        grad_carry = tl.sum(tl.sum(adjoint * state, 1), 0) + tl.sum(adjoint_norm * norm, 0)
+        grad_keys = -tl.sum((BLOCK - t).to(acc) * to_next * tl.sum(features * base, 1), 0)
+        tl.store(GRAD_RATE + (direction * rows + row).to(tl.int64) * n_states + index,
+                 grad_keys - BLOCK * carry * grad_carry)
 
 
 @triton.jit
@@ -610,16 +689,18 @@ MAX_DIM = 64
 # launch options of each kernel: at BLOCK 64, D = Dv = 64, h = 16 and bf16, those with the fewest register spills
 # that ptxas reports for sm90 among 4, 8 and 16 warps and 1 to 3 pipeline stages (benchmarks/kernel_resources.py:
 # `_states` none, the others some, the most in the tile kernels, (64, 128) tiles; at BLOCK 32 almost none)
-LAUNCH = {"_states": dict(num_warps=8), "_chunk_sums": dict(num_warps=8), "_scan_states": dict(num_warps=4),
+LAUNCH = {"_states": dict(num_warps=8), "_chunk_sums": dict(num_warps=8), "_scan_sums": dict(num_warps=4),
+          "_query_sums": dict(num_warps=8), "_key_shares": dict(num_warps=8),
           "_states_backward": dict(num_warps=8, num_stages=2),
           "_forward": dict(num_warps=8), "_backward_queries": dict(num_warps=8),
           "_backward_keys": dict(num_warps=8, num_stages=1)}
 
 
-# the forward states by `_chunk_sums` (every chunk at once) and `_scan_states` (a sequential pass of elementwise work,
-# rows of the states in slices of SCAN_ROWS), instead of `_states`' walk, which reads every chunk's keys in sequence
-# with one program per batch*head row and direction
-PARALLEL_STATES = True
+# the states by `_chunk_sums` (every chunk at once) and `_scan_sums` (a sequential pass of elementwise work, rows of
+# the states in slices of SCAN_ROWS), and their gradient by `_query_sums`, `_scan_sums` and `_key_shares`, instead
+# of the walks of `_states` and `_states_backward`, which read every chunk in sequence with one program per
+# batch*head row and direction
+PARALLEL_WALKS = True
 SCAN_ROWS = 16
 
 
@@ -699,15 +780,19 @@ class TritonLocalSoftmaxDecay(torch.autograd.Function):
         delta = torch.empty_like(den)
         grad_phi = den.new_empty(directions, rows, lk, d)
         grad_state_v = den.new_empty(directions, rows, lk, dv)
-        grad_rate_walk = den.new_empty(directions, rows)
         sizes = _sizes(horizon, d, dv)
         mask_arg = k if mask is None else mask
         common = dict(HORIZON=horizon, HAS_MASK=mask is not None, DOT=dot, BLOCK=BLOCK, BLOCK_D=sizes["BLOCK_D"],
                       BLOCK_V=sizes["BLOCK_V"])
-        _states_backward[(rows, directions)](
-            q, k, v, mask_arg, rate, states, norms, g, out, shift, den, delta, grad_phi, grad_state_v, grad_rate_walk,
-            lq, lk, heads, rows, offset, walk.nq, walk.n_states, *walk.starts, d, dv, *_strides(q, k, v, g, out),
-            **common, **LAUNCH["_states_backward"])
+        if PARALLEL_WALKS:
+            grad_rate_walk = _walk_adjoints(q, k, v, mask_arg, rate, states, norms, g, out, shift, den, delta,
+                                            grad_phi, grad_state_v, walk, heads, offset, common)
+        else:
+            grad_rate_walk = den.new_empty(directions, rows)
+            _states_backward[(rows, directions)](
+                q, k, v, mask_arg, rate, states, norms, g, out, shift, den, delta, grad_phi, grad_state_v,
+                grad_rate_walk, lq, lk, heads, rows, offset, walk.nq, walk.n_states, *walk.starts, d, dv,
+                *_strides(q, k, v, g, out), **common, **LAUNCH["_states_backward"])
         dq = torch.empty_like(q)
         dtable = None if table is None else den.new_empty(rows, walk.nq, 2 * horizon + 1, d)
         grad_rate_queries = den.new_empty(rows, walk.nq)
@@ -727,10 +812,32 @@ class TritonLocalSoftmaxDecay(torch.autograd.Function):
         return dq, dk, dv_, grad_table, grad_rate, None, None, None, None, None
 
 
+def _walk_adjoints(q, k, v, mask_arg, rate, states, norms, g, out, shift, den, delta, grad_phi, grad_state_v,
+                   walk: _Walk, heads: int, offset: int, common: dict) -> torch.Tensor:
+    """What `_states_backward` gives, by `_query_sums`, `_scan_sums` and `_key_shares` (`PARALLEL_WALKS`): the
+    keys' shares of the states' gradient (into `grad_phi`, `grad_state_v`), delta (into `delta`) and the walks' part
+    of lambda's gradient, (directions, rows)."""
+    directions, rows, slots, d, dv = states.shape
+    lq, lk = q.shape[2], k.shape[2]
+    adjoints, adjoint_norms = states.new_empty(states.shape), norms.new_empty(norms.shape)
+    partial = den.new_zeros(directions, rows, slots)  # lambda's gradient, by chunk
+    sizes = dict(BLOCK=BLOCK, BLOCK_D=common["BLOCK_D"], BLOCK_V=common["BLOCK_V"])
+    _query_sums[(slots, rows, directions)](
+        q, rate, adjoints, adjoint_norms, g, out, shift, den, delta, lq, lk, heads, rows, offset, walk.nq, slots,
+        *walk.starts, d, dv, *_strides(q, g, out), DOT=common["DOT"], **sizes, **LAUNCH["_query_sums"])
+    _scan_sums[(rows, directions, triton.cdiv(d, SCAN_ROWS))](
+        rate, adjoints, adjoint_norms, heads, rows, walk.nq, slots, *walk.starts, d, dv, REVERSE=True, BLOCK=BLOCK,
+        BLOCK_SD=SCAN_ROWS, BLOCK_V=common["BLOCK_V"], **LAUNCH["_scan_sums"])
+    _key_shares[(slots, rows, directions)](
+        k, v, mask_arg, rate, states, norms, adjoints, adjoint_norms, grad_phi, grad_state_v, partial, lq, lk, heads,
+        rows, offset, walk.nq, slots, *walk.starts, d, dv, *_strides(k, v), **common, **LAUNCH["_key_shares"])
+    return partial.sum(-1)
+
+
 def _walk_states(k, v, mask, rate, walk: _Walk, heads: int, lq: int, offset: int, horizon: int, causal: bool,
                  dot: str):
     """The states L_b (and their normalisers) of every query block in each direction: `_chunk_sums` then
-    `_scan_states` (`PARALLEL_STATES`), or `_states`' sequential walk."""
+    `_scan_sums` (`PARALLEL_WALKS`), or `_states`' sequential walk."""
     b, _, lk, d = k.shape
     dv = v.shape[-1]
     rows, directions = b * heads, 1 if causal else 2
@@ -741,15 +848,13 @@ def _walk_states(k, v, mask, rate, walk: _Walk, heads: int, lq: int, offset: int
             walk.n_states, *walk.starts, d, dv, *_strides(k, v))
     walk_sizes = dict(HORIZON=horizon, HAS_MASK=mask is not None, BLOCK=BLOCK, BLOCK_D=sizes["BLOCK_D"],
                       BLOCK_V=sizes["BLOCK_V"], DOT=dot)
-    if not PARALLEL_STATES:
+    if not PARALLEL_WALKS:
         _states[(rows, directions)](*args, **walk_sizes, **LAUNCH["_states"])
         return states, norms
-    chunks = walk.nq - 1 - min(walk.starts[:directions])  # the most chunks a direction's keys enter states from
-    if chunks > 0:
-        _chunk_sums[(chunks, rows, directions)](*args, **walk_sizes, **LAUNCH["_chunk_sums"])
-    _scan_states[(rows, directions, triton.cdiv(d, SCAN_ROWS))](
-        rate, states, norms, heads, rows, walk.nq, walk.n_states, *walk.starts, d, dv, BLOCK=BLOCK,
-        BLOCK_SD=SCAN_ROWS, BLOCK_V=sizes["BLOCK_V"], **LAUNCH["_scan_states"])
+    _chunk_sums[(walk.n_states, rows, directions)](*args, **walk_sizes, **LAUNCH["_chunk_sums"])
+    _scan_sums[(rows, directions, triton.cdiv(d, SCAN_ROWS))](
+        rate, states, norms, heads, rows, walk.nq, walk.n_states, *walk.starts, d, dv, REVERSE=False, BLOCK=BLOCK,
+        BLOCK_SD=SCAN_ROWS, BLOCK_V=sizes["BLOCK_V"], **LAUNCH["_scan_sums"])
     return states, norms
 
 

@@ -13,7 +13,7 @@ RUN_GPU = Path(__file__).resolve().parents[2] / "benchmarks" / "run_gpu.sh"
 def test_bench_attention_gpu_smoke(run_command, tmp_path):
     report_path = tmp_path / "report.json"
     result = run_command(["benchmarks/bench_attention_gpu.py", "--device", "cpu", "--quick", "--dtype", "float32",
-                          "--lengths", "128", "--profile", "64", "--kernel-block", "32", "--sequential-states",
+                          "--lengths", "128", "--profile", "64", "--kernel-block", "32", "--sequential-walks",
                           "--json", str(report_path)])
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     report = json.loads(report_path.read_text())
@@ -26,7 +26,7 @@ def test_bench_attention_gpu_smoke(run_command, tmp_path):
     assert set(report["profiles"]) == {"causal", "bidir"}
     assert "## Profile: scaleformer bidir, L=64, forward + backward" in result.stdout
     assert "aten::bmm" in report["profiles"]["causal"]
-    assert "kernel blocks of 32; sequential states" in result.stdout
+    assert "kernel blocks of 32; sequential walks" in result.stdout
 
 
 def test_bench_attention_gpu_refuses_a_kernel_block_the_kernels_cannot_take(run_command):

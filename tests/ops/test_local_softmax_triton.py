@@ -55,9 +55,10 @@ def test_triton_attention_over_blocks(case, causal, decay_inputs, split_case, ch
     dict(lq=40, lk=23, offset=5, causal=False), dict(lq=5, lk=40, offset=100, causal=False),
     dict(lq=70, lk=30, offset=0, causal=False), dict(lq=37, lk=37, offset=0, causal=True),
 ], ids=["offset-5", "queries-past-the-keys", "lq>lk", "causal"])
-def test_parallel_states_equal_the_walk(case, monkeypatch):
-    """The states of every query block by `_chunk_sums` and `_scan_states` (`PARALLEL_STATES`) equal those of
-    `_states`' sequential walk, in both directions (blocks of 16, padded keys)."""
+def test_parallel_walks_equal_the_sequential_walks(case, monkeypatch, triton_paths):
+    """The states of every query block by `_chunk_sums` and `_scan_sums` (`PARALLEL_WALKS`) equal those of
+    `_states`' sequential walk, in both directions, and the op's gradients through `_query_sums`, `_scan_sums` (in
+    reverse) and `_key_shares` equal those through `_states_backward` (blocks of 16, padded keys)."""
     from modeling_scaleformer import ops_local_softmax_triton as kernels
 
     monkeypatch.setattr(kernels, "BLOCK", 16)
@@ -70,13 +71,24 @@ def test_parallel_states_equal_the_walk(case, monkeypatch):
     walk = kernels._Walk.of(lq, lk, offset, 2, causal)
     results = []
     for parallel in (True, False):
-        monkeypatch.setattr(kernels, "PARALLEL_STATES", parallel)
+        monkeypatch.setattr(kernels, "PARALLEL_WALKS", parallel)
         results.append(kernels._walk_states(k, v, mask, rate, walk, 3, lq, offset, 2, causal, "ieee"))
     for direction in range(1 if causal else 2):
         used = walk.nq - walk.starts[direction]  # the slots of that direction's states
         for got, expected in zip(*results):
             torch.testing.assert_close(got[direction, :, :used], expected[direction, :, :used], rtol=1e-13,
                                        atol=1e-15)
+    triton_paths(16)
+    q = torch.randn(2, 3, lq, 4, dtype=F64, generator=gen)
+    rel = torch.randn(3, 5, 4, dtype=F64, generator=gen)
+    grads = []
+    for parallel in (True, False):
+        monkeypatch.setattr(kernels, "PARALLEL_WALKS", parallel)
+        leaves = [x.clone().requires_grad_() for x in (q, k, v, rel, rate)]
+        out = chunk_local_softmax_decay_attention(*leaves, causal=causal, key_mask=mask, query_offset=offset)
+        grads.append(torch.autograd.grad(out, leaves, torch.ones_like(out) + out.detach()))
+    for name, got, expected in zip("q k v rel decay".split(), *grads):
+        torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-13, msg=lambda m: f"{name}: {m}")
 
 
 def test_triton_attention_reads_strided_inputs(decay_inputs, triton_paths):

@@ -109,8 +109,12 @@ def test_attention_kernels_lower(shape, options, causal, dtype):
                   BLOCK_V=sizes["BLOCK_V"], DOT=ops_decay_triton.dot_precision(kernel_dtype, half_inputs=half))
     lower(kernels._states, kernel_dtype, operands, operand_names=INPUTS, **common)
     lower(kernels._chunk_sums, kernel_dtype, operands, operand_names=INPUTS, **common)
-    lower(kernels._scan_states, kernel_dtype, BLOCK=sizes["BLOCK"], BLOCK_SD=kernels.SCAN_ROWS,
-          BLOCK_V=sizes["BLOCK_V"])
+    scan = dict(BLOCK=sizes["BLOCK"], BLOCK_SD=kernels.SCAN_ROWS, BLOCK_V=sizes["BLOCK_V"])
+    for reverse in (False, True):
+        lower(kernels._scan_sums, kernel_dtype, REVERSE=reverse, **scan)
+    lower(kernels._query_sums, kernel_dtype, operands, operand_names=INPUTS,
+          **{key: common[key] for key in ("BLOCK", "BLOCK_D", "BLOCK_V", "DOT")})
+    lower(kernels._key_shares, kernel_dtype, operands, operand_names=INPUTS, **common)
     lower(kernels._states_backward, kernel_dtype, operands, operand_names=INPUTS, **common)
     for kernel in (kernels._forward, kernels._backward_queries):
         lower(kernel, kernel_dtype, operands, operand_names=INPUTS, CAUSAL=causal, **options, **sizes,
@@ -133,7 +137,9 @@ def test_attention_kernels_assemble_for_sm90(causal):
                 DOT="tf32")
     tiles = dict(sizes, HORIZON=16, CAUSAL=causal, HAS_MASK=True, HAS_TABLE=True, DOT="tf32")
     scan = dict(BLOCK=sizes["BLOCK"], BLOCK_SD=kernels.SCAN_ROWS, BLOCK_V=sizes["BLOCK_V"])
-    for name, constexprs in (("_states", walk), ("_chunk_sums", walk), ("_scan_states", scan),
+    queries = {key: walk[key] for key in ("BLOCK", "BLOCK_D", "BLOCK_V", "DOT")}
+    for name, constexprs in (("_states", walk), ("_chunk_sums", walk), ("_scan_sums", dict(scan, REVERSE=True)),
+                             ("_query_sums", queries), ("_key_shares", walk),
                              ("_states_backward", walk), ("_forward", tiles),
                              ("_backward_queries", tiles),
                              ("_backward_keys", dict(walk, CAUSAL=causal, HAS_TABLE=True, BLOCK_R=sizes["BLOCK_R"]))):
