@@ -216,13 +216,14 @@ def _chunk_sums(
         RATE, row, heads, direction, lq, lk, offset, nq, start0, start1, acc, BLOCK)
     c = start + index
     if c < nq:
-        j, exists, mk, features, v = _chunk_keys(K, V, MASK, row, heads, lk, c, kfirst, step, qshift, off_w, d, dv, skb,
-                                           skh, skl, svb, svh, svl, HORIZON, HAS_MASK, acc, BLOCK, BLOCK_D, BLOCK_V)
+        j, exists, mk, features, v = _chunk_keys(K, V, MASK, row, heads, lk, c, kfirst, step, qshift, off_w, d, dv,
+                                                 skb, skh, skl, svb, svh, svl, HORIZON, HAS_MASK, acc, BLOCK, BLOCK_D,
+                                                 BLOCK_V)
         features = features * to_next[:, None]
         s_ptr, z_ptr, s_mask, z_mask = _state_ptrs(S, Z, direction, row, rows, index, n_states, d, dv, BLOCK_D,
                                                    BLOCK_V)
-        tl.store(s_ptr, tl.dot(tl.trans(features.to(K.dtype.element_ty)), v.to(K.dtype.element_ty),
-                               input_precision=DOT), mask=s_mask)
+        op = K.dtype.element_ty
+        tl.store(s_ptr, tl.dot(tl.trans(features.to(op)), v.to(op), input_precision=DOT), mask=s_mask)
         tl.store(z_ptr, tl.sum(features, 0), mask=z_mask)
 
 
