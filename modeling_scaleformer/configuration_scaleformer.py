@@ -90,8 +90,9 @@ class ScaleformerConfig(PreTrainedConfig):
             unless `cross_attention_rpe` is set.
         attention_mode (`str`, *optional*, defaults to `"auto"`):
             Algorithm for full-sequence attention: `"linear"` (O(L), or O(L log L) for `"toeplitz"`),
-            `"naive"` (quadratic) or `"auto"` (the cheaper per call). Results are equal up to rounding. The
-            softmax variants accept `"auto"` (fused SDPA) and `"naive"`.
+            `"naive"` (quadratic) or `"auto"` (the cheaper per call; on CUDA, the default attention's Triton
+            kernels at any length). Results are equal up to rounding. The softmax variants accept `"auto"` (fused
+            SDPA) and `"naive"`.
         rpe_horizon (`int`, *optional*, defaults to 16):
             Horizon h of the relative variants (`"kernelized_rpe"`, the three decay types, `"toeplitz"`,
             `"xl_relative"`, `"shaw_softmax"`): relative positions are clipped to [-h, h], giving 2h+1 learned
