@@ -374,6 +374,32 @@ def test_triton_attention_shapes_on_cuda(case):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_parallel_walks_on_cuda(monkeypatch):
+    """Real shapes on the GPU (B=2, H=8, L=4096, D=64, h=16, bf16, bidirectional, padded keys): the parallel walks
+    (`PARALLEL_WALKS`) give the sequential walks' output and gradients, so that timing one against the other
+    (`bench_attention_gpu.py --sequential-walks`) compares the same computation."""
+    from modeling_scaleformer import ops_local_softmax_triton
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(2, 8, 4096, 64, device="cuda", generator=gen).to(torch.bfloat16) for _ in range(3))
+    rel = (0.1 * torch.randn(8, 33, 64, device="cuda", generator=gen)).to(torch.bfloat16)
+    decay = torch.linspace(0.01, 0.3, 8, device="cuda").to(torch.bfloat16)
+    key_mask = torch.ones(2, 4096, device="cuda", dtype=torch.long)
+    key_mask[1, -100:] = 0
+    results = []
+    for parallel in (True, False):
+        monkeypatch.setattr(ops_local_softmax_triton, "PARALLEL_WALKS", parallel)
+        leaves = [x.clone().requires_grad_() for x in (q, k, v, rel, decay)]
+        out = chunk_local_softmax_decay_attention(*leaves, key_mask=key_mask)
+        grads = torch.autograd.grad(out.float().square().sum(), leaves)
+        results.append([out.detach().float()] + [g.float() for g in grads])
+    for name, got, expected in zip("out q k v rel decay".split(), *results):
+        torch.testing.assert_close(got, expected, rtol=1e-2, atol=1e-2 * max(1.0, float(expected.abs().max())),
+                                   msg=lambda m: f"{name}: {m}")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_decode_step_on_cuda(monkeypatch):
     """Real shapes on the GPU (B=4, H=16, D=64, h=16, 300 tokens of prefix): 32 decoding steps by the kernel the
     step picks on CUDA against the PyTorch step on the same device, outputs and states."""
