@@ -174,6 +174,19 @@ def _chunk_keys(K, V, MASK, row, heads, lk, c, kfirst, step, qshift, off_w, d, d
 
 
 @triton.jit
+def _chunk_sum(K, V, MASK, row, heads, lk, c, kfirst, step, qshift, off_w, to_next, d, dv, skb, skh, skl, svb, svh,
+               svl, HORIZON: tl.constexpr, HAS_MASK: tl.constexpr, ACC: tl.constexpr, BLOCK: tl.constexpr,
+               BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, DOT: tl.constexpr):
+    """What the keys of chunk c add to the next block's state: sum_t exp(-lambda (BLOCK - t)) phi(k_t) m_t v_t^T
+    (D, Dv) and its normaliser (D,)."""
+    j, exists, mk, features, v = _chunk_keys(K, V, MASK, row, heads, lk, c, kfirst, step, qshift, off_w, d, dv, skb,
+                                             skh, skl, svb, svh, svl, HORIZON, HAS_MASK, ACC, BLOCK, BLOCK_D, BLOCK_V)
+    features = features * to_next[:, None]
+    op = K.dtype.element_ty
+    return tl.dot(tl.trans(features.to(op)), v.to(op), input_precision=DOT), tl.sum(features, 0)
+
+
+@triton.jit
 def _states(
     K, V, MASK, RATE, S, Z,
     lq, lk, heads, rows, offset, nq, n_states, start0, start1, d, dv, skb, skh, skl, svb, svh, svl,
@@ -182,7 +195,6 @@ def _states(
 ):
     row, direction = tl.program_id(0), tl.program_id(1)
     acc = S.dtype.element_ty
-    op = K.dtype.element_ty
     step, qfirst, kfirst, qshift, off_w, start, rate, carry, to_next = _walk_start(
         RATE, row, heads, direction, lq, lk, offset, nq, start0, start1, acc, BLOCK)
     state = tl.zeros((BLOCK_D, BLOCK_V), dtype=acc)
@@ -192,12 +204,11 @@ def _states(
                                                    BLOCK_V)
         tl.store(s_ptr, state, mask=s_mask)
         tl.store(z_ptr, norm, mask=z_mask)
-        j, exists, mk, features, v = _chunk_keys(K, V, MASK, row, heads, lk, c, kfirst, step, qshift, off_w, d, dv,
-                                                 skb, skh, skl, svb, svh, svl, HORIZON, HAS_MASK, acc, BLOCK, BLOCK_D,
-                                                 BLOCK_V)
-        features = features * to_next[:, None]
-        state = state * carry + tl.dot(tl.trans(features.to(op)), v.to(op), input_precision=DOT)
-        norm = norm * carry + tl.sum(features, 0)
+        chunk, chunk_norm = _chunk_sum(K, V, MASK, row, heads, lk, c, kfirst, step, qshift, off_w, to_next, d, dv,
+                                       skb, skh, skl, svb, svh, svl, HORIZON, HAS_MASK, acc, BLOCK, BLOCK_D, BLOCK_V,
+                                       DOT)
+        state = state * carry + chunk
+        norm = norm * carry + chunk_norm
 
 
 @triton.jit
@@ -216,15 +227,13 @@ def _chunk_sums(
         RATE, row, heads, direction, lq, lk, offset, nq, start0, start1, acc, BLOCK)
     c = start + index
     if c < nq:
-        j, exists, mk, features, v = _chunk_keys(K, V, MASK, row, heads, lk, c, kfirst, step, qshift, off_w, d, dv,
-                                                 skb, skh, skl, svb, svh, svl, HORIZON, HAS_MASK, acc, BLOCK, BLOCK_D,
-                                                 BLOCK_V)
-        features = features * to_next[:, None]
+        chunk, chunk_norm = _chunk_sum(K, V, MASK, row, heads, lk, c, kfirst, step, qshift, off_w, to_next, d, dv,
+                                       skb, skh, skl, svb, svh, svl, HORIZON, HAS_MASK, acc, BLOCK, BLOCK_D, BLOCK_V,
+                                       DOT)
         s_ptr, z_ptr, s_mask, z_mask = _state_ptrs(S, Z, direction, row, rows, index, n_states, d, dv, BLOCK_D,
                                                    BLOCK_V)
-        op = K.dtype.element_ty
-        tl.store(s_ptr, tl.dot(tl.trans(features.to(op)), v.to(op), input_precision=DOT), mask=s_mask)
-        tl.store(z_ptr, tl.sum(features, 0), mask=z_mask)
+        tl.store(s_ptr, chunk, mask=s_mask)
+        tl.store(z_ptr, chunk_norm, mask=z_mask)
 
 
 @triton.jit
@@ -284,6 +293,52 @@ def _query_rows(Q, DO, OUT, SHIFT, DEN, row, heads, lq, x, inside, qfirst, step,
 
 
 @triton.jit
+def _key_share(K, V, MASK, S, Z, DPHI, DVS, adjoint, adjoint_norm, row, rows, heads, lk, direction, c, index,
+               kfirst, step, qshift, off_w, to_next, n_states, d, dv, skb, skh, skl, svb, svh, svl,
+               HORIZON: tl.constexpr, HAS_MASK: tl.constexpr, ACC: tl.constexpr, BLOCK: tl.constexpr,
+               BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, DOT: tl.constexpr):
+    """The keys of chunk c enter L_{c+1} (state slot `index`) with weight exp(-lambda (BLOCK - t)) m_j: their share
+    of its gradient G_{c+1} (`adjoint`, `adjoint_norm`), dphi(k) and dv, written per direction. Returns their parts
+    of d/dlambda: the keys' distances BLOCK - t to s_{c+1} (BLOCK,), and G_{c+1} . L_c, which the carry's BLOCK
+    multiplies."""
+    op = K.dtype.element_ty
+    dd = tl.arange(0, BLOCK_D)
+    vv = tl.arange(0, BLOCK_V)
+    j, exists, mk, features, v = _chunk_keys(K, V, MASK, row, heads, lk, c, kfirst, step, qshift, off_w, d, dv, skb,
+                                             skh, skl, svb, svh, svl, HORIZON, HAS_MASK, ACC, BLOCK, BLOCK_D, BLOCK_V)
+    base = tl.dot(v.to(op), tl.trans(adjoint.to(op)), input_precision=DOT) + adjoint_norm[None, :]  # G v + g_z
+    dvs = tl.dot((features * to_next[:, None]).to(op), adjoint.to(op), input_precision=DOT)
+    at = ((direction * rows + row).to(tl.int64) * lk + j)
+    tl.store(DPHI + at[:, None] * d + dd[None, :], base * (to_next * mk)[:, None],
+             mask=exists[:, None] & (dd[None, :] < d))
+    tl.store(DVS + at[:, None] * dv + vv[None, :], dvs, mask=exists[:, None] & (vv[None, :] < dv))
+    s_ptr, z_ptr, s_mask, z_mask = _state_ptrs(S, Z, direction, row, rows, index, n_states, d, dv, BLOCK_D, BLOCK_V)
+    state = tl.load(s_ptr, mask=s_mask, other=0.0)
+    norm = tl.load(z_ptr, mask=z_mask, other=0.0)
+    distance = (BLOCK - tl.arange(0, BLOCK)).to(ACC) * to_next * tl.sum(features * base, 1)
+    return distance, tl.sum(tl.sum(adjoint * state, 1), 0) + tl.sum(adjoint_norm * norm, 0)
+
+
+@triton.jit
+def _query_sum(Q, DO, OUT, SHIFT, DEN, DELTA, row, heads, lq, direction, c, qfirst, step, qshift, from_state, d, dv,
+               sqb, sqh, sql, sgb, sgh, sgl, sob, soh, sol, ACC: tl.constexpr, BLOCK: tl.constexpr,
+               BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, DOT: tl.constexpr):
+    """What query block c adds to the gradient of its state L_c: exp(-m_i) exp(-lambda a) phi(q_i) / D [gs_i,
+    -delta_i] summed over its queries ((D, Dv) and (D,); `from_state` holds exp(-lambda a)), storing delta_i in
+    direction 0."""
+    x = c * BLOCK - qshift + tl.arange(0, BLOCK)
+    inside = (x >= 0) & (x < lq)
+    i, q, gs, delta, shift_scale = _query_rows(Q, DO, OUT, SHIFT, DEN, row, heads, lq, x, inside, qfirst, step, d, dv,
+                                               sqb, sqh, sql, sgb, sgh, sgl, sob, soh, sol, ACC, BLOCK_D, BLOCK_V)
+    tl.store(DELTA + row.to(tl.int64) * lq + i, delta, mask=inside & (x * 0 + direction == 0))
+    features_q = (_elu_features(q, inside[:, None] & (tl.arange(0, BLOCK_D)[None, :] < d)) / d
+                  * (shift_scale * from_state)[:, None])
+    op = Q.dtype.element_ty
+    return (tl.dot(tl.trans(features_q.to(op)), gs.to(op), input_precision=DOT),
+            -tl.sum(features_q * delta[:, None], 0))
+
+
+@triton.jit
 def _states_backward(
     Q, K, V, MASK, RATE, S, Z, DO, OUT, SHIFT, DEN, DELTA, DPHI, DVS, GRAD_RATE,
     lq, lk, heads, rows, offset, nq, n_states, start0, start1, d, dv, sqb, sqh, sql, skb, skh, skl, svb, svh, svl,
@@ -293,47 +348,27 @@ def _states_backward(
 ):
     row, direction = tl.program_id(0), tl.program_id(1)
     acc = S.dtype.element_ty
-    op = K.dtype.element_ty
     step, qfirst, kfirst, qshift, off_w, start, rate, carry, to_next = _walk_start(
         RATE, row, heads, direction, lq, lk, offset, nq, start0, start1, acc, BLOCK)
-    t = tl.arange(0, BLOCK)
-    from_state = tl.exp(-rate * t.to(acc))  # query a of block b from its state L_b
-    dd = tl.arange(0, BLOCK_D)
-    vv = tl.arange(0, BLOCK_V)
+    from_state = tl.exp(-rate * tl.arange(0, BLOCK).to(acc))  # query a of block b from its state L_b
     adjoint = tl.zeros((BLOCK_D, BLOCK_V), dtype=acc)  # G_{c+1}: the gradient of the state after chunk c
     adjoint_norm = tl.zeros((BLOCK_D,), dtype=acc)
     grad_keys = tl.zeros((BLOCK,), dtype=acc)
     grad_carry = tl.sum(grad_keys, 0)
     for back in range(0, nq - start):
         c = nq - 1 - back
-        # the keys of chunk c enter L_{c+1} with weight exp(-lambda (BLOCK - t)) m_j: their share of G_{c+1}
-        j, exists, mk, features, v = _chunk_keys(K, V, MASK, row, heads, lk, c, kfirst, step, qshift, off_w, d, dv,
-                                                 skb, skh, skl, svb, svh, svl, HORIZON, HAS_MASK, acc, BLOCK, BLOCK_D,
-                                                 BLOCK_V)
-        base = tl.dot(v.to(op), tl.trans(adjoint.to(op)), input_precision=DOT) + adjoint_norm[None, :]  # G v + g_z
-        dvs = tl.dot((features * to_next[:, None]).to(op), adjoint.to(op), input_precision=DOT)
-        at = ((direction * rows + row).to(tl.int64) * lk + j)
-        tl.store(DPHI + at[:, None] * d + dd[None, :], base * (to_next * mk)[:, None],
-                 mask=exists[:, None] & (dd[None, :] < d))
-        tl.store(DVS + at[:, None] * dv + vv[None, :], dvs, mask=exists[:, None] & (vv[None, :] < dv))
-        # d/dlambda: the keys' distance BLOCK - t to s_{c+1}, and the carry's BLOCK applied to L_c
-        grad_keys -= (BLOCK - t).to(acc) * to_next * tl.sum(features * base, 1)
-        s_ptr, z_ptr, s_mask, z_mask = _state_ptrs(S, Z, direction, row, rows, c - start, n_states, d, dv, BLOCK_D,
-                                                   BLOCK_V)
-        state = tl.load(s_ptr, mask=s_mask, other=0.0)
-        norm = tl.load(z_ptr, mask=z_mask, other=0.0)
-        grad_carry += tl.sum(tl.sum(adjoint * state, 1), 0) + tl.sum(adjoint_norm * norm, 0)
+        distance, carried = _key_share(K, V, MASK, S, Z, DPHI, DVS, adjoint, adjoint_norm, row, rows, heads, lk,
+                                       direction, c, c - start, kfirst, step, qshift, off_w, to_next, n_states, d, dv,
+                                       skb, skh, skl, svb, svh, svl, HORIZON, HAS_MASK, acc, BLOCK, BLOCK_D, BLOCK_V,
+                                       DOT)
+        grad_keys -= distance
+        grad_carry += carried
         # G_c = exp(-lambda BLOCK) G_{c+1} + the gradient of L_c from query block c (none for c < 0)
-        x = c * BLOCK - qshift + t
-        inside = (x >= 0) & (x < lq)
-        i, q, gs, delta, shift_scale = _query_rows(Q, DO, OUT, SHIFT, DEN, row, heads, lq, x, inside, qfirst, step, d,
-                                                   dv, sqb, sqh, sql, sgb, sgh, sgl, sob, soh, sol, acc, BLOCK_D,
-                                                   BLOCK_V)
-        tl.store(DELTA + row.to(tl.int64) * lq + i, delta, mask=inside & (x * 0 + direction == 0))
-        coef = shift_scale * from_state
-        features_q = _elu_features(q, inside[:, None] & (dd[None, :] < d)) / d * coef[:, None]
-        adjoint = adjoint * carry + tl.dot(tl.trans(features_q.to(op)), gs.to(op), input_precision=DOT)
-        adjoint_norm = adjoint_norm * carry - tl.sum(features_q * delta[:, None], 0)
+        block, block_norm = _query_sum(Q, DO, OUT, SHIFT, DEN, DELTA, row, heads, lq, direction, c, qfirst, step,
+                                       qshift, from_state, d, dv, sqb, sqh, sql, sgb, sgh, sgl, sob, soh, sol, acc,
+                                       BLOCK, BLOCK_D, BLOCK_V, DOT)
+        adjoint = adjoint * carry + block
+        adjoint_norm = adjoint_norm * carry + block_norm
     tl.store(GRAD_RATE + direction * rows + row, tl.sum(grad_keys, 0) - BLOCK * carry * grad_carry)
 
 
@@ -352,20 +387,13 @@ def _query_sums(
     step, qfirst, kfirst, qshift, off_w, start, rate, carry, to_next = _walk_start(
         RATE, row, heads, direction, lq, lk, offset, nq, start0, start1, acc, BLOCK)
     if index < nq - start:
-        t = tl.arange(0, BLOCK)
-        x = (start + index) * BLOCK - qshift + t
-        inside = (x >= 0) & (x < lq)
-        i, q, gs, delta, shift_scale = _query_rows(Q, DO, OUT, SHIFT, DEN, row, heads, lq, x, inside, qfirst, step, d,
-                                                   dv, sqb, sqh, sql, sgb, sgh, sgl, sob, soh, sol, acc, BLOCK_D,
-                                                   BLOCK_V)
-        tl.store(DELTA + row.to(tl.int64) * lq + i, delta, mask=inside & (x * 0 + direction == 0))
-        coef = shift_scale * tl.exp(-rate * t.to(acc))
-        features_q = _elu_features(q, inside[:, None] & (tl.arange(0, BLOCK_D)[None, :] < d)) / d * coef[:, None]
+        block, block_norm = _query_sum(Q, DO, OUT, SHIFT, DEN, DELTA, row, heads, lq, direction, start + index, qfirst,
+                                       step, qshift, tl.exp(-rate * tl.arange(0, BLOCK).to(acc)), d, dv, sqb, sqh,
+                                       sql, sgb, sgh, sgl, sob, soh, sol, acc, BLOCK, BLOCK_D, BLOCK_V, DOT)
         a_ptr, az_ptr, a_mask, az_mask = _state_ptrs(A, AZ, direction, row, rows, index, n_states, d, dv, BLOCK_D,
                                                      BLOCK_V)
-        tl.store(a_ptr, tl.dot(tl.trans(features_q.to(Q.dtype.element_ty)), gs.to(Q.dtype.element_ty),
-                               input_precision=DOT), mask=a_mask)
-        tl.store(az_ptr, -tl.sum(features_q * delta[:, None], 0), mask=az_mask)
+        tl.store(a_ptr, block, mask=a_mask)
+        tl.store(az_ptr, block_norm, mask=az_mask)
 
 
 @triton.jit
@@ -380,35 +408,18 @@ def _key_shares(
     gradient (the keys' distances to s_{c+1}, and the carry applied to L_c)."""
     index, row, direction = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     acc = A.dtype.element_ty
-    op = K.dtype.element_ty
     step, qfirst, kfirst, qshift, off_w, start, rate, carry, to_next = _walk_start(
         RATE, row, heads, direction, lq, lk, offset, nq, start0, start1, acc, BLOCK)
     if index < nq - start:
-        c = start + index
-        t = tl.arange(0, BLOCK)
-        dd = tl.arange(0, BLOCK_D)
-        vv = tl.arange(0, BLOCK_V)
-        j, exists, mk, features, v = _chunk_keys(K, V, MASK, row, heads, lk, c, kfirst, step, qshift, off_w, d, dv,
-                                                 skb, skh, skl, svb, svh, svl, HORIZON, HAS_MASK, acc, BLOCK, BLOCK_D,
-                                                 BLOCK_V)
         a_ptr, az_ptr, a_mask, az_mask = _state_ptrs(A, AZ, direction, row, rows, index, n_states, d, dv, BLOCK_D,
                                                      BLOCK_V)
-        adjoint = tl.load(a_ptr, mask=a_mask, other=0.0)
-        adjoint_norm = tl.load(az_ptr, mask=az_mask, other=0.0)
-        base = tl.dot(v.to(op), tl.trans(adjoint.to(op)), input_precision=DOT) + adjoint_norm[None, :]  # G v + g_z
-        dvs = tl.dot((features * to_next[:, None]).to(op), adjoint.to(op), input_precision=DOT)
-        at = ((direction * rows + row).to(tl.int64) * lk + j)
-        tl.store(DPHI + at[:, None] * d + dd[None, :], base * (to_next * mk)[:, None],
-                 mask=exists[:, None] & (dd[None, :] < d))
-        tl.store(DVS + at[:, None] * dv + vv[None, :], dvs, mask=exists[:, None] & (vv[None, :] < dv))
-        s_ptr, z_ptr, s_mask, z_mask = _state_ptrs(S, Z, direction, row, rows, index, n_states, d, dv, BLOCK_D,
-                                                   BLOCK_V)
-        state = tl.load(s_ptr, mask=s_mask, other=0.0)
-        norm = tl.load(z_ptr, mask=z_mask, other=0.0)
-        grad_carry = tl.sum(tl.sum(adjoint * state, 1), 0) + tl.sum(adjoint_norm * norm, 0)
-        grad_keys = -tl.sum((BLOCK - t).to(acc) * to_next * tl.sum(features * base, 1), 0)
+        distance, carried = _key_share(K, V, MASK, S, Z, DPHI, DVS, tl.load(a_ptr, mask=a_mask, other=0.0),
+                                       tl.load(az_ptr, mask=az_mask, other=0.0), row, rows, heads, lk, direction,
+                                       start + index, index, kfirst, step, qshift, off_w, to_next, n_states, d, dv,
+                                       skb, skh, skl, svb, svh, svl, HORIZON, HAS_MASK, acc, BLOCK, BLOCK_D, BLOCK_V,
+                                       DOT)
         tl.store(GRAD_RATE + (direction * rows + row).to(tl.int64) * n_states + index,
-                 grad_keys - BLOCK * carry * grad_carry)
+                 -tl.sum(distance, 0) - BLOCK * carry * carried)
 
 
 @triton.jit
