@@ -236,14 +236,11 @@ def target(name: str, value: float | None, ok) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.kernel_block is not None:
+    if args.kernel_block is not None or args.sequential_walks:
         from modeling_scaleformer import ops_local_softmax_triton
 
-        ops_local_softmax_triton.BLOCK = args.kernel_block
-    if args.sequential_walks:
-        from modeling_scaleformer import ops_local_softmax_triton
-
-        ops_local_softmax_triton.PARALLEL_WALKS = False
+        ops_local_softmax_triton.BLOCK = args.kernel_block or ops_local_softmax_triton.BLOCK
+        ops_local_softmax_triton.PARALLEL_WALKS = not args.sequential_walks
     info = machine_info(torch.get_num_threads())
     device_name = torch.cuda.get_device_name(args.device) if args.device.type == "cuda" else "cpu"
     print("# Attention on a GPU: scaleformer (default attention) against SDPA flash and fla, forward + backward")

@@ -25,7 +25,7 @@ and keep every temporary about `BLOCK_ELEMENTS` large, so that long inputs do no
 band's backward is written by hand (`_LocalSoftmaxBand`, which saves its inputs, output and m_i and
 recomputes the weights), the tails are recomputed group by group in backward (`ops_common.grouped_rows`).
 The decoding state (`LocalSoftmaxDecayState`) keeps the last h keys and values and the decayed tail sum:
-constant size. On CUDA, with Triton, the linear path runs in the five kernels of `ops_local_softmax_triton` (band,
+constant size. On CUDA, with Triton, the linear path runs in the kernels of `ops_local_softmax_triton` (band,
 tails and normaliser together, by blocks of queries and chunks of keys) and the one-token decoding steps in one
 kernel each.
 """
