@@ -18,6 +18,7 @@ about GPUs.
     python benchmarks/bench_attention_gpu.py --json benchmarks/results/bench_attention_gpu.json
     python benchmarks/bench_attention_gpu.py --kernel-block 32 --lengths 16384   # the kernels' blocks of 32
     python benchmarks/bench_attention_gpu.py --sequential-walks --lengths 16384  # `_states`' walks instead
+    python benchmarks/bench_attention_gpu.py --key-tile 128 --key-block 64 --lengths 16384  # windows in one tile
     python benchmarks/bench_attention_gpu.py --device cpu --quick
 """
 
@@ -73,9 +74,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="the states and their gradient by the sequential walks of `_states` and "
                              "`_states_backward` instead of the parallel kernels "
                              "(ops_local_softmax_triton.PARALLEL_WALKS = False)")
+    parser.add_argument("--key-tile", type=int, metavar="N",
+                        help="keys per tile of a query block's window in the forward and backward kernels by queries "
+                             "(ops_local_softmax_triton.KEY_TILE, a power of two >= 16; default: theirs)")
+    parser.add_argument("--key-block", type=int, metavar="N",
+                        help="keys per program of the backward kernel by keys (ops_local_softmax_triton.KEY_BLOCK, a "
+                             "power of two >= 16; default: theirs)")
     args = parser.parse_args(argv)
-    if args.kernel_block is not None and (args.kernel_block < 16 or args.kernel_block & (args.kernel_block - 1)):
-        parser.error(f"--kernel-block must be a power of two >= 16, got {args.kernel_block}")
+    for name in ("kernel_block", "key_tile", "key_block"):
+        value = getattr(args, name)
+        if value is not None and (value < 16 or value & (value - 1)):
+            parser.error(f"--{name.replace('_', '-')} must be a power of two >= 16, got {value}")
     args.device = parse_device(parser, args.device)
     if args.quick:
         args.lengths, args.repeats, args.batch, args.heads = args.lengths or list(QUICK_LENGTHS), 1, 1, 2
@@ -236,10 +245,12 @@ def target(name: str, value: float | None, ok) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.kernel_block is not None or args.sequential_walks:
+    options = {"BLOCK": args.kernel_block, "KEY_TILE": args.key_tile, "KEY_BLOCK": args.key_block}
+    if any(value is not None for value in options.values()) or args.sequential_walks:
         from modeling_scaleformer import ops_local_softmax_triton
 
-        ops_local_softmax_triton.BLOCK = args.kernel_block or ops_local_softmax_triton.BLOCK
+        for name, value in options.items():
+            setattr(ops_local_softmax_triton, name, value or getattr(ops_local_softmax_triton, name))
         ops_local_softmax_triton.PARALLEL_WALKS = not args.sequential_walks
     info = machine_info(torch.get_num_threads())
     device_name = torch.cuda.get_device_name(args.device) if args.device.type == "cuda" else "cpu"
@@ -247,6 +258,8 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print_machine(info)
     block = (f"; kernel blocks of {args.kernel_block}" if args.kernel_block else "") + (
+        f"; key tiles of {args.key_tile}" if args.key_tile else "") + (
+        f"; {args.key_block} keys per backward program" if args.key_block else "") + (
         "; sequential walks" if args.sequential_walks else "")
     print(f"- device: {device_name}; B={args.batch}, H={args.heads}, D={args.dim}, horizon {args.horizon}, "
           f"{str(args.dtype).removeprefix('torch.')}; median of {args.repeats} after a warm-up{block}")

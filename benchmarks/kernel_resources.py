@@ -2,7 +2,7 @@
 
 Each kernel of `ops_local_softmax_triton` is compiled by Triton for the target (sm90 by default: an H100) with the
 host's block sizes for the given horizon, head dimensions and dtype, then assembled by the ptxas Triton uses for
-that target (`ptxas -v`), for every block size, warp count and pipeline depth asked for. No GPU is needed. The table
+that target (`ptxas -v`), for every block size, key tile, warp count and pipeline depth asked for. No GPU is needed. The table
 gives what ptxas reports: registers per thread (255 at most), bytes spilled to local memory (stores / loads) and
 the shared memory Triton allocates; `*` marks the launch options the op uses (`LAUNCH`) at the block size it uses
 (`BLOCK`). This is not a timing: a kernel that spills is slower than the same kernel without spills, and one that
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import itertools
 import os
 import re
 import subprocess
@@ -28,6 +29,7 @@ from pathlib import Path
 import torch
 
 
+TILED = ("_forward", "_backward_queries", "_backward_keys")  # the kernels that take KEY_TILE or KEY_BLOCK
 KERNELS = ("_states", "_chunk_sums", "_scan_sums", "_states_backward", "_query_sums", "_key_shares", "_forward",
            "_backward_queries", "_backward_keys")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -39,6 +41,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kernels", nargs="+", choices=KERNELS, default=list(KERNELS))
     parser.add_argument("--blocks", type=int, nargs="+", default=[32, 64], help="BLOCK sizes (default: 32 64)")
+    parser.add_argument("--tiles", type=int, nargs="+", metavar="N",
+                        help="keys per tile of `_forward`'s and `_backward_queries`' windows and per program of "
+                             "`_backward_keys` (KEY_TILE and KEY_BLOCK, powers of two >= 16; default: theirs)")
     parser.add_argument("--warps", type=int, nargs="+", default=[4, 8], help="num_warps (default: 4 8)")
     parser.add_argument("--stages", type=int, nargs="+", default=[1, 2, 3], help="num_stages (default: 1 2 3)")
     parser.add_argument("--horizon", type=int, default=16)
@@ -66,7 +71,7 @@ def constexprs(kernels, name: str, args: argparse.Namespace) -> dict:
     if name == "_query_sums":
         return {key: walk[key] for key in ("BLOCK", "BLOCK_D", "BLOCK_V", "DOT")}
     if name == "_backward_keys":
-        return dict(walk, CAUSAL=args.causal, HAS_TABLE=True, BLOCK_R=sizes["BLOCK_R"])
+        return dict(walk, CAUSAL=args.causal, HAS_TABLE=True, BLOCK_K=kernels.KEY_BLOCK, BLOCK_R=sizes["BLOCK_R"])
     return dict(sizes, HORIZON=args.horizon, CAUSAL=args.causal, HAS_MASK=True, HAS_TABLE=True, DOT=dot)
 
 
@@ -104,18 +109,21 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from modeling_scaleformer import ops_local_softmax_triton as kernels
 
-    chosen_block = kernels.BLOCK
+    chosen = kernels.BLOCK, kernels.KEY_TILE, kernels.KEY_BLOCK
     direction = "causal" if args.causal else "bidirectional"
     import triton
 
     print(f"# Triton kernels of the default attention: Triton {triton.__version__}, ptxas {ptxas(args.arch).version} "
           f"-v for sm_{args.arch}, {args.dtype}, {direction}, h={args.horizon}, D={args.dim}, Dv={args.value_dim}\n")
-    print("| kernel | BLOCK | warps | stages | registers | spill stores / loads (bytes) | shared (bytes) |")
-    print("|:---|---:|---:|---:|---:|---:|---:|")
+    print("| kernel | BLOCK | key tile | warps | stages | registers | spill stores / loads (bytes) | shared (bytes) |")
+    print("|:---|---:|---:|---:|---:|---:|---:|---:|")
+    tiles = args.tiles or [kernels.KEY_TILE]
     try:
         for name in args.kernels:
-            for block in args.blocks:
+            for block, tile in itertools.product(args.blocks, tiles if name in TILED else [None]):
                 kernels.BLOCK = block
+                if tile is not None:
+                    kernels.KEY_TILE = kernels.KEY_BLOCK = tile
                 fixed = constexprs(kernels, name, args)
                 for warps in args.warps:
                     for stages in args.stages:
@@ -123,11 +131,13 @@ def main(argv: list[str] | None = None) -> int:
                         registers, stores, loads, shared = resources(getattr(kernels, name), DTYPES[args.dtype],
                                                                      fixed, options, args.arch)
                         launch = {"num_warps": 4, "num_stages": 3, **kernels.LAUNCH[name]}
-                        mark = " *" if block == chosen_block and launch == options else ""
-                        print(f"| {name}{mark} | {block} | {warps} | {stages} | {registers} | {stores} / {loads} | "
-                              f"{shared:,} |", flush=True)
+                        chosen_tile = chosen[2] if name == "_backward_keys" else chosen[1]
+                        used = block == chosen[0] and tile in (None, chosen_tile)
+                        mark = " *" if used and launch == options else ""
+                        print(f"| {name}{mark} | {block} | {tile or '-'} | {warps} | {stages} | {registers} | "
+                              f"{stores} / {loads} | {shared:,} |", flush=True)
     finally:
-        kernels.BLOCK = chosen_block
+        kernels.BLOCK, kernels.KEY_TILE, kernels.KEY_BLOCK = chosen
     return 0
 
 

@@ -21,18 +21,20 @@ out 0, no gradient; see `_least_shift`). The kernels, laid out like flash-linear
   `_scan_sums` sums them up in place, a sequential pass of elementwise work per batch*head row, direction and
   SCAN_ROWS rows of the state; `_states` walks the chunks with one program per row and direction, reading each
   chunk's keys in sequence;
-- `_forward`: one program per query block and row: the window's logits and kernel weights, both states, the row
-  shift m, out, and m and the normaliser for backward;
+- `_forward`: one program per query block and row: the window's logits and kernel weights by tiles of KEY_TILE
+  keys (the band's weights summed under their running largest logit, as flash attention sums them, those beyond
+  the band under their running largest weight), both states, the row shift m, out, and m and the normaliser for
+  backward;
 - `_query_sums`, `_scan_sums` then `_key_shares` (`PARALLEL_WALKS`), or `_states_backward`: the states'
   gradient G_b = dL/dL_b (the block's queries add theirs, exp(-m_i) exp(-lambda a) phi(q_i) / D [gs_i, -delta_i],
   and G_b = exp(-lambda BLOCK) G_{b+1} + that) and each chunk's keys' share of it (dphi(k), dv), written per
   direction, with delta_i = g_i . out_i / den_i: every block's sum at once, a sequential elementwise pass from the
   last block back, then every chunk's share at once; `_states_backward` walks the chunks back with one program
   per row and direction;
-- `_backward_queries`: by query blocks, like `_forward`: dq, each block's share of the table's gradient and
-  lambda's;
-- `_backward_keys`: by key blocks: the query blocks whose windows hold them give dk and dv, and the walks'
-  shares are added.
+- `_backward_queries`: by query blocks, like `_forward` (the same tiles, m and the normaliser known): dq, each
+  block's share of the table's gradient and lambda's;
+- `_backward_keys`: by blocks of KEY_BLOCK keys: the query blocks whose windows hold them give dk and dv, and the
+  walks' shares are added.
 
 lambda's gradient is a sum of local terms (offsets within a block or a window, BLOCK for each carry), never a
 product of absolute positions. q, k, v, the table and the output stay in the inputs' dtype (read with their
@@ -423,19 +425,18 @@ def _key_shares(
 
 
 @triton.jit
-def _pair_logits(q, k, tab, t, band, scale, HORIZON: tl.constexpr, HAS_TABLE: tl.constexpr,
+def _pair_logits(q, k, qr, t, band, scale, HORIZON: tl.constexpr, HAS_TABLE: tl.constexpr,
                  BLOCK_R: tl.constexpr, DOT: tl.constexpr):
-    """l = q.(k + rel[t + h]) * scale for the pairs in the `band`, -inf elsewhere; q (M, D), k (N, D), t (M, N) the
-    offsets p_i - j, tab the table (BLOCK_R, D), all in the inputs' dtype."""
+    """l = q.(k + rel[t + h]) * scale for the pairs in the `band`, -inf elsewhere; q (M, D), k (N, D) in the inputs'
+    dtype, t (M, N) the offsets p_i - j, qr (M, BLOCK_R) the queries' products with the table (`_block_queries`)."""
     logits = tl.dot(q, tl.trans(k), input_precision=DOT)
     if HAS_TABLE:
-        qr = tl.dot(q, tl.trans(tab), input_precision=DOT)  # (M, BLOCK_R)
         logits += tl.gather(qr, tl.minimum(tl.maximum(t + HORIZON, 0), BLOCK_R - 1), axis=1)
     return tl.where(band, logits * scale, float("-inf"))
 
 
 @triton.jit
-def _pairs(q, k, features_q, features_k, mk, t, pair, tab, rate, scale, HORIZON: tl.constexpr, CAUSAL: tl.constexpr,
+def _pairs(q, k, features_q, features_k, mk, t, pair, qr, rate, scale, HORIZON: tl.constexpr, CAUSAL: tl.constexpr,
            HAS_TABLE: tl.constexpr, BLOCK_R: tl.constexpr, DOT: tl.constexpr):
     """The pairs of queries (M,) and keys (N,) with offsets t = p_i - j (M, N) where `pair` (the key exists, is in
     the query block's window and the query exists): the band (|t| <= h, t >= 0 when causal, key visible) with its
@@ -448,7 +449,7 @@ def _pairs(q, k, features_q, features_k, mk, t, pair, tab, rate, scale, HORIZON:
         band = band & (t >= 0)
     else:
         beyond = beyond | (pair & (t < -HORIZON))
-    logits = _pair_logits(q, k, tab, t, band, scale, HORIZON, HAS_TABLE, BLOCK_R, DOT)
+    logits = _pair_logits(q, k, qr, t, band, scale, HORIZON, HAS_TABLE, BLOCK_R, DOT)
     distance = (tl.abs(t) - HORIZON).to(rate.dtype)
     decay = tl.where(beyond, tl.exp(-rate * tl.maximum(distance, 0.0)), 0.0) * mk[None, :]
     kernel = tl.dot(features_q, tl.trans(features_k), input_precision=DOT) * decay
@@ -467,6 +468,51 @@ def _table_tile(TAB, row, heads, d, HORIZON: tl.constexpr, HAS_TABLE: tl.constex
 
 
 @triton.jit
+def _query_features(q, queries, d, ACC: tl.constexpr, BLOCK_D: tl.constexpr):
+    """phi(q) / D in ACC for the queries (rows) that exist."""
+    return _elu_features(q.to(ACC), queries[:, None] & (tl.arange(0, BLOCK_D)[None, :] < d)) / d
+
+
+@triton.jit
+def _block_queries(Q, tab, row, b, lq, heads, d, sqb, sqh, sql, HAS_TABLE: tl.constexpr, ACC: tl.constexpr,
+                   BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr, DOT: tl.constexpr):
+    """Query block b of `row`: its rows i, whether they exist, q and phi(q) / D (in the inputs' dtype, the operands
+    of the window's products) and q's products with the table rows `tab` (BLOCK, BLOCK_R, ACC), which every key tile
+    of the block's window reads (zeros without a table)."""
+    i = b * BLOCK + tl.arange(0, BLOCK)
+    queries = i < lq
+    q = _load_rows(Q, row, heads, sqb, sqh, sql, i, queries, d, BLOCK_D)
+    qr = tl.zeros((BLOCK, BLOCK_R), dtype=ACC)
+    if HAS_TABLE:
+        qr = tl.dot(q, tl.trans(tab), input_precision=DOT).to(ACC)
+    return i, queries, q, _query_features(q, queries, d, ACC, BLOCK_D).to(q.dtype), qr
+
+
+@triton.jit
+def _window_tile(K, V, MASK, row, heads, lk, start, w0, queries, q, features_q, qr, rate, scale, d, dv, skb, skh, skl,
+                 svb, svh, svl, HORIZON: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,
+                 HAS_TABLE: tl.constexpr, BLOCK: tl.constexpr, TILE: tl.constexpr, BLOCK_D: tl.constexpr,
+                 BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr, DOT: tl.constexpr):
+    """Slots w = w0 .. w0 + TILE - 1 of a query block's window, the keys j = start + w (start = s_b) among its first
+    BLOCK + 2h (BLOCK + h when causal: no query of the block reads a key after its last query): k, phi(k) (ACC), v,
+    m_j and their pairs with the block's queries (`_pairs`; query a sits at offset t = a + h - w from slot w)."""
+    acc = qr.dtype
+    op = q.dtype
+    w = w0 + tl.arange(0, TILE)
+    j = start + w
+    exists = (w < BLOCK + HORIZON + HORIZON * (1 - CAUSAL)) & (j >= 0) & (j < lk)
+    k = _load_rows(K, row, heads, skb, skh, skl, j, exists, d, BLOCK_D)
+    v = _load_rows(V, row, heads, svb, svh, svl, j, exists, dv, BLOCK_V)
+    mk = _key_weights(MASK, row, heads, lk, j, exists, HAS_MASK, acc)
+    features_k = _elu_features(k.to(acc), exists[:, None] & (tl.arange(0, BLOCK_D)[None, :] < d))
+    t = tl.arange(0, BLOCK)[:, None] + HORIZON - w[None, :]
+    band, logits, beyond, decay, distance, kernel = _pairs(q, k, features_q, features_k.to(op), mk, t,
+                                                           queries[:, None] & exists[None, :], qr, rate, scale,
+                                                           HORIZON, CAUSAL, HAS_TABLE, BLOCK_R, DOT)
+    return k, features_k, v, mk, band, logits, beyond, decay, distance, kernel
+
+
+@triton.jit
 def _block_state(S, Z, direction, row, rows, index, n_states, d, dv, features_q, decay_in, OP: tl.constexpr,
                  BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, DOT: tl.constexpr):
     """A query block's state in one direction, its product with the queries' features scaled by `decay_in` (the
@@ -479,48 +525,25 @@ def _block_state(S, Z, direction, row, rows, index, n_states, d, dv, features_q,
 
 
 @triton.jit
-def _query_block(
-    Q, K, V, MASK, TAB, S, Z, row, b, lq, lk, heads, rows, offset, nq, n_states, start0, start1, d, dv,
-    sqb, sqh, sql, skb, skh, skl, svb, svh, svl, rate, scale,
-    HORIZON: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_TABLE: tl.constexpr, BLOCK: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr, DOT: tl.constexpr,
-):
-    """What the forward and the backward by queries start from, for query block b of `row`: its queries with the
-    BLOCK + 2h keys of its window, their pairs (`_pairs`) and the block's states in both directions (`_block_state`;
-    the anticausal one is zero when causal)."""
-    acc = S.dtype.element_ty
-    op = Q.dtype.element_ty
+def _block_states(S, Z, row, b, rows, nq, n_states, start0, start1, d, dv, features_q, rate, CAUSAL: tl.constexpr,
+                  OP: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr,
+                  DOT: tl.constexpr):
+    """Query block b's states in both directions (`_block_state`; the anticausal one is zero when causal) with the
+    decays from each to the queries."""
+    acc = features_q.dtype
     a = tl.arange(0, BLOCK)
-    i = b * BLOCK + a
-    queries = i < lq
-    w = tl.arange(0, BLOCK_N)
-    j = b * BLOCK + offset - HORIZON + w
-    exists = (w < BLOCK + 2 * HORIZON) & (j >= 0) & (j < lk)
-    dd = tl.arange(0, BLOCK_D)
-    q = _load_rows(Q, row, heads, sqb, sqh, sql, i, queries, d, BLOCK_D)
-    k = _load_rows(K, row, heads, skb, skh, skl, j, exists, d, BLOCK_D)
-    v = _load_rows(V, row, heads, svb, svh, svl, j, exists, dv, BLOCK_V)
-    mk = _key_weights(MASK, row, heads, lk, j, exists, HAS_MASK, acc)
-    tab = _table_tile(TAB, row, heads, d, HORIZON, HAS_TABLE, BLOCK_R, BLOCK_D)
-    features_q = _elu_features(q.to(acc), queries[:, None] & (dd[None, :] < d)) / d
-    features_k = _elu_features(k.to(acc), exists[:, None] & (dd[None, :] < d))
-    t = a[:, None] + HORIZON - w[None, :]
-    pair = queries[:, None] & exists[None, :]
-    band, logits, beyond, decay, distance, kernel = _pairs(q, k, features_q.to(op), features_k.to(op), mk, t, pair,
-                                                           tab, rate, scale, HORIZON, CAUSAL, HAS_TABLE, BLOCK_R, DOT)
     from_before = tl.exp(-rate * a.to(acc))
     before, before_norm, state_before, norm_before = _block_state(S, Z, 0, row, rows, b - start0, n_states, d, dv,
-                                                                  features_q, from_before, op, BLOCK_D, BLOCK_V, DOT)
+                                                                  features_q, from_before, OP, BLOCK_D, BLOCK_V, DOT)
     from_after = tl.exp(-rate * (BLOCK - 1 - a).to(acc))
     if CAUSAL:  # no anticausal state
         after, after_norm = tl.zeros((BLOCK, BLOCK_V), dtype=acc), tl.zeros((BLOCK,), dtype=acc)
         state_after, norm_after = tl.zeros((BLOCK_D, BLOCK_V), dtype=acc), tl.zeros((BLOCK_D,), dtype=acc)
     else:
         after, after_norm, state_after, norm_after = _block_state(S, Z, 1, row, rows, nq - 1 - b - start1, n_states,
-                                                                  d, dv, features_q, from_after, op, BLOCK_D, BLOCK_V,
+                                                                  d, dv, features_q, from_after, OP, BLOCK_D, BLOCK_V,
                                                                   DOT)
-    return (i, queries, q, features_q, k, features_k, v, mk, tab, t, band, logits, beyond, decay, distance, kernel,
-            from_before, before, before_norm, state_before, norm_before, from_after, after, after_norm, state_after,
+    return (from_before, before, before_norm, state_before, norm_before, from_after, after, after_norm, state_after,
             norm_after)
 
 
@@ -530,28 +553,58 @@ def _forward(
     lq, lk, heads, rows, offset, nq, n_states, start0, start1, d, dv, sqb, sqh, sql, skb, skh, skl, svb, svh, svl,
     sob, soh, sol, scale,
     HORIZON: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_TABLE: tl.constexpr, BLOCK: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr, DOT: tl.constexpr,
+    TILE: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr, DOT: tl.constexpr,
 ):
     b, row = tl.program_id(0), tl.program_id(1)
     acc = S.dtype.element_ty
+    op = Q.dtype.element_ty
     rate = tl.load(RATE + row % heads).to(acc)
-    (i, queries, _, _, _, _, v, mk, _, _, band, logits, _, _, _, kernel, _, before, before_norm, _, _, _, after,
-     after_norm, _, _) = _query_block(Q, K, V, MASK, TAB, S, Z, row, b, lq, lk, heads, rows, offset, nq, n_states,
-                                      start0, start1, d, dv, sqb, sqh, sql, skb, skh, skl, svb, svh, svl, rate, scale,
-                                      HORIZON, CAUSAL, HAS_MASK, HAS_TABLE, BLOCK, BLOCK_N, BLOCK_D, BLOCK_V, BLOCK_R,
-                                      DOT)
+    tab = _table_tile(TAB, row, heads, d, HORIZON, HAS_TABLE, BLOCK_R, BLOCK_D)
+    i, queries, q, features_q, qr = _block_queries(Q, tab, row, b, lq, heads, d, sqb, sqh, sql, HAS_TABLE, acc,
+                                                   BLOCK, BLOCK_D, BLOCK_R, DOT)
+    # the window by tiles of keys, its band and the weights beyond the band summed apart: the band's weights under
+    # their running largest logit (as flash attention does), those beyond it under their running largest weight
+    band_max = tl.full((BLOCK,), float("-inf"), dtype=acc)
+    band_sums = tl.zeros((BLOCK, BLOCK_V), dtype=acc)
+    band_den = tl.zeros((BLOCK,), dtype=acc)
+    far_max = tl.zeros((BLOCK,), dtype=acc)
+    far_sums = tl.zeros((BLOCK, BLOCK_V), dtype=acc)
+    far_den = tl.zeros((BLOCK,), dtype=acc)  # not scaled
+    start = b * BLOCK + offset - HORIZON
+    for w0 in range(0, BLOCK + HORIZON + HORIZON * (1 - CAUSAL), TILE):
+        _, _, v, mk, band, logits, _, _, _, kernel = _window_tile(
+            K, V, MASK, row, heads, lk, start, w0, queries, q, features_q, qr, rate, scale, d, dv, skb, skh, skl,
+            svb, svh, svl, HORIZON, CAUSAL, HAS_MASK, HAS_TABLE, BLOCK, TILE, BLOCK_D, BLOCK_V, BLOCK_R, DOT)
+        new_max = tl.maximum(band_max, tl.max(logits, 1))
+        shift = tl.where(new_max > float("-inf"), new_max, 0.0)
+        weights = tl.where(band, tl.exp(logits - shift[:, None]) * mk[None, :], 0.0)
+        rescale = tl.exp(band_max - shift)
+        band_sums = tl.dot(weights.to(op), v, band_sums * rescale[:, None], input_precision=DOT)
+        band_den = band_den * rescale + tl.sum(weights, 1)
+        band_max = new_max
+        new_max = tl.maximum(far_max, tl.max(kernel, 1))
+        positive = new_max > 0
+        divisor = tl.where(positive, new_max, 1.0)
+        far_sums = tl.dot((kernel / divisor[:, None]).to(op), v,
+                          far_sums * tl.where(positive, far_max / divisor, 0.0)[:, None], input_precision=DOT)
+        far_den += tl.sum(kernel, 1)
+        far_max = new_max
+    _, before, before_norm, _, _, _, after, after_norm, _, _ = _block_states(
+        S, Z, row, b, rows, nq, n_states, start0, start1, d, dv, _query_features(q, queries, d, acc, BLOCK_D), rate,
+        CAUSAL, op, BLOCK, BLOCK_D, BLOCK_V, DOT)
     # the row shift m: the larger of the largest band logit and the log of the weight beyond the band
-    beyond_sum = tl.sum(kernel, 1) + before_norm + after_norm
-    m = tl.maximum(tl.max(logits, 1), tl.where(beyond_sum > 0, tl.log(tl.where(beyond_sum > 0, beyond_sum, 1.0)),
-                                                float("-inf")))
+    beyond_sum = far_den + before_norm + after_norm
+    m = tl.maximum(band_max, tl.where(beyond_sum > 0, tl.log(tl.where(beyond_sum > 0, beyond_sum, 1.0)),
+                                      float("-inf")))
     m = tl.where(m > float("-inf"), m, 0.0)
     shift_scale = _shift_scale(m)
-    weights = tl.where(band, tl.exp(logits - m[:, None]) * mk[None, :], shift_scale[:, None] * kernel)
-    sums = tl.dot(weights.to(v.dtype), v, input_precision=DOT) + shift_scale[:, None] * (before + after)
-    den = tl.sum(weights, 1) + shift_scale * (before_norm + after_norm)
+    band_scale = tl.exp(band_max - m)
+    sums = (band_scale[:, None] * band_sums + (shift_scale * far_max)[:, None] * far_sums
+            + shift_scale[:, None] * (before + after))
+    den = band_scale * band_den + shift_scale * beyond_sum
     # a row without a visible key in its band and with a weight beyond it below exp(_least_shift) has no visible key:
     # out 0, and its normaliser 0 (with the shift 0 kept for backward) passes it no gradient
-    visible = (tl.max(logits, 1) > float("-inf")) | (m >= _least_shift(m))
+    visible = (band_max > float("-inf")) | (m >= _least_shift(m))
     den = tl.where(visible, den, 0.0)
     m = tl.where(visible, m, 0.0)
     out = tl.where(den[:, None] > 0, sums / tl.where(den > 0, den, 1.0)[:, None], 0.0)
@@ -567,55 +620,65 @@ def _backward_queries(
     lq, lk, heads, rows, offset, nq, n_states, start0, start1, d, dv, sqb, sqh, sql, skb, skh, skl, svb, svh, svl,
     sgb, sgh, sgl, scale,
     HORIZON: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_TABLE: tl.constexpr, BLOCK: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr, DOT: tl.constexpr,
+    TILE: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr, DOT: tl.constexpr,
 ):
     b, row = tl.program_id(0), tl.program_id(1)
     acc = S.dtype.element_ty
     op = Q.dtype.element_ty
     rate = tl.load(RATE + row % heads).to(acc)
-    (i, queries, q, features_q, k, features_k, v, mk, tab, _, band, logits, beyond, decay, distance, kernel,
-     from_before, _, _, state_before, norm_before, from_after, _, _, state_after,
-     norm_after) = _query_block(Q, K, V, MASK, TAB, S, Z, row, b, lq, lk, heads, rows, offset, nq, n_states, start0,
-                                start1, d, dv, sqb, sqh, sql, skb, skh, skl, svb, svh, svl, rate, scale, HORIZON,
-                                CAUSAL, HAS_MASK, HAS_TABLE, BLOCK, BLOCK_N, BLOCK_D, BLOCK_V, BLOCK_R, DOT)
+    tab = _table_tile(TAB, row, heads, d, HORIZON, HAS_TABLE, BLOCK_R, BLOCK_D)
+    i, queries, q, features_q, qr = _block_queries(Q, tab, row, b, lq, heads, d, sqb, sqh, sql, HAS_TABLE, acc,
+                                                   BLOCK, BLOCK_D, BLOCK_R, DOT)
     at, gs, m = _output_gradient(DO, SHIFT, DEN, row, heads, lq, i, queries, dv, sgb, sgh, sgl, acc, BLOCK_V)
+    gs = gs.to(op)
     delta = tl.load(DELTA + at, mask=queries, other=0.0)
     shift_scale = _shift_scale(m)
-    # out = sums / den: a weight w_ij gets gs_i . v_j - delta_i
-    grad_weights = tl.dot(gs.to(op), tl.trans(v), input_precision=DOT) - delta[:, None]
-    grad_logits = tl.where(band, tl.exp(logits - m[:, None]) * mk[None, :], 0.0) * grad_weights * scale
-    grad_kernel = shift_scale[:, None] * grad_weights * decay  # d/d(phi(q).phi(k) / D)
-    grad_rate = -tl.sum(tl.sum(distance * shift_scale[:, None] * kernel * grad_weights, 1), 0)
-    dq = tl.dot(grad_logits.to(op), k, input_precision=DOT).to(acc)
+    a = tl.arange(0, BLOCK)
+    rr = tl.arange(0, BLOCK_R)
+    # the states: dphi(q_i) / D gets exp(-m_i) decay_i (S gs_i - delta_i z), and lambda the decay's distance
+    features = _query_features(q, queries, d, acc, BLOCK_D)
+    from_before, _, _, state_before, norm_before, from_after, _, _, state_after, norm_after = _block_states(
+        S, Z, row, b, rows, nq, n_states, start0, start1, d, dv, features, rate, CAUSAL, op, BLOCK, BLOCK_D,
+        BLOCK_V, DOT)
+    grad_features = (tl.dot(gs, tl.trans(state_before.to(op)), input_precision=DOT)
+                     - delta[:, None] * norm_before[None, :]) * (shift_scale * from_before)[:, None]  # through phi(q) / D
+    grad_rate = -a.to(acc) * tl.sum(features * grad_features, 1)
+    if not CAUSAL:
+        grad_after = (tl.dot(gs, tl.trans(state_after.to(op)), input_precision=DOT)
+                      - delta[:, None] * norm_after[None, :]) * (shift_scale * from_after)[:, None]
+        grad_rate -= (BLOCK - 1 - a).to(acc) * tl.sum(features * grad_after, 1)
+        grad_features += grad_after
+    dq = tl.zeros((BLOCK, BLOCK_D), dtype=acc)  # through the band logits
+    grad_rel = tl.zeros((BLOCK, BLOCK_R), dtype=acc)  # the band logits' gradient by table row
+    start = b * BLOCK + offset - HORIZON
+    for w0 in range(0, BLOCK + HORIZON + HORIZON * (1 - CAUSAL), TILE):
+        k, features_k, v, mk, band, logits, beyond, decay, distance, kernel = _window_tile(
+            K, V, MASK, row, heads, lk, start, w0, queries, q, features_q, qr, rate, scale, d, dv, skb, skh, skl,
+            svb, svh, svl, HORIZON, CAUSAL, HAS_MASK, HAS_TABLE, BLOCK, TILE, BLOCK_D, BLOCK_V, BLOCK_R, DOT)
+        # out = sums / den: a weight w_ij gets gs_i . v_j - delta_i
+        grad_weights = tl.dot(gs, tl.trans(v), input_precision=DOT) - delta[:, None]
+        grad_logits = tl.where(band, tl.exp(logits - m[:, None]) * mk[None, :], 0.0) * grad_weights * scale
+        grad_rate -= tl.sum(distance * shift_scale[:, None] * kernel * grad_weights, 1)
+        dq = tl.dot(grad_logits.to(op), k, dq, input_precision=DOT)
+        grad_kernel = shift_scale[:, None] * grad_weights * decay  # d/d(phi(q).phi(k) / D)
+        grad_features = tl.dot(grad_kernel.to(op), features_k.to(op), grad_features, input_precision=DOT)
+        if HAS_TABLE:
+            # the pair (a, w) reads table row r = a + 2h - w: row r of query a is window slot a + 2h - r
+            slot = a[:, None] + 2 * HORIZON - rr[None, :] - w0
+            here = (slot >= 0) & (slot < TILE) & (rr[None, :] < 2 * HORIZON + 1)
+            grad_rel += tl.where(here, tl.gather(grad_logits, tl.minimum(tl.maximum(slot, 0), TILE - 1), axis=1),
+                                 0.0)
     if HAS_TABLE:
-        # the pair (a, w) reads table row r = a + 2h - w: row r of query a is window slot a + 2h - r
-        a = tl.arange(0, BLOCK)
-        rr = tl.arange(0, BLOCK_R)
-        slot = tl.minimum(tl.maximum(a[:, None] + 2 * HORIZON - rr[None, :], 0), BLOCK_N - 1)
-        grad_rel = tl.where(rr[None, :] < 2 * HORIZON + 1, tl.gather(grad_logits, slot, axis=1), 0.0)  # (M, BLOCK_R)
         dq += tl.dot(grad_rel.to(op), tab, input_precision=DOT)
         dd = tl.arange(0, BLOCK_D)
         dtab = tl.dot(tl.trans(grad_rel.to(op)), q, input_precision=DOT)
         # this block's share, summed over blocks and batch on the host (atomic adds would contend per head)
         tl.store(DTAB + ((row.to(tl.int64) * nq + b) * (2 * HORIZON + 1) + rr[:, None]) * d + dd[None, :], dtab,
                  mask=(rr[:, None] < 2 * HORIZON + 1) & (dd[None, :] < d))
-    grad_features = tl.dot(grad_kernel.to(op), features_k.to(op), input_precision=DOT)
-    # the states: dphi(q_i) / D gets exp(-m_i) decay_i (S gs_i - delta_i z), and lambda the decay's distance
-    for_before = shift_scale * from_before
-    grad_before = (tl.dot(gs.to(op), tl.trans(state_before.to(op)), input_precision=DOT)
-                   - delta[:, None] * norm_before[None, :]) * for_before[:, None]
-    grad_rate -= tl.sum(tl.arange(0, BLOCK).to(acc) * tl.sum(features_q * grad_before, 1), 0)
-    grad_features += grad_before
-    if not CAUSAL:
-        for_after = shift_scale * from_after
-        grad_after = (tl.dot(gs.to(op), tl.trans(state_after.to(op)), input_precision=DOT)
-                      - delta[:, None] * norm_after[None, :]) * for_after[:, None]
-        grad_rate -= tl.sum((BLOCK - 1 - tl.arange(0, BLOCK)).to(acc) * tl.sum(features_q * grad_after, 1), 0)
-        grad_features += grad_after
     dq += grad_features * _elu_slope(q.to(acc)) / d
     ptr, mask = _row_ptrs(DQ, row, heads, sqb, sqh, sql, i, queries, d, BLOCK_D)
     tl.store(ptr, dq, mask=mask)
-    tl.store(GRAD_RATE + row.to(tl.int64) * nq + b, grad_rate)
+    tl.store(GRAD_RATE + row.to(tl.int64) * nq + b, tl.sum(grad_rate, 0))
 
 
 @triton.jit
@@ -623,49 +686,48 @@ def _backward_keys(
     Q, K, V, MASK, TAB, RATE, DO, SHIFT, DEN, DELTA, DPHI, DVS, DK, DV,
     lq, lk, heads, rows, offset, nq, d, dv, sqb, sqh, sql, skb, skh, skl, svb, svh, svl, sgb, sgh, sgl, scale,
     HORIZON: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_TABLE: tl.constexpr, BLOCK: tl.constexpr,
-    BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr, DOT: tl.constexpr,
+    BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr, DOT: tl.constexpr,
 ):
     kb, row = tl.program_id(0), tl.program_id(1)
     acc = DPHI.dtype.element_ty
     op = Q.dtype.element_ty
     rate = tl.load(RATE + row % heads).to(acc)
-    a = tl.arange(0, BLOCK)
     dd = tl.arange(0, BLOCK_D)
-    j = kb * BLOCK + a
+    j = kb * BLOCK_K + tl.arange(0, BLOCK_K)
     keys = j < lk
     k = _load_rows(K, row, heads, skb, skh, skl, j, keys, d, BLOCK_D)
     v = _load_rows(V, row, heads, svb, svh, svl, j, keys, dv, BLOCK_V)
     mk = _key_weights(MASK, row, heads, lk, j, keys, HAS_MASK, acc)
     features_k = _elu_features(k.to(acc), keys[:, None] & (dd[None, :] < d)).to(op)
     tab = _table_tile(TAB, row, heads, d, HORIZON, HAS_TABLE, BLOCK_R, BLOCK_D)
-    dk = tl.zeros((BLOCK, BLOCK_D), dtype=acc)  # through the band logits
-    grad_features = tl.zeros((BLOCK, BLOCK_D), dtype=acc)  # through phi(k)
-    dv_ = tl.zeros((BLOCK, BLOCK_V), dtype=acc)
-    # the query blocks b whose window s_b .. s_b + BLOCK + 2h - 1 (s_b = b BLOCK + offset - h) meets these keys
-    first = tl.maximum(_floor_div(kb * BLOCK - offset - HORIZON - BLOCK, BLOCK) + 1, 0)
-    last = tl.minimum(_floor_div(kb * BLOCK + BLOCK - 1 - offset + HORIZON, BLOCK), nq - 1)
+    dk = tl.zeros((BLOCK_K, BLOCK_D), dtype=acc)  # through the band logits
+    grad_features = tl.zeros((BLOCK_K, BLOCK_D), dtype=acc)  # through phi(k)
+    dv_ = tl.zeros((BLOCK_K, BLOCK_V), dtype=acc)
+    # the query blocks b whose window s_b .. s_b + width - 1 (s_b = b BLOCK + offset - h, width BLOCK + 2h, or
+    # BLOCK + h when causal) meets these keys
+    width = BLOCK + HORIZON + HORIZON * (1 - CAUSAL)
+    first = tl.maximum(_floor_div(kb * BLOCK_K - offset + HORIZON - width, BLOCK) + 1, 0)
+    last = tl.minimum(_floor_div(kb * BLOCK_K + BLOCK_K - 1 - offset + HORIZON, BLOCK), nq - 1)
     for b in range(first, last + 1):
-        i = b * BLOCK + a
-        queries = i < lq
-        q = _load_rows(Q, row, heads, sqb, sqh, sql, i, queries, d, BLOCK_D)
-        features_q = _elu_features(q.to(acc), queries[:, None] & (dd[None, :] < d)) / d
+        i, queries, q, features_q, qr = _block_queries(Q, tab, row, b, lq, heads, d, sqb, sqh, sql, HAS_TABLE, acc,
+                                                       BLOCK, BLOCK_D, BLOCK_R, DOT)
         at, gs, m = _output_gradient(DO, SHIFT, DEN, row, heads, lq, i, queries, dv, sgb, sgh, sgl, acc, BLOCK_V)
         gs = gs.to(op)
         delta = tl.load(DELTA + at, mask=queries, other=0.0)
         shift_scale = _shift_scale(m)
         start = b * BLOCK + offset - HORIZON
-        window = (j >= start) & (j < start + BLOCK + 2 * HORIZON) & keys
+        window = (j >= start) & (j < start + width) & keys
         t = (i + offset)[:, None] - j[None, :]
-        band, logits, _, decay, _, kernel = _pairs(q, k, features_q.to(op), features_k, mk, t,
-                                                   queries[:, None] & window[None, :], tab, rate, scale, HORIZON,
+        band, logits, _, decay, _, kernel = _pairs(q, k, features_q, features_k, mk, t,
+                                                   queries[:, None] & window[None, :], qr, rate, scale, HORIZON,
                                                    CAUSAL, HAS_TABLE, BLOCK_R, DOT)
         band_weights = tl.where(band, tl.exp(logits - m[:, None]) * mk[None, :], 0.0)
         weights = band_weights + shift_scale[:, None] * kernel
         grad_weights = tl.dot(gs, tl.trans(v), input_precision=DOT) - delta[:, None]
-        dv_ += tl.dot(tl.trans(weights.to(op)), gs, input_precision=DOT)
-        dk += tl.dot(tl.trans((band_weights * grad_weights * scale).to(op)), q, input_precision=DOT)
+        dv_ = tl.dot(tl.trans(weights.to(op)), gs, dv_, input_precision=DOT)
+        dk = tl.dot(tl.trans((band_weights * grad_weights * scale).to(op)), q, dk, input_precision=DOT)
         grad_kernel = shift_scale[:, None] * grad_weights * decay
-        grad_features += tl.dot(tl.trans(grad_kernel.to(op)), features_q.to(op), input_precision=DOT)
+        grad_features = tl.dot(tl.trans(grad_kernel.to(op)), features_q, grad_features, input_precision=DOT)
     # the keys' shares of the states' gradients (`_states_backward`), in each direction whose walk reached them:
     # key y (j, or lk - 1 - j backwards) lies in a chunk before nq - 1
     vv = tl.arange(0, BLOCK_V)
@@ -689,22 +751,27 @@ def _backward_keys(
 
 
 BLOCK = 64  # queries per block of the forward and backward kernels, keys per chunk of the states
+# keys per tile of a query block's window (BLOCK + 2h keys, BLOCK + h when causal) in `_forward` and
+# `_backward_queries`, and per program of `_backward_keys`: powers of two >= 16 (Triton's products); tiles as wide as
+# the window (128 at BLOCK 64 and h = 16) hold (64, 128) tiles that spill
+KEY_TILE = 32
+KEY_BLOCK = 32
 # the narrowest tile of the head dimensions and of the relative table: narrower ones (16 or 32 wide, for D < 64 or
 # h < 16) compiled by Triton 3.6 for sm90 gave wrong outputs or an invalid shared-memory read in
 # `_backward_queries` (the table's gather and the products with it) on an H200; the padding is masked
 MIN_TILE = 64
-# the kernels hold a block's window of BLOCK + 2h keys and whole rows of q, k and v: h and D, Dv up to these, the
-# sizes whose tiles (64-wide D, Dv and table, 128-wide windows) were checked on a GPU; larger ones take the PyTorch
-# path until theirs are
+# the kernels hold whole rows of q, k and v and the relative table: h and D, Dv up to these, the sizes whose tiles
+# (64-wide D, Dv and table) were checked on a GPU; larger ones take the PyTorch path until theirs are
 MAX_HORIZON = 31
 MAX_DIM = 64
-# launch options of each kernel: at BLOCK 64, D = Dv = 64, h = 16 and bf16, those with the fewest register spills
-# that ptxas reports for sm90 among 4, 8 and 16 warps and 1 to 3 pipeline stages (benchmarks/kernel_resources.py:
-# `_states` none, the others some, the most in the tile kernels, (64, 128) tiles; at BLOCK 32 almost none)
+# launch options of each kernel: at BLOCK 64, KEY_TILE and KEY_BLOCK 32, D = Dv = 64, h = 16 and bf16, those with the
+# fewest register spills that ptxas reports for sm90 among 4, 8 and 16 warps and 1 to 3 pipeline stages
+# (benchmarks/kernel_resources.py: the most in `_backward_queries`, which holds the table's products and gradient
+# beside its tiles)
 LAUNCH = {"_states": dict(num_warps=8), "_chunk_sums": dict(num_warps=8), "_scan_sums": dict(num_warps=4),
           "_query_sums": dict(num_warps=8), "_key_shares": dict(num_warps=8),
           "_states_backward": dict(num_warps=8, num_stages=2),
-          "_forward": dict(num_warps=8), "_backward_queries": dict(num_warps=8),
+          "_forward": dict(num_warps=8), "_backward_queries": dict(num_warps=8, num_stages=1),
           "_backward_keys": dict(num_warps=8, num_stages=1)}
 
 
@@ -723,8 +790,8 @@ def fits(horizon: int, dim: int, value_dim: int) -> bool:
 
 def _sizes(horizon: int, d: int, dv: int) -> dict:
     pow2 = triton.next_power_of_2
-    return dict(BLOCK=BLOCK, BLOCK_N=max(16, pow2(BLOCK + 2 * horizon)), BLOCK_D=max(MIN_TILE, pow2(d)),
-                BLOCK_V=max(MIN_TILE, pow2(dv)), BLOCK_R=max(MIN_TILE, pow2(2 * horizon + 1)))
+    return dict(BLOCK=BLOCK, TILE=KEY_TILE, BLOCK_D=max(MIN_TILE, pow2(d)), BLOCK_V=max(MIN_TILE, pow2(dv)),
+                BLOCK_R=max(MIN_TILE, pow2(2 * horizon + 1)))
 
 
 class _Walk(NamedTuple):
@@ -815,10 +882,11 @@ class TritonLocalSoftmaxDecay(torch.autograd.Function):
             *walk.starts, d, dv, *_strides(q, k, v, g), scale, CAUSAL=causal, HAS_TABLE=table is not None, **sizes,
             **{key: common[key] for key in ("HORIZON", "HAS_MASK", "DOT")}, **LAUNCH["_backward_queries"])
         dk, dv_ = torch.empty_like(k), torch.empty_like(v)
-        _backward_keys[(triton.cdiv(lk, BLOCK), rows)](
+        _backward_keys[(triton.cdiv(lk, KEY_BLOCK), rows)](
             q, k, v, mask_arg, q if table is None else table, rate, g, shift, den, delta, grad_phi, grad_state_v, dk,
             dv_, lq, lk, heads, rows, offset, walk.nq, d, dv, *_strides(q, k, v, g), scale, CAUSAL=causal,
-            HAS_TABLE=table is not None, BLOCK_R=sizes["BLOCK_R"], **common, **LAUNCH["_backward_keys"])
+            HAS_TABLE=table is not None, BLOCK_K=KEY_BLOCK, BLOCK_R=sizes["BLOCK_R"], **common,
+            **LAUNCH["_backward_keys"])
         grad_rate = (grad_rate_walk.sum(0) + grad_rate_queries.sum(1)).view(b, heads).sum(0).to(decay_dtype)
         grad_table = None if table is None else dtable.sum(1).view(b, heads, -1, d).sum(0).to(table.dtype)
         return dq, dk, dv_, grad_table, grad_rate, None, None, None, None, None

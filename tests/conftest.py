@@ -24,8 +24,9 @@ def seeded_torch():
 def triton_paths(monkeypatch):
     """`triton_paths(chunk=16)`: every kernel choice of the default attention made as on CUDA, for tensors on any
     device (on CPU the kernels run in Triton's interpreter): the attention's kernels (in blocks of `chunk` positions,
-    so that short inputs span several), the tails of the other decayed attentions (in chunks of `chunk`) and the two
-    decoding steps. Returns the set that collects the names of the kernels' entry points as they are chosen."""
+    so that short inputs span several, their windows in tiles of `chunk // 2` keys, as on a GPU), the tails of the
+    other decayed attentions (in chunks of `chunk`) and the two decoding steps. Returns the set that collects the
+    names of the kernels' entry points as they are chosen."""
 
     def use(chunk: int = 16) -> set:
         from modeling_scaleformer import ops_decay, ops_decay_triton, ops_local_softmax, ops_local_softmax_triton
@@ -47,6 +48,8 @@ def triton_paths(monkeypatch):
         monkeypatch.setattr(ops_decay, "_tail_kernel", lambda device, dim: chosen(choose(torch.device("cuda"), dim)))
         monkeypatch.setattr(ops_decay_triton, "CHUNK", chunk)
         monkeypatch.setattr(ops_local_softmax_triton, "BLOCK", chunk)
+        for name in ("KEY_TILE", "KEY_BLOCK"):
+            monkeypatch.setattr(ops_local_softmax_triton, name, chunk // 2)
         return used
 
     return use

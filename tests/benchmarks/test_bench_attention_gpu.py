@@ -6,6 +6,8 @@ import json
 import subprocess
 from pathlib import Path
 
+import pytest
+
 
 RUN_GPU = Path(__file__).resolve().parents[2] / "benchmarks" / "run_gpu.sh"
 
@@ -14,7 +16,7 @@ def test_bench_attention_gpu_smoke(run_command, tmp_path):
     report_path = tmp_path / "report.json"
     result = run_command(["benchmarks/bench_attention_gpu.py", "--device", "cpu", "--quick", "--dtype", "float32",
                           "--lengths", "128", "--profile", "64", "--kernel-block", "32", "--sequential-walks",
-                          "--json", str(report_path)])
+                          "--key-tile", "16", "--key-block", "64", "--json", str(report_path)])
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     report = json.loads(report_path.read_text())
     timed = {(r["method"], r["causal"]) for r in report["timings"] if r.get("median_s") is not None}
@@ -26,18 +28,19 @@ def test_bench_attention_gpu_smoke(run_command, tmp_path):
     assert set(report["profiles"]) == {"causal", "bidir"}
     assert "## Profile: scaleformer bidir, L=64, forward + backward" in result.stdout
     assert "aten::bmm" in report["profiles"]["causal"]
-    assert "kernel blocks of 32; sequential walks" in result.stdout
+    assert "kernel blocks of 32; key tiles of 16; 64 keys per backward program; sequential walks" in result.stdout
 
 
-def test_bench_attention_gpu_refuses_a_kernel_block_the_kernels_cannot_take(run_command):
-    result = run_command(["benchmarks/bench_attention_gpu.py", "--device", "cpu", "--quick", "--kernel-block", "24"])
+@pytest.mark.parametrize("option", ["--kernel-block", "--key-tile", "--key-block"])
+def test_bench_attention_gpu_refuses_a_size_the_kernels_cannot_take(option, run_command):
+    result = run_command(["benchmarks/bench_attention_gpu.py", "--device", "cpu", "--quick", option, "24"])
     assert result.returncode == 2
-    assert "--kernel-block must be a power of two >= 16, got 24" in result.stderr
+    assert f"{option} must be a power of two >= 16, got 24" in result.stderr
 
 
 def test_run_gpu_refuses_an_unknown_step(tmp_path):
     result = subprocess.run(["bash", str(RUN_GPU), str(tmp_path), "atention"],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 64
-    assert ("unknown step: atention (expected env, attention, attention_block32, attention_sequential, tests, "
-            "train, train_compiled, generate)") in result.stderr
+    assert ("unknown step: atention (expected env, attention, attention_block32, attention_sequential, "
+            "attention_wide_tiles, tests, train, train_compiled, generate)") in result.stderr

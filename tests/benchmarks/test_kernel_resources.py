@@ -1,17 +1,23 @@
-"""kernel_resources.py compiles a kernel of the default attention for sm90 without a GPU and reports what ptxas
-says of it, marking the launch options the op uses."""
+"""kernel_resources.py compiles kernels of the default attention for sm90 without a GPU and reports what ptxas
+says of them, marking the launch options and key tile the op uses."""
 
 import pytest
 
 
 def test_kernel_resources_reports_ptxas_figures(run_command):
     pytest.importorskip("triton")
-    result = run_command(["benchmarks/kernel_resources.py", "--kernels", "_states", "--blocks", "64", "--warps", "8",
-                          "--stages", "3", "1"])
+    from modeling_scaleformer import ops_local_softmax_triton as kernels
+
+    other_tile = 16 if kernels.KEY_TILE != 16 else 32
+    result = run_command(["benchmarks/kernel_resources.py", "--kernels", "_states", "_forward", "--blocks", "64",
+                          "--warps", "8", "--stages", "3", "--tiles", str(kernels.KEY_TILE), str(other_tile)])
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-    rows = [line for line in result.stdout.splitlines() if line.startswith("| _states")]
-    assert len(rows) == 2
-    chosen, other = rows
-    assert chosen.startswith("| _states * | 64 | 8 | 3 |") and other.startswith("| _states | 64 | 8 | 1 |")
-    registers, spills, shared = (cell.strip() for cell in chosen.split("|")[5:8])
-    assert 0 < int(registers) <= 255 and " / " in spills and int(shared.replace(",", "")) > 0
+    rows = [line for line in result.stdout.splitlines() if line.startswith("| _")]
+    assert len(rows) == 3
+    walk, chosen, other = rows
+    assert walk.startswith("| _states * | 64 | - | 8 | 3 |")  # the walks take no key tile
+    assert chosen.startswith(f"| _forward * | 64 | {kernels.KEY_TILE} | 8 | 3 |")
+    assert other.startswith(f"| _forward | 64 | {other_tile} | 8 | 3 |")
+    for row in rows:
+        registers, spills, shared = (cell.strip() for cell in row.split("|")[6:9])
+        assert 0 < int(registers) <= 255 and " / " in spills and int(shared.replace(",", "")) > 0

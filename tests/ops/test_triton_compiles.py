@@ -120,7 +120,7 @@ def test_attention_kernels_lower(shape, options, causal, dtype):
         lower(kernel, kernel_dtype, operands, operand_names=INPUTS, CAUSAL=causal, **options, **sizes,
               **{key: common[key] for key in ("HORIZON", "DOT")})
     lower(kernels._backward_keys, kernel_dtype, operands, operand_names=INPUTS, CAUSAL=causal,
-          HAS_TABLE=options["HAS_TABLE"], BLOCK_R=sizes["BLOCK_R"], **common)
+          HAS_TABLE=options["HAS_TABLE"], BLOCK_K=kernels.KEY_BLOCK, BLOCK_R=sizes["BLOCK_R"], **common)
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
@@ -142,7 +142,8 @@ def test_attention_kernels_assemble_for_sm90(causal):
                              ("_query_sums", queries), ("_key_shares", walk),
                              ("_states_backward", walk), ("_forward", tiles),
                              ("_backward_queries", tiles),
-                             ("_backward_keys", dict(walk, CAUSAL=causal, HAS_TABLE=True, BLOCK_R=sizes["BLOCK_R"]))):
+                             ("_backward_keys", dict(walk, CAUSAL=causal, HAS_TABLE=True, BLOCK_K=kernels.KEY_BLOCK,
+                                                     BLOCK_R=sizes["BLOCK_R"]))):
         compiled = triton.compile(source(getattr(kernels, name), torch.float32, torch.bfloat16, INPUTS, **constexprs),
                                   target=GPUTarget("cuda", 90, 32), options=kernels.LAUNCH[name])
         assert compiled.asm["cubin"], name
