@@ -351,6 +351,29 @@ def test_triton_attention_shapes_on_cuda(case):
     """The kernels at the sizes the models use (head dimensions 8 to 64, h 0 to 31: every size `fits` takes pads to
     the tiles of these), Lq != Lk, padded keys, against the float64 reference on the device, output and gradients,
     float32."""
+    check_against_the_reference_on_cuda(case)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("case", [
+    dict(lq=300, lk=300, d=64, h=32), dict(lq=300, lk=300, d=64, h=32, causal=True), dict(lq=300, lk=200, d=64, h=63),
+    dict(lq=200, lk=200, d=128, h=16), dict(lq=200, lk=200, d=128, h=16, causal=True),
+], ids=["h32", "h32-causal", "h63-lq>lk", "d128", "d128-causal"])
+def test_triton_attention_beyond_fits_on_cuda(case, monkeypatch):
+    """The sizes `fits` does not take yet, h 32 to 63 (the base configuration's 32 among them) and D = 128, with its
+    limits lifted: as `test_triton_attention_shapes_on_cuda`, the check that raising MAX_HORIZON and MAX_DIM
+    waits for."""
+    from modeling_scaleformer import ops_local_softmax_triton
+
+    monkeypatch.setattr(ops_local_softmax_triton, "MAX_HORIZON", 63)
+    monkeypatch.setattr(ops_local_softmax_triton, "MAX_DIM", 128)
+    check_against_the_reference_on_cuda(case)
+
+
+def check_against_the_reference_on_cuda(case: dict) -> None:
+    """The kernels for `case` (lq, lk, d, h, causal: B=3, H=2, float32, padded keys in one row) against the float64
+    reference on the device, output and the gradients of q, k, v, the table and the decay rates."""
     gen = torch.Generator(device="cuda").manual_seed(0)
     lq, lk, d, h = case["lq"], case["lk"], case["d"], case["h"]
     q = torch.randn(3, 2, lq, d, device="cuda", generator=gen)

@@ -95,8 +95,8 @@ INPUTS = ("Q", "K", "V", "TAB", "OUT", "DO", "DQ", "DK", "DV")
 @pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
 @pytest.mark.parametrize("options", [dict(HAS_TABLE=True, HAS_MASK=True), dict(HAS_TABLE=False, HAS_MASK=False)],
                          ids=["table-and-mask", "neither"])
-@pytest.mark.parametrize("shape", [(16, 64, 64), (3, 8, 8), (0, 64, 64), (31, 64, 50)],
-                         ids=["h16-d64", "h3-d8", "h0", "h31-dv50"])
+@pytest.mark.parametrize("shape", [(16, 64, 64), (3, 8, 8), (0, 64, 64), (31, 64, 50), (32, 128, 128)],
+                         ids=["h16-d64", "h3-d8", "h0", "h31-dv50", "h32-d128"])
 def test_attention_kernels_lower(shape, options, causal, dtype):
     """The kernels of the default attention with the host's block sizes: q, k, v, the table and the outputs in the
     inputs' dtype (16-bit ones included) beside the compute dtype's states, shifts and normalisers."""
