@@ -765,13 +765,13 @@ MIN_TILE = 64
 MAX_HORIZON = 31
 MAX_DIM = 64
 # launch options of each kernel: at BLOCK 64, KEY_TILE and KEY_BLOCK 32, D = Dv = 64, h = 16 and bf16, those with the
-# fewest register spills that ptxas reports for sm90 among 4, 8 and 16 warps and 1 to 3 pipeline stages
-# (benchmarks/kernel_resources.py: the most in `_backward_queries`, which holds the table's products and gradient
-# beside its tiles)
+# fewest register spills that ptxas reports for sm90 (Triton 3.6 and 3.9) among 4, 8 and 16 warps and 1 to 3
+# pipeline stages (benchmarks/kernel_resources.py: the most in the backward kernels, 76 to 268 bytes, where the
+# query blocks' tables and their products sit beside the tiles)
 LAUNCH = {"_states": dict(num_warps=8), "_chunk_sums": dict(num_warps=8), "_scan_sums": dict(num_warps=4),
           "_query_sums": dict(num_warps=8), "_key_shares": dict(num_warps=8),
           "_states_backward": dict(num_warps=8, num_stages=2),
-          "_forward": dict(num_warps=8), "_backward_queries": dict(num_warps=8, num_stages=1),
+          "_forward": dict(num_warps=8, num_stages=2), "_backward_queries": dict(num_warps=8, num_stages=1),
           "_backward_keys": dict(num_warps=8, num_stages=1)}
 
 
@@ -821,7 +821,7 @@ def _strides(*tensors: torch.Tensor) -> list[int]:
 
 
 class TritonLocalSoftmaxDecay(torch.autograd.Function):
-    """`ops_local_softmax.local_softmax_decay_attention` (linear path) in five Triton kernels, see the module
+    """`ops_local_softmax.local_softmax_decay_attention` (linear path) in Triton kernels, see the module
     docstring: q (B, H, Lq, D), k (B, H, Lk, D), v (B, H, Lk, Dv) in one dtype, read with their strides; the table
     (H, 2h+1, D) in that dtype or None; decay (H,); the key mask (B, Lk) or None. Returns (B, H, Lq, Dv) in q's
     dtype, stored as (B, Lq, H, Dv) (so that merging the heads is a view)."""
