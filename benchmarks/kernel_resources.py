@@ -30,7 +30,7 @@ import torch
 
 
 TILED = ("_forward", "_backward_queries", "_backward_keys")  # the kernels that take KEY_TILE or KEY_BLOCK
-KERNELS = ("_states", "_chunk_sums", "_scan_sums", "_states_backward", "_query_sums", "_key_shares", "_forward",
+KERNELS = ("_states", "_chunk_sums", "_scan_sums", "_states_backward", "_query_sums", "_forward",
            "_backward_queries", "_backward_keys")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 POINTERS = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32"}
@@ -64,11 +64,11 @@ def constexprs(kernels, name: str, args: argparse.Namespace) -> dict:
     dot = dot_precision(torch.float32, half_inputs=dtype != torch.float32)
     walk = dict(HORIZON=args.horizon, HAS_MASK=True, BLOCK=sizes["BLOCK"], BLOCK_D=sizes["BLOCK_D"],
                 BLOCK_V=sizes["BLOCK_V"], DOT=dot)
-    if name in ("_states", "_chunk_sums", "_states_backward", "_key_shares"):
+    if name in ("_states", "_chunk_sums"):
         return walk
     if name == "_scan_sums":
         return dict(BLOCK=sizes["BLOCK"], BLOCK_SD=kernels.SCAN_ROWS, BLOCK_V=sizes["BLOCK_V"], REVERSE=True)
-    if name == "_query_sums":
+    if name in ("_query_sums", "_states_backward"):
         return {key: walk[key] for key in ("BLOCK", "BLOCK_D", "BLOCK_V", "DOT")}
     if name == "_backward_keys":
         return dict(walk, CAUSAL=args.causal, HAS_TABLE=True, BLOCK_K=kernels.KEY_BLOCK, BLOCK_R=sizes["BLOCK_R"])

@@ -25,16 +25,15 @@ out 0, no gradient; see `_least_shift`). The kernels, laid out like flash-linear
   keys (the band's weights summed under their running largest logit, as flash attention sums them, those beyond
   the band under their running largest weight), both states, the row shift m, out, and m and the normaliser for
   backward;
-- `_query_sums`, `_scan_sums` then `_key_shares` (`PARALLEL_WALKS`), or `_states_backward`: the states'
-  gradient G_b = dL/dL_b (the block's queries add theirs, exp(-m_i) exp(-lambda a) phi(q_i) / D [gs_i, -delta_i],
-  and G_b = exp(-lambda BLOCK) G_{b+1} + that) and each chunk's keys' share of it (dphi(k), dv), written per
-  direction, with delta_i = g_i . out_i / den_i: every block's sum at once, a sequential elementwise pass from the
-  last block back, then every chunk's share at once; `_states_backward` walks the chunks back with one program
-  per row and direction;
+- `_query_sums` then `_scan_sums` (`PARALLEL_WALKS`), or `_states_backward`: the states' gradient G_b = dL/dL_b
+  (the block's queries add theirs, exp(-m_i) exp(-lambda a) phi(q_i) / D [gs_i, -delta_i], and
+  G_b = exp(-lambda BLOCK) G_{b+1} + that), in the states' layout, with delta_i = g_i . out_i / den_i: every
+  block's sum at once, then a sequential elementwise pass from the last block back; `_states_backward` walks the
+  blocks back with one program per row and direction;
 - `_backward_queries`: by query blocks, like `_forward` (the same tiles, m and the normaliser known): dq, each
   block's share of the table's gradient and lambda's;
 - `_backward_keys`: by blocks of KEY_BLOCK keys: the query blocks whose windows hold them give dk and dv, and the
-  walks' shares are added.
+  keys' shares of the gradients of the states their chunks enter (one or two per direction) are added.
 
 lambda's gradient is a sum of local terms (offsets within a block or a window, BLOCK for each carry), never a
 product of absolute positions. q, k, v, the table and the output stay in the inputs' dtype (read with their
@@ -240,14 +239,16 @@ def _chunk_sums(
 
 @triton.jit
 def _scan_sums(
-    RATE, S, Z, heads, rows, nq, n_states, start0, start1, d, dv,
+    RATE, S, Z, L, LZ, CARRIED, heads, rows, nq, n_states, start0, start1, d, dv, parts,
     REVERSE: tl.constexpr, BLOCK: tl.constexpr, BLOCK_SD: tl.constexpr, BLOCK_V: tl.constexpr,
 ):
     """The parallel walks' sequential pass: one program per batch*head row, direction and BLOCK_SD rows of (D, Dv)
     sums x_c (and their (D,) normalisers) in the slots of chunks c = start .. nq - 1 replaces them in place by
     y_c = sum over the chunks c' before c of exp(-lambda BLOCK (c - c' - 1)) x_c' (y_start = 0), or, REVERSE, over
-    the chunks after c: the states from the chunks' sums (`_chunk_sums`), the states' gradient from the blocks' sums
-    (`_query_sums`). Elementwise work, where the walks also read every chunk's keys or queries."""
+    the chunks after c: the states from the chunks' sums (`_chunk_sums`), the states' gradient G_{c+1} from the
+    blocks' sums (`_query_sums`). REVERSE also stores its rows' part of lambda's gradient through the carries,
+    -BLOCK exp(-lambda BLOCK) sum_c G_{c+1} . L_c with the states L (`L`, `LZ`), in CARRIED (directions, rows,
+    parts). Elementwise work, where the walks also read every chunk's keys or queries."""
     row, direction, part = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     acc = S.dtype.element_ty
     carry = tl.exp(-tl.load(RATE + row % heads).to(acc) * BLOCK)
@@ -258,6 +259,7 @@ def _scan_sums(
     s_mask, z_mask = (dd[:, None] < d) & (vv[None, :] < dv), dd < d
     total = tl.zeros((BLOCK_SD, BLOCK_V), dtype=acc)
     total_norm = tl.zeros((BLOCK_SD,), dtype=acc)
+    carried = tl.zeros((BLOCK_SD,), dtype=acc)
     slots = nq - tl.where(direction == 1, start1, start0)
     for step in range(0, slots):
         index = slots - 1 - step if REVERSE else step
@@ -265,8 +267,13 @@ def _scan_sums(
         x_norm = tl.load(z_ptr + index * d, mask=z_mask, other=0.0)
         tl.store(s_ptr + index * d * dv, total, mask=s_mask)
         tl.store(z_ptr + index * d, total_norm, mask=z_mask)
+        if REVERSE:
+            state = tl.load(L + (at[:, None] + index * d) * dv + vv[None, :], mask=s_mask, other=0.0)
+            carried += tl.sum(total * state, 1) + total_norm * tl.load(LZ + at + index * d, mask=z_mask, other=0.0)
         total = total * carry + x
         total_norm = total_norm * carry + x_norm
+    if REVERSE:
+        tl.store(CARRIED + (direction * rows + row).to(tl.int64) * parts + part, -BLOCK * carry * tl.sum(carried, 0))
 
 
 @triton.jit
@@ -295,33 +302,6 @@ def _query_rows(Q, DO, OUT, SHIFT, DEN, row, heads, lq, x, inside, qfirst, step,
 
 
 @triton.jit
-def _key_share(K, V, MASK, S, Z, DPHI, DVS, adjoint, adjoint_norm, row, rows, heads, lk, direction, c, index,
-               kfirst, step, qshift, off_w, to_next, n_states, d, dv, skb, skh, skl, svb, svh, svl,
-               HORIZON: tl.constexpr, HAS_MASK: tl.constexpr, ACC: tl.constexpr, BLOCK: tl.constexpr,
-               BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, DOT: tl.constexpr):
-    """The keys of chunk c enter L_{c+1} (state slot `index`) with weight exp(-lambda (BLOCK - t)) m_j: their share
-    of its gradient G_{c+1} (`adjoint`, `adjoint_norm`), dphi(k) and dv, written per direction. Returns their parts
-    of d/dlambda: the keys' distances BLOCK - t to s_{c+1} (BLOCK,), and G_{c+1} . L_c, which the carry's BLOCK
-    multiplies."""
-    op = K.dtype.element_ty
-    dd = tl.arange(0, BLOCK_D)
-    vv = tl.arange(0, BLOCK_V)
-    j, exists, mk, features, v = _chunk_keys(K, V, MASK, row, heads, lk, c, kfirst, step, qshift, off_w, d, dv, skb,
-                                             skh, skl, svb, svh, svl, HORIZON, HAS_MASK, ACC, BLOCK, BLOCK_D, BLOCK_V)
-    base = tl.dot(v.to(op), tl.trans(adjoint.to(op)), input_precision=DOT) + adjoint_norm[None, :]  # G v + g_z
-    dvs = tl.dot((features * to_next[:, None]).to(op), adjoint.to(op), input_precision=DOT)
-    at = ((direction * rows + row).to(tl.int64) * lk + j)
-    tl.store(DPHI + at[:, None] * d + dd[None, :], base * (to_next * mk)[:, None],
-             mask=exists[:, None] & (dd[None, :] < d))
-    tl.store(DVS + at[:, None] * dv + vv[None, :], dvs, mask=exists[:, None] & (vv[None, :] < dv))
-    s_ptr, z_ptr, s_mask, z_mask = _state_ptrs(S, Z, direction, row, rows, index, n_states, d, dv, BLOCK_D, BLOCK_V)
-    state = tl.load(s_ptr, mask=s_mask, other=0.0)
-    norm = tl.load(z_ptr, mask=z_mask, other=0.0)
-    distance = (BLOCK - tl.arange(0, BLOCK)).to(ACC) * to_next * tl.sum(features * base, 1)
-    return distance, tl.sum(tl.sum(adjoint * state, 1), 0) + tl.sum(adjoint_norm * norm, 0)
-
-
-@triton.jit
 def _query_sum(Q, DO, OUT, SHIFT, DEN, DELTA, row, heads, lq, direction, c, qfirst, step, qshift, from_state, d, dv,
                sqb, sqh, sql, sgb, sgh, sgl, sob, soh, sol, ACC: tl.constexpr, BLOCK: tl.constexpr,
                BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, DOT: tl.constexpr):
@@ -342,36 +322,38 @@ def _query_sum(Q, DO, OUT, SHIFT, DEN, DELTA, row, heads, lq, direction, c, qfir
 
 @triton.jit
 def _states_backward(
-    Q, K, V, MASK, RATE, S, Z, DO, OUT, SHIFT, DEN, DELTA, DPHI, DVS, GRAD_RATE,
-    lq, lk, heads, rows, offset, nq, n_states, start0, start1, d, dv, sqb, sqh, sql, skb, skh, skl, svb, svh, svl,
-    sgb, sgh, sgl, sob, soh, sol,
-    HORIZON: tl.constexpr, HAS_MASK: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_V: tl.constexpr, DOT: tl.constexpr,
+    Q, RATE, S, Z, A, AZ, DO, OUT, SHIFT, DEN, DELTA, CARRIED,
+    lq, lk, heads, rows, offset, nq, n_states, start0, start1, d, dv, sqb, sqh, sql, sgb, sgh, sgl, sob, soh, sol,
+    BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, DOT: tl.constexpr,
 ):
+    """The states' gradient by a sequential walk back over the query blocks, one program per batch*head row and
+    direction: G_{c+1}, the gradient of the state after chunk c, into slot c - start of A (and AZ), and the walk's
+    part of lambda's gradient through the carries (as `_scan_sums`) into CARRIED (directions, rows)."""
     row, direction = tl.program_id(0), tl.program_id(1)
-    acc = S.dtype.element_ty
+    acc = A.dtype.element_ty
     step, qfirst, kfirst, qshift, off_w, start, rate, carry, to_next = _walk_start(
         RATE, row, heads, direction, lq, lk, offset, nq, start0, start1, acc, BLOCK)
     from_state = tl.exp(-rate * tl.arange(0, BLOCK).to(acc))  # query a of block b from its state L_b
-    adjoint = tl.zeros((BLOCK_D, BLOCK_V), dtype=acc)  # G_{c+1}: the gradient of the state after chunk c
+    adjoint = tl.zeros((BLOCK_D, BLOCK_V), dtype=acc)  # G_{c+1}
     adjoint_norm = tl.zeros((BLOCK_D,), dtype=acc)
-    grad_keys = tl.zeros((BLOCK,), dtype=acc)
-    grad_carry = tl.sum(grad_keys, 0)
+    carried = tl.sum(tl.zeros((BLOCK_D,), dtype=acc), 0)
     for back in range(0, nq - start):
         c = nq - 1 - back
-        distance, carried = _key_share(K, V, MASK, S, Z, DPHI, DVS, adjoint, adjoint_norm, row, rows, heads, lk,
-                                       direction, c, c - start, kfirst, step, qshift, off_w, to_next, n_states, d, dv,
-                                       skb, skh, skl, svb, svh, svl, HORIZON, HAS_MASK, acc, BLOCK, BLOCK_D, BLOCK_V,
-                                       DOT)
-        grad_keys -= distance
-        grad_carry += carried
+        a_ptr, az_ptr, a_mask, az_mask = _state_ptrs(A, AZ, direction, row, rows, c - start, n_states, d, dv, BLOCK_D,
+                                                     BLOCK_V)
+        tl.store(a_ptr, adjoint, mask=a_mask)
+        tl.store(az_ptr, adjoint_norm, mask=az_mask)
+        s_ptr, z_ptr, s_mask, z_mask = _state_ptrs(S, Z, direction, row, rows, c - start, n_states, d, dv, BLOCK_D,
+                                                   BLOCK_V)
+        carried += (tl.sum(tl.sum(adjoint * tl.load(s_ptr, mask=s_mask, other=0.0), 1), 0)
+                    + tl.sum(adjoint_norm * tl.load(z_ptr, mask=z_mask, other=0.0), 0))
         # G_c = exp(-lambda BLOCK) G_{c+1} + the gradient of L_c from query block c (none for c < 0)
         block, block_norm = _query_sum(Q, DO, OUT, SHIFT, DEN, DELTA, row, heads, lq, direction, c, qfirst, step,
                                        qshift, from_state, d, dv, sqb, sqh, sql, sgb, sgh, sgl, sob, soh, sol, acc,
                                        BLOCK, BLOCK_D, BLOCK_V, DOT)
         adjoint = adjoint * carry + block
         adjoint_norm = adjoint_norm * carry + block_norm
-    tl.store(GRAD_RATE + direction * rows + row, tl.sum(grad_keys, 0) - BLOCK * carry * grad_carry)
+    tl.store(CARRIED + direction * rows + row, -BLOCK * carry * carried)
 
 
 @triton.jit
@@ -380,7 +362,7 @@ def _query_sums(
     lq, lk, heads, rows, offset, nq, n_states, start0, start1, d, dv, sqb, sqh, sql, sgb, sgh, sgl, sob, soh, sol,
     BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, DOT: tl.constexpr,
 ):
-    """`_states_backward` in parallel, first of three: one program per query block c, row and direction stores what
+    """`_states_backward` in parallel, first of two: one program per query block c, row and direction stores what
     the block's queries add to the gradient of its state L_c, exp(-m_i) exp(-lambda a) phi(q_i) / D [gs_i, -delta_i]
     summed over them, in slot c - start (and delta_i, in direction 0); `_scan_sums` (REVERSE) then turns the slots
     into G_{c+1}, the gradient of the state after chunk c."""
@@ -396,32 +378,6 @@ def _query_sums(
                                                      BLOCK_V)
         tl.store(a_ptr, block, mask=a_mask)
         tl.store(az_ptr, block_norm, mask=az_mask)
-
-
-@triton.jit
-def _key_shares(
-    K, V, MASK, RATE, S, Z, A, AZ, DPHI, DVS, GRAD_RATE,
-    lq, lk, heads, rows, offset, nq, n_states, start0, start1, d, dv, skb, skh, skl, svb, svh, svl,
-    HORIZON: tl.constexpr, HAS_MASK: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_V: tl.constexpr, DOT: tl.constexpr,
-):
-    """`_states_backward` in parallel, last of three: one program per chunk c, row and direction gives the chunk's keys
-    their share of G_{c+1} (`_scan_sums`), dphi(k) and dv, written per direction, and stores its part of lambda's
-    gradient (the keys' distances to s_{c+1}, and the carry applied to L_c)."""
-    index, row, direction = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    acc = A.dtype.element_ty
-    step, qfirst, kfirst, qshift, off_w, start, rate, carry, to_next = _walk_start(
-        RATE, row, heads, direction, lq, lk, offset, nq, start0, start1, acc, BLOCK)
-    if index < nq - start:
-        a_ptr, az_ptr, a_mask, az_mask = _state_ptrs(A, AZ, direction, row, rows, index, n_states, d, dv, BLOCK_D,
-                                                     BLOCK_V)
-        distance, carried = _key_share(K, V, MASK, S, Z, DPHI, DVS, tl.load(a_ptr, mask=a_mask, other=0.0),
-                                       tl.load(az_ptr, mask=az_mask, other=0.0), row, rows, heads, lk, direction,
-                                       start + index, index, kfirst, step, qshift, off_w, to_next, n_states, d, dv,
-                                       skb, skh, skl, svb, svh, svl, HORIZON, HAS_MASK, acc, BLOCK, BLOCK_D, BLOCK_V,
-                                       DOT)
-        tl.store(GRAD_RATE + (direction * rows + row).to(tl.int64) * n_states + index,
-                 -tl.sum(distance, 0) - BLOCK * carry * carried)
 
 
 @triton.jit
@@ -682,14 +638,31 @@ def _backward_queries(
 
 
 @triton.jit
+def _walk_share(A, AZ, direction, row, rows, slot, n_states, d, dv, v, features, to_next, mine, OP: tl.constexpr,
+                BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, DOT: tl.constexpr):
+    """The keys `mine`'s share of the gradient G (slot `slot` of `A`, `AZ`) of the state their chunk enters, with
+    weights exp(-lambda (BLOCK - t)) m_j (`to_next` the decays, `features` phi(k) m_j, v their values): (G v + g_z)
+    to_next (dphi(k) / m_j), phi(k) m_j to_next G (their dv) and G v + g_z (for lambda's gradient), 0 for the other
+    keys."""
+    a_ptr, az_ptr, a_mask, az_mask = _state_ptrs(A, AZ, direction, row, rows, slot, n_states, d, dv, BLOCK_D, BLOCK_V)
+    adjoint = tl.load(a_ptr, mask=a_mask, other=0.0)
+    base = (tl.dot(v, tl.trans(adjoint.to(OP)), input_precision=DOT)
+            + tl.load(az_ptr, mask=az_mask, other=0.0)[None, :])  # G v + g_z
+    base = tl.where(mine[:, None], base, 0.0)
+    weighted = tl.where(mine[:, None], features * to_next[:, None], 0.0)
+    return base * to_next[:, None], tl.dot(weighted.to(OP), adjoint.to(OP), input_precision=DOT), base
+
+
+@triton.jit
 def _backward_keys(
-    Q, K, V, MASK, TAB, RATE, DO, SHIFT, DEN, DELTA, DPHI, DVS, DK, DV,
-    lq, lk, heads, rows, offset, nq, d, dv, sqb, sqh, sql, skb, skh, skl, svb, svh, svl, sgb, sgh, sgl, scale,
+    Q, K, V, MASK, TAB, RATE, A, AZ, DO, SHIFT, DEN, DELTA, DK, DV, GRAD_RATE,
+    lq, lk, heads, rows, offset, nq, n_states, start0, start1, d, dv, sqb, sqh, sql, skb, skh, skl, svb, svh, svl,
+    sgb, sgh, sgl, scale,
     HORIZON: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_TABLE: tl.constexpr, BLOCK: tl.constexpr,
     BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr, DOT: tl.constexpr,
 ):
     kb, row = tl.program_id(0), tl.program_id(1)
-    acc = DPHI.dtype.element_ty
+    acc = A.dtype.element_ty
     op = Q.dtype.element_ty
     rate = tl.load(RATE + row % heads).to(acc)
     dd = tl.arange(0, BLOCK_D)
@@ -728,21 +701,32 @@ def _backward_keys(
         dk = tl.dot(tl.trans((band_weights * grad_weights * scale).to(op)), q, dk, input_precision=DOT)
         grad_kernel = shift_scale[:, None] * grad_weights * decay
         grad_features = tl.dot(tl.trans(grad_kernel.to(op)), features_q, grad_features, input_precision=DOT)
-    # the keys' shares of the states' gradients (`_states_backward`), in each direction whose walk reached them:
-    # key y (j, or lk - 1 - j backwards) lies in a chunk before nq - 1
-    vv = tl.arange(0, BLOCK_V)
+    # the keys' shares of the states' gradients G_{c+1} (`_scan_sums` or `_states_backward`), in each direction: key
+    # y (j, or lk - 1 - j backwards) at place t of chunk c, its walk's coordinates, enters L_{c+1} with weight
+    # exp(-lambda (BLOCK - t)) m_j if c < nq - 1; these keys lie in one chunk or two
+    features = _elu_features(k.to(acc), keys[:, None] & (dd[None, :] < d)) * mk[:, None]
+    grad_rate = tl.zeros((BLOCK_K,), dtype=acc)
     for direction in tl.static_range(2):
         if direction == 0 or not CAUSAL:
             if direction == 0:
-                y, qshift, off_w = j, 0, offset
+                y, qshift, off_w, start = j, 0, offset, start0
             else:
-                y, qshift, off_w = lk - 1 - j, nq * BLOCK - lq, lk - lq - offset
-            reached = keys & (y < nq * BLOCK - qshift + off_w - HORIZON - BLOCK)
-            at = (direction * rows + row).to(tl.int64) * lk + j
-            grad_features += tl.load(DPHI + at[:, None] * d + dd[None, :], mask=reached[:, None] & (dd[None, :] < d),
-                                     other=0.0)
-            dv_ += tl.load(DVS + at[:, None] * dv + vv[None, :], mask=reached[:, None] & (vv[None, :] < dv),
-                           other=0.0)
+                y, qshift, off_w, start = lk - 1 - j, nq * BLOCK - lq, lk - lq - offset, start1
+            place = y + qshift - off_w + HORIZON
+            c = _floor_div(place, BLOCK)
+            t = place - c * BLOCK
+            to_next = tl.exp(-rate * (BLOCK - t).to(acc))
+            reached = keys & (c < nq - 1)
+            first = tl.min(tl.where(reached, c, nq), 0)
+            for chunk in tl.static_range(2):
+                mine = reached & (c == first + chunk)
+                if tl.max(mine.to(tl.int32), 0) > 0:
+                    share, share_v, base = _walk_share(A, AZ, direction, row, rows, first + chunk - start, n_states, d,
+                                                       dv, v, features, to_next, mine, op, BLOCK_D, BLOCK_V, DOT)
+                    grad_features += share * mk[:, None]
+                    dv_ += share_v
+                    grad_rate -= (BLOCK - t).to(acc) * to_next * tl.sum(features * base, 1)
+    tl.store(GRAD_RATE + row.to(tl.int64) * tl.num_programs(0) + kb, tl.sum(grad_rate, 0))
     dk += grad_features * _elu_slope(k.to(acc))
     ptr, mask = _row_ptrs(DK, row, heads, skb, skh, skl, j, keys, d, BLOCK_D)
     tl.store(ptr, dk, mask=mask)
@@ -766,18 +750,18 @@ MAX_HORIZON = 31
 MAX_DIM = 64
 # launch options of each kernel: at BLOCK 64, KEY_TILE and KEY_BLOCK 32, D = Dv = 64, h = 16 and bf16, those with the
 # fewest register spills that ptxas reports for sm90 (Triton 3.6 and 3.9) among 4, 8 and 16 warps and 1 to 3
-# pipeline stages (benchmarks/kernel_resources.py: the most in the backward kernels, 76 to 268 bytes, where the
+# pipeline stages (benchmarks/kernel_resources.py: the most in the backward kernels, up to 236 bytes, where the
 # query blocks' tables and their products sit beside the tiles)
 LAUNCH = {"_states": dict(num_warps=8), "_chunk_sums": dict(num_warps=8), "_scan_sums": dict(num_warps=4),
-          "_query_sums": dict(num_warps=8), "_key_shares": dict(num_warps=8),
+          "_query_sums": dict(num_warps=8),
           "_states_backward": dict(num_warps=8, num_stages=2),
           "_forward": dict(num_warps=8, num_stages=2), "_backward_queries": dict(num_warps=8, num_stages=1),
-          "_backward_keys": dict(num_warps=8, num_stages=1)}
+          "_backward_keys": dict(num_warps=8, num_stages=2)}
 
 
 # the states by `_chunk_sums` (every chunk at once) and `_scan_sums` (a sequential pass of elementwise work, rows of
-# the states in slices of SCAN_ROWS), and their gradient by `_query_sums`, `_scan_sums` and `_key_shares`, instead
-# of the walks of `_states` and `_states_backward`, which read every chunk in sequence with one program per
+# the states in slices of SCAN_ROWS), and their gradient by `_query_sums` and `_scan_sums`, instead of the walks of
+# `_states` and `_states_backward`, which read every chunk or query block in sequence with one program per
 # batch*head row and direction
 PARALLEL_WALKS = True
 SCAN_ROWS = 16
@@ -857,21 +841,12 @@ class TritonLocalSoftmaxDecay(torch.autograd.Function):
         rows, directions = b * heads, 1 if causal else 2
         states, norms = _walk_states(k, v, mask, rate, walk, heads, lq, offset, horizon, causal, dot)
         delta = torch.empty_like(den)
-        grad_phi = den.new_empty(directions, rows, lk, d)
-        grad_state_v = den.new_empty(directions, rows, lk, dv)
         sizes = _sizes(horizon, d, dv)
         mask_arg = k if mask is None else mask
         common = dict(HORIZON=horizon, HAS_MASK=mask is not None, DOT=dot, BLOCK=BLOCK, BLOCK_D=sizes["BLOCK_D"],
                       BLOCK_V=sizes["BLOCK_V"])
-        if PARALLEL_WALKS:
-            grad_rate_walk = _walk_adjoints(q, k, v, mask_arg, rate, states, norms, g, out, shift, den, delta,
-                                            grad_phi, grad_state_v, walk, heads, offset, common)
-        else:
-            grad_rate_walk = den.new_empty(directions, rows)
-            _states_backward[(rows, directions)](
-                q, k, v, mask_arg, rate, states, norms, g, out, shift, den, delta, grad_phi, grad_state_v,
-                grad_rate_walk, lq, lk, heads, rows, offset, walk.nq, walk.n_states, *walk.starts, d, dv,
-                *_strides(q, k, v, g, out), **common, **LAUNCH["_states_backward"])
+        adjoints, adjoint_norms, grad_rate_walk = _walk_adjoints(q, lk, rate, states, norms, g, out, shift, den,
+                                                                 delta, walk, heads, offset, common)
         dq = torch.empty_like(q)
         dtable = None if table is None else den.new_empty(rows, walk.nq, 2 * horizon + 1, d)
         grad_rate_queries = den.new_empty(rows, walk.nq)
@@ -882,36 +857,44 @@ class TritonLocalSoftmaxDecay(torch.autograd.Function):
             *walk.starts, d, dv, *_strides(q, k, v, g), scale, CAUSAL=causal, HAS_TABLE=table is not None, **sizes,
             **{key: common[key] for key in ("HORIZON", "HAS_MASK", "DOT")}, **LAUNCH["_backward_queries"])
         dk, dv_ = torch.empty_like(k), torch.empty_like(v)
-        _backward_keys[(triton.cdiv(lk, KEY_BLOCK), rows)](
-            q, k, v, mask_arg, q if table is None else table, rate, g, shift, den, delta, grad_phi, grad_state_v, dk,
-            dv_, lq, lk, heads, rows, offset, walk.nq, d, dv, *_strides(q, k, v, g), scale, CAUSAL=causal,
-            HAS_TABLE=table is not None, BLOCK_K=KEY_BLOCK, BLOCK_R=sizes["BLOCK_R"], **common,
-            **LAUNCH["_backward_keys"])
-        grad_rate = (grad_rate_walk.sum(0) + grad_rate_queries.sum(1)).view(b, heads).sum(0).to(decay_dtype)
+        key_blocks = triton.cdiv(lk, KEY_BLOCK)
+        grad_rate_keys = den.new_empty(rows, key_blocks)
+        _backward_keys[(key_blocks, rows)](
+            q, k, v, mask_arg, q if table is None else table, rate, adjoints, adjoint_norms, g, shift, den, delta, dk,
+            dv_, grad_rate_keys, lq, lk, heads, rows, offset, walk.nq, walk.n_states, *walk.starts, d, dv,
+            *_strides(q, k, v, g), scale, CAUSAL=causal, HAS_TABLE=table is not None, BLOCK_K=KEY_BLOCK,
+            BLOCK_R=sizes["BLOCK_R"], **common, **LAUNCH["_backward_keys"])
+        grad_rate = (grad_rate_walk.flatten(2).sum(2).sum(0) + grad_rate_queries.sum(1)
+                     + grad_rate_keys.sum(1)).view(b, heads).sum(0).to(decay_dtype)
         grad_table = None if table is None else dtable.sum(1).view(b, heads, -1, d).sum(0).to(table.dtype)
         return dq, dk, dv_, grad_table, grad_rate, None, None, None, None, None
 
 
-def _walk_adjoints(q, k, v, mask_arg, rate, states, norms, g, out, shift, den, delta, grad_phi, grad_state_v,
-                   walk: _Walk, heads: int, offset: int, common: dict) -> torch.Tensor:
-    """What `_states_backward` gives, by `_query_sums`, `_scan_sums` and `_key_shares` (`PARALLEL_WALKS`): the
-    keys' shares of the states' gradient (into `grad_phi`, `grad_state_v`), delta (into `delta`) and the walks' part
-    of lambda's gradient, (directions, rows)."""
+def _walk_adjoints(q, lk: int, rate, states, norms, g, out, shift, den, delta, walk: _Walk, heads: int, offset: int,
+                   common: dict):
+    """The states' gradients G_{c+1} (and their normalisers' gradients) in the states' layout, by `_query_sums` then
+    `_scan_sums` (`PARALLEL_WALKS`) or by `_states_backward`'s sequential walk; delta into `delta`; and the walks'
+    part of lambda's gradient through the carries, (directions, rows, parts)."""
     directions, rows, slots, d, dv = states.shape
-    lq, lk = q.shape[2], k.shape[2]
+    lq = q.shape[2]
     adjoints, adjoint_norms = states.new_empty(states.shape), norms.new_empty(norms.shape)
-    partial = den.new_zeros(directions, rows, slots)  # lambda's gradient, by chunk
     sizes = dict(BLOCK=BLOCK, BLOCK_D=common["BLOCK_D"], BLOCK_V=common["BLOCK_V"])
+    if not PARALLEL_WALKS:
+        carried = den.new_empty(directions, rows, 1)
+        _states_backward[(rows, directions)](
+            q, rate, states, norms, adjoints, adjoint_norms, g, out, shift, den, delta, carried, lq, lk, heads, rows,
+            offset, walk.nq, slots, *walk.starts, d, dv, *_strides(q, g, out), DOT=common["DOT"], **sizes,
+            **LAUNCH["_states_backward"])
+        return adjoints, adjoint_norms, carried
     _query_sums[(slots, rows, directions)](
         q, rate, adjoints, adjoint_norms, g, out, shift, den, delta, lq, lk, heads, rows, offset, walk.nq, slots,
         *walk.starts, d, dv, *_strides(q, g, out), DOT=common["DOT"], **sizes, **LAUNCH["_query_sums"])
-    _scan_sums[(rows, directions, triton.cdiv(d, SCAN_ROWS))](
-        rate, adjoints, adjoint_norms, heads, rows, walk.nq, slots, *walk.starts, d, dv, REVERSE=True, BLOCK=BLOCK,
-        BLOCK_SD=SCAN_ROWS, BLOCK_V=common["BLOCK_V"], **LAUNCH["_scan_sums"])
-    _key_shares[(slots, rows, directions)](
-        k, v, mask_arg, rate, states, norms, adjoints, adjoint_norms, grad_phi, grad_state_v, partial, lq, lk, heads,
-        rows, offset, walk.nq, slots, *walk.starts, d, dv, *_strides(k, v), **common, **LAUNCH["_key_shares"])
-    return partial.sum(-1)
+    parts = triton.cdiv(d, SCAN_ROWS)
+    carried = den.new_empty(directions, rows, parts)
+    _scan_sums[(rows, directions, parts)](
+        rate, adjoints, adjoint_norms, states, norms, carried, heads, rows, walk.nq, slots, *walk.starts, d, dv, parts,
+        REVERSE=True, BLOCK=BLOCK, BLOCK_SD=SCAN_ROWS, BLOCK_V=common["BLOCK_V"], **LAUNCH["_scan_sums"])
+    return adjoints, adjoint_norms, carried
 
 
 def _walk_states(k, v, mask, rate, walk: _Walk, heads: int, lq: int, offset: int, horizon: int, causal: bool,
@@ -932,9 +915,10 @@ def _walk_states(k, v, mask, rate, walk: _Walk, heads: int, lq: int, offset: int
         _states[(rows, directions)](*args, **walk_sizes, **LAUNCH["_states"])
         return states, norms
     _chunk_sums[(walk.n_states, rows, directions)](*args, **walk_sizes, **LAUNCH["_chunk_sums"])
-    _scan_sums[(rows, directions, triton.cdiv(d, SCAN_ROWS))](
-        rate, states, norms, heads, rows, walk.nq, walk.n_states, *walk.starts, d, dv, REVERSE=False, BLOCK=BLOCK,
-        BLOCK_SD=SCAN_ROWS, BLOCK_V=sizes["BLOCK_V"], **LAUNCH["_scan_sums"])
+    parts = triton.cdiv(d, SCAN_ROWS)
+    _scan_sums[(rows, directions, parts)](
+        rate, states, norms, states, norms, rate, heads, rows, walk.nq, walk.n_states, *walk.starts, d, dv, parts,
+        REVERSE=False, BLOCK=BLOCK, BLOCK_SD=SCAN_ROWS, BLOCK_V=sizes["BLOCK_V"], **LAUNCH["_scan_sums"])
     return states, norms
 
 

@@ -43,4 +43,4 @@ def test_run_gpu_refuses_an_unknown_step(tmp_path):
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 64
     assert ("unknown step: atention (expected env, attention, attention_block32, attention_sequential, "
-            "attention_wide_tiles, tests, train, train_compiled, generate)") in result.stderr
+            "attention_wide_tiles, attention_tiles16, tests, train, train_compiled, generate)") in result.stderr

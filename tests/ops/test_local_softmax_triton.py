@@ -57,8 +57,8 @@ def test_triton_attention_over_blocks(case, causal, decay_inputs, split_case, ch
 ], ids=["offset-5", "queries-past-the-keys", "lq>lk", "causal"])
 def test_parallel_walks_equal_the_sequential_walks(case, monkeypatch, triton_paths):
     """The states of every query block by `_chunk_sums` and `_scan_sums` (`PARALLEL_WALKS`) equal those of
-    `_states`' sequential walk, in both directions, and the op's gradients through `_query_sums`, `_scan_sums` (in
-    reverse) and `_key_shares` equal those through `_states_backward` (blocks of 16, padded keys)."""
+    `_states`' sequential walk, in both directions, and the op's gradients through `_query_sums` and `_scan_sums` (in
+    reverse) equal those through `_states_backward` (blocks of 16, padded keys)."""
     from modeling_scaleformer import ops_local_softmax_triton as kernels
 
     monkeypatch.setattr(kernels, "BLOCK", 16)

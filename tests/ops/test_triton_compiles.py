@@ -114,8 +114,8 @@ def test_attention_kernels_lower(shape, options, causal, dtype):
         lower(kernels._scan_sums, kernel_dtype, REVERSE=reverse, **scan)
     lower(kernels._query_sums, kernel_dtype, operands, operand_names=INPUTS,
           **{key: common[key] for key in ("BLOCK", "BLOCK_D", "BLOCK_V", "DOT")})
-    lower(kernels._key_shares, kernel_dtype, operands, operand_names=INPUTS, **common)
-    lower(kernels._states_backward, kernel_dtype, operands, operand_names=INPUTS, **common)
+    lower(kernels._states_backward, kernel_dtype, operands, operand_names=INPUTS,
+          **{key: common[key] for key in ("BLOCK", "BLOCK_D", "BLOCK_V", "DOT")})
     for kernel in (kernels._forward, kernels._backward_queries):
         lower(kernel, kernel_dtype, operands, operand_names=INPUTS, CAUSAL=causal, **options, **sizes,
               **{key: common[key] for key in ("HORIZON", "DOT")})
@@ -139,8 +139,7 @@ def test_attention_kernels_assemble_for_sm90(causal):
     scan = dict(BLOCK=sizes["BLOCK"], BLOCK_SD=kernels.SCAN_ROWS, BLOCK_V=sizes["BLOCK_V"])
     queries = {key: walk[key] for key in ("BLOCK", "BLOCK_D", "BLOCK_V", "DOT")}
     for name, constexprs in (("_states", walk), ("_chunk_sums", walk), ("_scan_sums", dict(scan, REVERSE=True)),
-                             ("_query_sums", queries), ("_key_shares", walk),
-                             ("_states_backward", walk), ("_forward", tiles),
+                             ("_query_sums", queries), ("_states_backward", queries), ("_forward", tiles),
                              ("_backward_queries", tiles),
                              ("_backward_keys", dict(walk, CAUSAL=causal, HAS_TABLE=True, BLOCK_K=kernels.KEY_BLOCK,
                                                      BLOCK_R=sizes["BLOCK_R"]))):
