@@ -838,7 +838,7 @@ class TritonLocalSoftmaxDecay(torch.autograd.Function):
         g = grad_out if grad_out.stride(-1) == 1 else grad_out.contiguous()
         b, heads, lq, d = q.shape
         lk, dv = k.shape[2], v.shape[-1]
-        rows, directions = b * heads, 1 if causal else 2
+        rows = b * heads
         states, norms = _walk_states(k, v, mask, rate, walk, heads, lq, offset, horizon, causal, dot)
         delta = torch.empty_like(den)
         sizes = _sizes(horizon, d, dv)
