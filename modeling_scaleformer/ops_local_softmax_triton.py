@@ -703,7 +703,7 @@ def _backward_keys(
         grad_features = tl.dot(tl.trans(grad_kernel.to(op)), features_q, grad_features, input_precision=DOT)
     # the keys' shares of the states' gradients G_{c+1} (`_scan_sums` or `_states_backward`), in each direction: key
     # y (j, or lk - 1 - j backwards) at place t of chunk c, its walk's coordinates, enters L_{c+1} with weight
-    # exp(-lambda (BLOCK - t)) m_j if c < nq - 1; these keys lie in one chunk or two
+    # exp(-lambda (BLOCK - t)) m_j if c < nq - 1; these keys lie in one chunk or two (more if BLOCK_K > BLOCK)
     features = _elu_features(k.to(acc), keys[:, None] & (dd[None, :] < d)) * mk[:, None]
     grad_rate = tl.zeros((BLOCK_K,), dtype=acc)
     for direction in tl.static_range(2):
@@ -717,12 +717,13 @@ def _backward_keys(
             t = place - c * BLOCK
             to_next = tl.exp(-rate * (BLOCK - t).to(acc))
             reached = keys & (c < nq - 1)
-            first = tl.min(tl.where(reached, c, nq), 0)
-            for chunk in tl.static_range(2):
-                mine = reached & (c == first + chunk)
+            first_chunk = tl.min(tl.where(reached, c, nq), 0)
+            for chunk in tl.static_range((BLOCK_K + BLOCK - 2) // BLOCK + 1):
+                mine = reached & (c == first_chunk + chunk)
                 if tl.max(mine.to(tl.int32), 0) > 0:
-                    share, share_v, base = _walk_share(A, AZ, direction, row, rows, first + chunk - start, n_states, d,
-                                                       dv, v, features, to_next, mine, op, BLOCK_D, BLOCK_V, DOT)
+                    share, share_v, base = _walk_share(A, AZ, direction, row, rows, first_chunk + chunk - start,
+                                                       n_states, d, dv, v, features, to_next, mine, op, BLOCK_D,
+                                                       BLOCK_V, DOT)
                     grad_features += share * mk[:, None]
                     dv_ += share_v
                     grad_rate -= (BLOCK - t).to(acc) * to_next * tl.sum(features * base, 1)

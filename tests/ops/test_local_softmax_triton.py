@@ -94,22 +94,24 @@ def test_parallel_walks_equal_the_sequential_walks(case, monkeypatch, triton_pat
 @CAUSAL
 def test_key_tiles_do_not_change_the_result(causal, decay_inputs, monkeypatch, triton_paths):
     """Windows read in one tile (KEY_TILE as wide as the window, KEY_BLOCK = BLOCK, the layout that
-    `bench_attention_gpu.py --key-tile 128 --key-block 64` times) give the output and gradients of windows read in
-    tiles of 8 keys (blocks of 16, h = 5: windows of 26 keys, 21 when causal, padded keys)."""
+    `bench_attention_gpu.py --key-tile 128 --key-block 64` times), and backward programs over more keys than a chunk
+    (whose keys then lie in up to three chunks), give the output and gradients of windows read in tiles of 8 keys
+    (blocks of 16, h = 5: windows of 26 keys, 21 when causal, padded keys)."""
     from modeling_scaleformer import ops_local_softmax_triton as kernels
 
-    inputs = decay_inputs(b=2, h=3, lq=45, lk=45, horizon=5, mask="padding")
+    inputs = decay_inputs(b=2, h=3, lq=70, lk=70, horizon=5, mask="padding")
     key_mask = inputs[5]
     results = []
-    for tile, block in ((8, 8), (32, 16)):
+    for tile, block in ((8, 8), (32, 16), (16, 32)):
         triton_paths(16)
         monkeypatch.setattr(kernels, "KEY_TILE", tile)
         monkeypatch.setattr(kernels, "KEY_BLOCK", block)
         leaves = [x.detach().clone().requires_grad_() for x in inputs[:5]]
         out = chunk_local_softmax_decay_attention(*leaves, causal=causal, key_mask=key_mask)
         results.append([out.detach(), *torch.autograd.grad(out, leaves, torch.ones_like(out) + out.detach())])
-    for name, got, expected in zip("out q k v rel decay".split(), *results):
-        torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-13, msg=lambda m: f"{name}: {m}")
+    for other in results[1:]:
+        for name, got, expected in zip("out q k v rel decay".split(), other, results[0]):
+            torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-13, msg=lambda m: f"{name}: {m}")
 
 
 def test_triton_attention_reads_strided_inputs(decay_inputs, triton_paths):
