@@ -9,7 +9,9 @@ What is measured, at B=4, H=16, D=64, horizon 16, bf16 by default, each causal a
 * `fla`: flash-linear-attention's `chunk_linear_attn` (causal; no relative term, no normaliser), the speed
   ceiling of linear attention, when `fla` imports; its causal time is compared with both directions.
 
-Every call is timed with CUDA events after a warm-up, as the median of `--repeats`; the peak memory is
+First the op, as it will be timed, is checked against the float64 quadratic reference at 1,024 tokens (output and
+every gradient, both directions); a setting that fails is not timed and the script exits with status 1. Every call
+is timed after a warm-up, the device synchronised before and after, as the median of `--repeats`; the peak memory is
 `torch.cuda.max_memory_allocated` over the call, minus what the inputs hold. The report ends with log-log slopes
 of time against L and the targets: at 16k, at least 4x faster than SDPA and within 1.5x of fla; slope 4k-64k at
 most 1.1. With `--device cpu` (`--quick`) the same code runs on small shapes, as a smoke test; it says nothing
@@ -38,6 +40,7 @@ from common import (
     cuda_peak_extra_mib, machine_info, parse_device, print_machine, profile_call, slope_fit, synchronize, write_json,
 )
 from modeling_scaleformer.ops_local_softmax import local_softmax_decay_attention
+from modeling_scaleformer.ops_naive import naive_local_softmax_decay_attention
 
 
 METHODS = ("scaleformer", "sdpa", "fla")
@@ -48,6 +51,10 @@ SLOPE_MAX = 1.1
 TARGET_LENGTH = 16384
 SDPA_SPEEDUP_MIN = 4.0
 FLA_RATIO_MAX = 1.5
+# the check's length (at most the longest timed): 16 blocks of 64, so that the kernels it compiles (Triton
+# specialises integer arguments divisible by 16) are those the timed lengths use
+CHECK_LENGTH = 1024
+CHECK_TOLERANCE = 3e-2  # of the reference's largest magnitude: 16-bit operands
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -136,6 +143,34 @@ def make_call(method: str, causal: bool, length: int, args: argparse.Namespace, 
             x.grad = None
 
     return call
+
+
+def check(args: argparse.Namespace) -> dict:
+    """The op as timed (the kernels on CUDA, with the kernel options asked for) against the float64 quadratic
+    reference on the same inputs, at batch 1 and `CHECK_LENGTH` tokens, each direction: the largest error of the
+    output and of the gradients of q, k, v, the table and the decay rates, each over the reference's largest
+    magnitude. Timings of a path that computes something else would mean nothing: main stops when one passes
+    `CHECK_TOLERANCE`."""
+    length = min(CHECK_LENGTH, max(args.lengths))
+    errors = {}
+    for causal in (True, False):
+        g = torch.Generator(device=args.device).manual_seed(0)
+        shape = (1, args.heads, length, args.dim)
+        q, k, v = (torch.randn(shape, generator=g, device=args.device).to(args.dtype) for _ in range(3))
+        rel = (0.1 * torch.randn(args.heads, 2 * args.horizon + 1, args.dim, generator=g, device=args.device))
+        decay = torch.linspace(0.25, 1 / 256, args.heads, device=args.device)
+        leaves = [x.to(args.dtype).requires_grad_() for x in (q, k, v, rel, decay)]
+        upstream = torch.randn(shape, generator=g, device=args.device, dtype=torch.float64)
+        out = local_softmax_decay_attention(*leaves, causal=causal, mode="linear")
+        got = [out, *torch.autograd.grad(out, leaves, upstream.to(out.dtype))]
+        wide = [x.detach().double().requires_grad_() for x in leaves]
+        reference = naive_local_softmax_decay_attention(*wide, causal=causal)
+        expected = [reference, *torch.autograd.grad(reference, wide, upstream)]
+        errors["causal" if causal else "bidir"] = {
+            name: float((a.detach().double() - b.detach()).abs().max() / b.detach().abs().max().clamp_min(1e-30))
+            for name, a, b in zip(("out", "q", "k", "v", "rel", "decay"), got, expected)}
+    return {"length": length, "tolerance": CHECK_TOLERANCE, "errors": errors,
+            "ok": all(e <= CHECK_TOLERANCE for row in errors.values() for e in row.values())}
 
 
 def measure(call, args: argparse.Namespace) -> dict:
@@ -264,14 +299,27 @@ def main(argv: list[str] | None = None) -> int:
     print(f"- device: {device_name}; B={args.batch}, H={args.heads}, D={args.dim}, horizon {args.horizon}, "
           f"{str(args.dtype).removeprefix('torch.')}; median of {args.repeats} after a warm-up{block}")
     print()
-    profiles = profile(args.profile, args) if args.profile else None
-    rows = run(args)
-    targets = report(rows, args)
+    checked = check(args)
+    print(f"Check against the float64 reference at L={checked['length']}, batch 1 (largest error over the "
+          f"reference's largest value; at most {CHECK_TOLERANCE}):")
+    print()
+    print("| direction | out | dq | dk | dv | d table | d decay |")
+    print("|:---|---:|---:|---:|---:|---:|---:|")
+    for direction, errors in checked["errors"].items():
+        print(f"| {direction} | " + " | ".join(f"{e:.1e}" for e in errors.values()) + " |")
+    print()
+    profiles, rows, targets = None, [], []
+    if checked["ok"]:
+        profiles = profile(args.profile, args) if args.profile else None
+        rows = run(args)
+        targets = report(rows, args)
+    else:
+        print("check FAILED: not timed", flush=True)
     if args.json:
         write_json(args.json, {"benchmark": "bench_attention_gpu", "machine": {**info, "device": device_name},
                                "settings": {k: str(v) for k, v in vars(args).items() if k != "json"},
-                               "timings": rows, "targets": targets, "profiles": profiles})
-    return 0
+                               "check": checked, "timings": rows, "targets": targets, "profiles": profiles})
+    return 0 if checked["ok"] else 1
 
 
 if __name__ == "__main__":

@@ -29,6 +29,11 @@ def test_bench_attention_gpu_smoke(run_command, tmp_path):
     assert "## Profile: scaleformer bidir, L=64, forward + backward" in result.stdout
     assert "aten::bmm" in report["profiles"]["causal"]
     assert "kernel blocks of 32; key tiles of 16; 64 keys per backward program; sequential walks" in result.stdout
+    assert report["check"]["ok"] and report["check"]["length"] == 128
+    assert set(report["check"]["errors"]) == {"causal", "bidir"}
+    errors = [e for row in report["check"]["errors"].values() for e in row.values()]
+    assert all(0 < e <= report["check"]["tolerance"] for e in errors)
+    assert "| causal | " in result.stdout.split("Check against the float64 reference at L=128")[1]
 
 
 @pytest.mark.parametrize("option", ["--kernel-block", "--key-tile", "--key-block"])
@@ -44,3 +49,19 @@ def test_run_gpu_refuses_an_unknown_step(tmp_path):
     assert result.returncode == 64
     assert ("unknown step: atention (expected env, attention, attention_block32, attention_sequential, "
             "attention_wide_tiles, attention_tiles16, tests, train, train_compiled, generate)") in result.stderr
+
+
+def test_bench_attention_gpu_does_not_time_a_path_that_fails_its_check(import_benchmark, monkeypatch, tmp_path,
+                                                                         capsys):
+    """An op that computes something else than the reference (here the output off by 10%) fails the check: nothing
+    is timed, the report keeps the check's errors and main returns 1."""
+    bench = import_benchmark("bench_attention_gpu")
+    op = bench.local_softmax_decay_attention
+    monkeypatch.setattr(bench, "local_softmax_decay_attention", lambda *args, **kwargs: 1.1 * op(*args, **kwargs))
+    report = tmp_path / "report.json"
+    assert bench.main(["--device", "cpu", "--quick", "--dtype", "float32", "--lengths", "64", "--json",
+                       str(report)]) == 1
+    assert "check FAILED: not timed" in capsys.readouterr().out
+    checked = json.loads(report.read_text())
+    assert not checked["check"]["ok"] and checked["timings"] == []
+    assert checked["check"]["errors"]["causal"]["out"] > 0.05
