@@ -21,6 +21,7 @@ about GPUs.
     python benchmarks/bench_attention_gpu.py --kernel-block 32 --lengths 16384   # the kernels' blocks of 32
     python benchmarks/bench_attention_gpu.py --sequential-walks --lengths 16384  # `_states`' walks instead
     python benchmarks/bench_attention_gpu.py --key-tile 128 --key-block 64 --lengths 16384  # windows in one tile
+    python benchmarks/bench_attention_gpu.py --variants wide_tiles tiles16 sequential_walks  # beside the kernels
     python benchmarks/bench_attention_gpu.py --device cpu --quick
 """
 
@@ -55,6 +56,14 @@ FLA_RATIO_MAX = 1.5
 # specialises integer arguments divisible by 16) are those the timed lengths use
 CHECK_LENGTH = 1024
 CHECK_TOLERANCE = 3e-2  # of the reference's largest magnitude: 16-bit operands
+# other settings of the default attention's Triton kernels (options of `ops_local_softmax_triton`), each timed beside
+# the kernels as they are with --variants, in the same process, against the same baselines
+VARIANTS = {
+    "wide_tiles": {"KEY_TILE": 128, "KEY_BLOCK": 64},  # a query block's window in one tile, 64 keys per backward
+    "tiles16": {"KEY_TILE": 16, "KEY_BLOCK": 16},
+    "sequential_walks": {"PARALLEL_WALKS": False},
+    "block32": {"BLOCK": 32},
+}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -87,6 +96,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--key-block", type=int, metavar="N",
                         help="keys per program of the backward kernel by keys (ops_local_softmax_triton.KEY_BLOCK, a "
                              "power of two >= 16; default: theirs)")
+    parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=[],
+                        help="also time the kernels with these settings, each beside the kernels as set by the "
+                             "options above: " + "; ".join(f"{name} {options}" for name, options in VARIANTS.items()))
     args = parser.parse_args(argv)
     for name in ("kernel_block", "key_tile", "key_block"):
         value = getattr(args, name)
@@ -119,6 +131,26 @@ def sdpa_backend(device: torch.device):
     return sdpa_kernel(SDPBackend.FLASH_ATTENTION)
 
 
+@contextlib.contextmanager
+def kernel_options(method: str):
+    """Within the block, the options of `ops_local_softmax_triton` that `method` ("scaleformer:VARIANT") names
+    (`VARIANTS`); nothing for the other methods."""
+    options = VARIANTS[method.split(":")[1]] if method.startswith("scaleformer:") else {}
+    if not options:
+        yield
+        return
+    from modeling_scaleformer import ops_local_softmax_triton as kernels
+
+    saved = {name: getattr(kernels, name) for name in options}
+    for name, value in options.items():
+        setattr(kernels, name, value)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(kernels, name, value)
+
+
 def make_call(method: str, causal: bool, length: int, args: argparse.Namespace, fla):
     """A function that runs forward and backward once, and the tensors it holds."""
     g = torch.Generator(device=args.device).manual_seed(length)
@@ -130,7 +162,7 @@ def make_call(method: str, causal: bool, length: int, args: argparse.Namespace, 
     grad = torch.randn(shape, generator=g, device=args.device).to(args.dtype)
 
     def call():
-        if method == "scaleformer":
+        if method.startswith("scaleformer"):
             out = local_softmax_decay_attention(q, k, v, rel, decay, causal=causal, mode="linear")
         elif method == "sdpa":
             with sdpa_backend(args.device):
@@ -199,17 +231,20 @@ def skip_reason(method: str, causal: bool, length: int, args: argparse.Namespace
     return None
 
 
-def run(args: argparse.Namespace) -> list[dict]:
+def run(args: argparse.Namespace, failed: set[str]) -> list[dict]:
+    """Every method's timings (the variants that `failed` their check skipped)."""
     fla = fla_linear_attention()
     rows = []
-    for method in METHODS:  # method by method, so that a slow baseline's first call (autotuning) comes last
+    methods = [METHODS[0], *(f"scaleformer:{name}" for name in args.variants), *METHODS[1:]]
+    for method in methods:  # method by method, so that a slow baseline's first call (autotuning) comes last
         for length in args.lengths:
             for causal in (True, False):
-                reason = skip_reason(method, causal, length, args, fla)
+                reason = "failed its check" if method in failed else skip_reason(method, causal, length, args, fla)
                 row = {"method": method, "causal": causal, "length": length, "skipped": reason}
                 if reason is None:
                     try:
-                        row.update(measure(make_call(method, causal, length, args, fla), args))
+                        with kernel_options(method):
+                            row.update(measure(make_call(method, causal, length, args, fla), args))
                     except torch.OutOfMemoryError:
                         row["skipped"] = "out of memory"
                         torch.cuda.empty_cache()
@@ -258,6 +293,19 @@ def report(rows: list[dict], args: argparse.Namespace) -> list[dict]:
                               fit, lambda x: x <= SLOPE_MAX))
     for t in targets:
         print(f"- {t['status']} {t['name']}: {'–' if t['value'] is None else format(t['value'], '.2f')}")
+    if args.variants:
+        names = [f"scaleformer:{name}" for name in args.variants]
+        print()
+        print("| L | direction | scaleformer ms | " + " | ".join(f"{name.split(':')[1]} ms" for name in names) + " | "
+              + " | ".join(f"{name.split(':')[1]} / scaleformer" for name in names) + " |")
+        print("|---:|:---|" + "---:|" * (1 + 2 * len(names)))
+        for length in args.lengths:
+            for causal in (True, False):
+                base = seconds(rows, "scaleformer", causal, length)
+                times = [seconds(rows, name, causal, length) for name in names]
+                cells = [f"{1000 * x:.2f}" if x is not None else "–" for x in (base, *times)]
+                cells += [f"{x / base:.2f}x" if x is not None and base is not None else "–" for x in times]
+                print(f"| {length} | {'causal' if causal else 'bidir'} | " + " | ".join(cells) + " |")
     return targets
 
 
@@ -299,27 +347,34 @@ def main(argv: list[str] | None = None) -> int:
     print(f"- device: {device_name}; B={args.batch}, H={args.heads}, D={args.dim}, horizon {args.horizon}, "
           f"{str(args.dtype).removeprefix('torch.')}; median of {args.repeats} after a warm-up{block}")
     print()
-    checked = check(args)
-    print(f"Check against the float64 reference at L={checked['length']}, batch 1 (largest error over the "
-          f"reference's largest value; at most {CHECK_TOLERANCE}):")
+    checked = {}
+    for method in [METHODS[0], *(f"scaleformer:{name}" for name in args.variants)]:
+        with kernel_options(method):
+            checked[method] = check(args)
+    print(f"Check against the float64 reference at L={checked[METHODS[0]]['length']}, batch 1 (largest error over "
+          f"the reference's largest value; at most {CHECK_TOLERANCE}):")
     print()
-    print("| direction | out | dq | dk | dv | d table | d decay |")
-    print("|:---|---:|---:|---:|---:|---:|---:|")
-    for direction, errors in checked["errors"].items():
-        print(f"| {direction} | " + " | ".join(f"{e:.1e}" for e in errors.values()) + " |")
+    print("| method | direction | out | dq | dk | dv | d table | d decay |")
+    print("|:---|:---|---:|---:|---:|---:|---:|---:|")
+    for method, result in checked.items():
+        for direction, errors in result["errors"].items():
+            print(f"| {method} | {direction} | " + " | ".join(f"{e:.1e}" for e in errors.values()) + " |")
     print()
+    failed = {method for method, result in checked.items() if not result["ok"]}
     profiles, rows, targets = None, [], []
-    if checked["ok"]:
-        profiles = profile(args.profile, args) if args.profile else None
-        rows = run(args)
-        targets = report(rows, args)
-    else:
+    if METHODS[0] in failed:
         print("check FAILED: not timed", flush=True)
+    else:
+        if failed:
+            print(f"check FAILED for {', '.join(sorted(failed))}: not timed", flush=True)
+        profiles = profile(args.profile, args) if args.profile else None
+        rows = run(args, failed)
+        targets = report(rows, args)
     if args.json:
         write_json(args.json, {"benchmark": "bench_attention_gpu", "machine": {**info, "device": device_name},
                                "settings": {k: str(v) for k, v in vars(args).items() if k != "json"},
                                "check": checked, "timings": rows, "targets": targets, "profiles": profiles})
-    return 0 if checked["ok"] else 1
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -16,11 +16,13 @@ def test_bench_attention_gpu_smoke(run_command, tmp_path):
     report_path = tmp_path / "report.json"
     result = run_command(["benchmarks/bench_attention_gpu.py", "--device", "cpu", "--quick", "--dtype", "float32",
                           "--lengths", "128", "--profile", "64", "--kernel-block", "32", "--sequential-walks",
-                          "--key-tile", "16", "--key-block", "64", "--json", str(report_path)])
+                          "--key-tile", "16", "--key-block", "64", "--variants", "wide_tiles", "--json",
+                          str(report_path)])
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     report = json.loads(report_path.read_text())
     timed = {(r["method"], r["causal"]) for r in report["timings"] if r.get("median_s") is not None}
-    assert timed == {("scaleformer", True), ("scaleformer", False), ("sdpa", True), ("sdpa", False)}
+    assert timed == {(method, causal) for method in ("scaleformer", "scaleformer:wide_tiles", "sdpa")
+                     for causal in (True, False)}
     assert {r["skipped"] for r in report["timings"] if r["method"] == "fla"} <= {
         "fla does not import here", "causal only (its causal time is the ceiling of both)"}
     assert [t["status"] for t in report["targets"]] == ["N/A"] * 6
@@ -29,11 +31,13 @@ def test_bench_attention_gpu_smoke(run_command, tmp_path):
     assert "## Profile: scaleformer bidir, L=64, forward + backward" in result.stdout
     assert "aten::bmm" in report["profiles"]["causal"]
     assert "kernel blocks of 32; key tiles of 16; 64 keys per backward program; sequential walks" in result.stdout
-    assert report["check"]["ok"] and report["check"]["length"] == 128
-    assert set(report["check"]["errors"]) == {"causal", "bidir"}
-    errors = [e for row in report["check"]["errors"].values() for e in row.values()]
-    assert all(0 < e <= report["check"]["tolerance"] for e in errors)
-    assert "| causal | " in result.stdout.split("Check against the float64 reference at L=128")[1]
+    assert set(report["check"]) == {"scaleformer", "scaleformer:wide_tiles"}
+    for checked in report["check"].values():
+        assert checked["ok"] and checked["length"] == 128 and set(checked["errors"]) == {"causal", "bidir"}
+        errors = [e for row in checked["errors"].values() for e in row.values()]
+        assert all(0 < e <= checked["tolerance"] for e in errors)
+    assert "| scaleformer:wide_tiles | causal | " in result.stdout.split("Check against the float64 reference")[1]
+    assert "| L | direction | scaleformer ms | wide_tiles ms | wide_tiles / scaleformer |" in result.stdout
 
 
 @pytest.mark.parametrize("option", ["--kernel-block", "--key-tile", "--key-block"])
@@ -47,8 +51,8 @@ def test_run_gpu_refuses_an_unknown_step(tmp_path):
     result = subprocess.run(["bash", str(RUN_GPU), str(tmp_path), "atention"],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 64
-    assert ("unknown step: atention (expected env, attention, attention_block32, attention_sequential, "
-            "attention_wide_tiles, attention_tiles16, tests, train, train_compiled, generate)") in result.stderr
+    assert ("unknown step: atention (expected env, attention, attention_variants, attention_block32, "
+            "attention_sequential, tests, train, train_compiled, generate)") in result.stderr
 
 
 def test_bench_attention_gpu_does_not_time_a_path_that_fails_its_check(import_benchmark, monkeypatch, tmp_path,
@@ -63,5 +67,5 @@ def test_bench_attention_gpu_does_not_time_a_path_that_fails_its_check(import_be
                        str(report)]) == 1
     assert "check FAILED: not timed" in capsys.readouterr().out
     checked = json.loads(report.read_text())
-    assert not checked["check"]["ok"] and checked["timings"] == []
-    assert checked["check"]["errors"]["causal"]["out"] > 0.05
+    assert not checked["check"]["scaleformer"]["ok"] and checked["timings"] == []
+    assert checked["check"]["scaleformer"]["errors"]["causal"]["out"] > 0.05
