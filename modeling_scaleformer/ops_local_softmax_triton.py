@@ -12,9 +12,8 @@ of the block: with phi(x) = elu(x) + 1 and m_j the key mask,
 is the block's causal state; the anticausal state holds the keys after the window the same way (the causal state of
 the reversed sequences). Query i at a, its place in the block, weighs the pairs of its window (softmax logits in the
 band, phi(q_i).phi(k_j) / D exp(-lambda (|p_i - j| - h)) beyond it) and the states decayed by exp(-lambda a) and
-exp(-lambda (BLOCK - 1 - a)), all scaled by exp(-m_i) (`ops_common.row_shift`) and normalised together (a row
-with no visible key in its band and a weight beyond it below exp(-60), exp(-600) in float64, has no visible key:
-out 0, no gradient; see `_least_shift`). The kernels, laid out like flash-linear-attention's chunk kernels:
+exp(-lambda (BLOCK - 1 - a)), all scaled by exp(-m_i) (`ops_common.row_shift`) and normalised together. The
+kernels, laid out like flash-linear-attention's chunk kernels:
 
 - `_chunk_sums` then `_scan_sums` (`PARALLEL_WALKS`), or `_states`: L_b of every block (recomputed in backward
   rather than kept). `_chunk_sums` stores what each chunk of BLOCK keys adds, every chunk at once, and
@@ -29,7 +28,10 @@ out 0, no gradient; see `_least_shift`). The kernels, laid out like flash-linear
   (the block's queries add theirs, exp(-m_i) exp(-lambda a) phi(q_i) / D [gs_i, -delta_i], and
   G_b = exp(-lambda BLOCK) G_{b+1} + that), in the states' layout, with delta_i = g_i . out_i / den_i: every
   block's sum at once, then a sequential elementwise pass from the last block back; `_states_backward` walks the
-  blocks back with one program per row and direction;
+  blocks back with one program per row and direction. Each G is kept as exp(nu) G' with nu its own scale: a row
+  whose visible keys all lie far back weighs exp(-m_i) / den_i = 1 / (its total weight), which passes float32's
+  range (e^88) 180 positions from its keys at lambda = 0.5, while its keys' gradients, that weight times their
+  decay, stay finite;
 - `_backward_queries`: by query blocks, like `_forward` (the same tiles, m and the normaliser known): dq, each
   block's share of the table's gradient and lambda's;
 - `_backward_keys`: by blocks of KEY_BLOCK keys: the query blocks whose windows hold them give dk and dv, and the
@@ -78,16 +80,6 @@ def _max_exponent(x):
     if x.dtype == tl.float64:
         return 709.0
     return 88.0
-
-
-@triton.jit
-def _least_shift(x):
-    """The least row shift m of a row without a visible key in its band that still counts as having visible keys:
-    a weight below exp(-60) in float32 (exp(-600) in float64) is none, so that exp(-m) times the gradients of a
-    block's queries, summed in the states' gradient, stays within the dtype's range."""
-    if x.dtype == tl.float64:
-        return -600.0
-    return -60.0
 
 
 @triton.jit
@@ -238,28 +230,50 @@ def _chunk_sums(
 
 
 @triton.jit
+def _scaled_step(nu, mu, carry_log):
+    """One step back of the states' gradient, G_c = exp(-lambda BLOCK) G_{c+1} + A_c, with G_{c+1} = exp(nu) G' and
+    A_c = exp(mu) A' (`carry_log` = lambda BLOCK): the exponent of G_c and the factors of G' and A' in it (0 for a
+    side whose exponent is -inf, a zero sum)."""
+    new = tl.maximum(nu - carry_log, mu)
+    base = tl.where(new > float("-inf"), new, 0.0)  # exp(-inf - base) = 0 for a side that is -inf
+    return new, tl.exp(nu - carry_log - base), tl.exp(mu - base)
+
+
+@triton.jit
+def _scaled(p, nu):
+    """exp(nu) p, without forming exp(nu) (0 where p is 0 or nu is -inf)."""
+    nonzero = (p != 0) & (nu > float("-inf"))
+    magnitude = tl.exp(tl.where(nonzero, nu + tl.log(tl.abs(tl.where(nonzero, p, 1.0))), float("-inf")))
+    return tl.where(nonzero, tl.where(p > 0, magnitude, -magnitude), 0.0)
+
+
+@triton.jit
 def _scan_sums(
-    RATE, S, Z, L, LZ, CARRIED, heads, rows, nq, n_states, start0, start1, d, dv, parts,
+    RATE, S, Z, NU, L, LZ, CARRIED, heads, rows, nq, n_states, start0, start1, d, dv, parts,
     REVERSE: tl.constexpr, BLOCK: tl.constexpr, BLOCK_SD: tl.constexpr, BLOCK_V: tl.constexpr,
 ):
     """The parallel walks' sequential pass: one program per batch*head row, direction and BLOCK_SD rows of (D, Dv)
     sums x_c (and their (D,) normalisers) in the slots of chunks c = start .. nq - 1 replaces them in place by
-    y_c = sum over the chunks c' before c of exp(-lambda BLOCK (c - c' - 1)) x_c' (y_start = 0), or, REVERSE, over
-    the chunks after c: the states from the chunks' sums (`_chunk_sums`), the states' gradient G_{c+1} from the
-    blocks' sums (`_query_sums`). REVERSE also stores its rows' part of lambda's gradient through the carries,
+    y_c = sum over the chunks c' before c of exp(-lambda BLOCK (c - c' - 1)) x_c' (y_start = 0): the states from the
+    chunks' sums (`_chunk_sums`). REVERSE, over the chunks after c, with each slot's sum held as exp(mu) x' (mu in
+    NU): the states' gradients G_{c+1} from the blocks' sums (`_query_sums`), each as exp(nu) G' (G' into the slot,
+    nu into NU); REVERSE also stores its rows' part of lambda's gradient through the carries,
     -BLOCK exp(-lambda BLOCK) sum_c G_{c+1} . L_c with the states L (`L`, `LZ`), in CARRIED (directions, rows,
     parts). Elementwise work, where the walks also read every chunk's keys or queries."""
     row, direction, part = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     acc = S.dtype.element_ty
-    carry = tl.exp(-tl.load(RATE + row % heads).to(acc) * BLOCK)
+    rate = tl.load(RATE + row % heads).to(acc)
+    carry = tl.exp(-rate * BLOCK)
     dd = part * BLOCK_SD + tl.arange(0, BLOCK_SD)
     vv = tl.arange(0, BLOCK_V)
     at = (direction * rows + row).to(tl.int64) * n_states * d + dd
     s_ptr, z_ptr = S + at[:, None] * dv + vv[None, :], Z + at
     s_mask, z_mask = (dd[:, None] < d) & (vv[None, :] < dv), dd < d
+    scales = NU + (direction * rows + row).to(tl.int64) * n_states
     total = tl.zeros((BLOCK_SD, BLOCK_V), dtype=acc)
     total_norm = tl.zeros((BLOCK_SD,), dtype=acc)
-    carried = tl.zeros((BLOCK_SD,), dtype=acc)
+    nu = tl.max(tl.full((BLOCK_SD,), float("-inf"), dtype=acc), 0)  # the exponent of the gradient in `total`
+    carried = tl.sum(tl.zeros((BLOCK_SD,), dtype=acc), 0)
     slots = nq - tl.where(direction == 1, start1, start0)
     for step in range(0, slots):
         index = slots - 1 - step if REVERSE else step
@@ -268,12 +282,19 @@ def _scan_sums(
         tl.store(s_ptr + index * d * dv, total, mask=s_mask)
         tl.store(z_ptr + index * d, total_norm, mask=z_mask)
         if REVERSE:
+            mu = tl.load(scales + index)
+            tl.store(scales + index, nu, mask=part == 0)
             state = tl.load(L + (at[:, None] + index * d) * dv + vv[None, :], mask=s_mask, other=0.0)
-            carried += tl.sum(total * state, 1) + total_norm * tl.load(LZ + at + index * d, mask=z_mask, other=0.0)
-        total = total * carry + x
-        total_norm = total_norm * carry + x_norm
+            norm = tl.load(LZ + at + index * d, mask=z_mask, other=0.0)
+            carried += _scaled(tl.sum(tl.sum(total * state, 1) + total_norm * norm, 0), nu)
+            nu, old, new = _scaled_step(nu, mu, rate * BLOCK)
+            total = total * old + x * new
+            total_norm = total_norm * old + x_norm * new
+        else:
+            total = total * carry + x
+            total_norm = total_norm * carry + x_norm
     if REVERSE:
-        tl.store(CARRIED + (direction * rows + row).to(tl.int64) * parts + part, -BLOCK * carry * tl.sum(carried, 0))
+        tl.store(CARRIED + (direction * rows + row).to(tl.int64) * parts + part, -BLOCK * carry * carried)
 
 
 @triton.jit
@@ -293,49 +314,61 @@ def _output_gradient(DO, SHIFT, DEN, row, heads, lq, i, inside, dv, sgb, sgh, sg
 def _query_rows(Q, DO, OUT, SHIFT, DEN, row, heads, lq, x, inside, qfirst, step, d, dv, sqb, sqh, sql, sgb, sgh, sgl,
                 sob, soh, sol, ACC: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr):
     """Queries x (a direction's coordinates; memory rows qfirst + step x) with what the states' gradient needs of
-    them: their rows, q (raw, ACC), gs (`_output_gradient`), delta = g . out / den and exp(-m) (`_shift_scale`)."""
+    them: their rows, q (raw, ACC), gs (`_output_gradient`), delta = g . out / den, the log of exp(-m)
+    (`_shift_scale`) and that of exp(-m) / den, the row's weight in the states' gradient (-inf for a row without a
+    visible key, den = 0, or without a gradient)."""
     i = qfirst + step * x
     q = _load_rows(Q, row, heads, sqb, sqh, sql, i, inside, d, BLOCK_D).to(ACC)
     out = _load_rows(OUT, row, heads, sob, soh, sol, i, inside, dv, BLOCK_V).to(ACC)
-    _, gs, m = _output_gradient(DO, SHIFT, DEN, row, heads, lq, i, inside, dv, sgb, sgh, sgl, ACC, BLOCK_V)
-    return i, q, gs, tl.sum(gs * out, 1), _shift_scale(m)
+    at, gs, m = _output_gradient(DO, SHIFT, DEN, row, heads, lq, i, inside, dv, sgb, sgh, sgl, ACC, BLOCK_V)
+    den = tl.load(DEN + at, mask=inside, other=0.0)
+    shift = tl.minimum(-m, _max_exponent(m))
+    weight = tl.where((den > 0) & (tl.max(tl.abs(gs), 1) > 0), shift - tl.log(tl.where(den > 0, den, 1.0)),
+                      float("-inf"))
+    return i, q, gs, tl.sum(gs * out, 1), shift, weight
 
 
 @triton.jit
 def _query_sum(Q, DO, OUT, SHIFT, DEN, DELTA, row, heads, lq, direction, c, qfirst, step, qshift, from_state, d, dv,
                sqb, sqh, sql, sgb, sgh, sgl, sob, soh, sol, ACC: tl.constexpr, BLOCK: tl.constexpr,
                BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, DOT: tl.constexpr):
-    """What query block c adds to the gradient of its state L_c: exp(-m_i) exp(-lambda a) phi(q_i) / D [gs_i,
-    -delta_i] summed over its queries ((D, Dv) and (D,); `from_state` holds exp(-lambda a)), storing delta_i in
-    direction 0."""
+    """What query block c adds to the gradient of its state L_c, exp(-m_i) exp(-lambda a) phi(q_i) / D [gs_i,
+    -delta_i] summed over its queries ((D, Dv) and (D,); `from_state` holds exp(-lambda a)), divided by exp(mu),
+    mu the log of the block's largest exp(-m_i) / den_i (a row whose visible keys all lie far back weighs 1 / (its
+    keys' tiny weight), beyond float32's range), and mu; stores delta_i in direction 0."""
     x = c * BLOCK - qshift + tl.arange(0, BLOCK)
     inside = (x >= 0) & (x < lq)
-    i, q, gs, delta, shift_scale = _query_rows(Q, DO, OUT, SHIFT, DEN, row, heads, lq, x, inside, qfirst, step, d, dv,
-                                               sqb, sqh, sql, sgb, sgh, sgl, sob, soh, sol, ACC, BLOCK_D, BLOCK_V)
+    i, q, gs, delta, shift, weight = _query_rows(Q, DO, OUT, SHIFT, DEN, row, heads, lq, x, inside, qfirst, step, d,
+                                                 dv, sqb, sqh, sql, sgb, sgh, sgl, sob, soh, sol, ACC, BLOCK_D, BLOCK_V)
     tl.store(DELTA + row.to(tl.int64) * lq + i, delta, mask=inside & (x * 0 + direction == 0))
+    mu = tl.max(weight, 0)
+    # exp(-m_i - mu) <= den_i: gs_i times it stays within g_i
+    row_scale = tl.where(weight > float("-inf"), tl.exp(shift - tl.where(mu > float("-inf"), mu, 0.0)), 0.0)
     features_q = (_elu_features(q, inside[:, None] & (tl.arange(0, BLOCK_D)[None, :] < d)) / d
-                  * (shift_scale * from_state)[:, None])
+                  * (row_scale * from_state)[:, None])
     op = Q.dtype.element_ty
     return (tl.dot(tl.trans(features_q.to(op)), gs.to(op), input_precision=DOT),
-            -tl.sum(features_q * delta[:, None], 0))
+            -tl.sum(features_q * delta[:, None], 0), mu)
 
 
 @triton.jit
 def _states_backward(
-    Q, RATE, S, Z, A, AZ, DO, OUT, SHIFT, DEN, DELTA, CARRIED,
+    Q, RATE, S, Z, A, AZ, NU, DO, OUT, SHIFT, DEN, DELTA, CARRIED,
     lq, lk, heads, rows, offset, nq, n_states, start0, start1, d, dv, sqb, sqh, sql, sgb, sgh, sgl, sob, soh, sol,
     BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, DOT: tl.constexpr,
 ):
     """The states' gradient by a sequential walk back over the query blocks, one program per batch*head row and
-    direction: G_{c+1}, the gradient of the state after chunk c, into slot c - start of A (and AZ), and the walk's
-    part of lambda's gradient through the carries (as `_scan_sums`) into CARRIED (directions, rows)."""
+    direction: G_{c+1}, the gradient of the state after chunk c, as exp(nu) G' (G' into slot c - start of A and AZ,
+    nu into NU, as `_scan_sums` keeps them), and the walk's part of lambda's gradient through the carries into
+    CARRIED (directions, rows)."""
     row, direction = tl.program_id(0), tl.program_id(1)
     acc = A.dtype.element_ty
     step, qfirst, kfirst, qshift, off_w, start, rate, carry, to_next = _walk_start(
         RATE, row, heads, direction, lq, lk, offset, nq, start0, start1, acc, BLOCK)
     from_state = tl.exp(-rate * tl.arange(0, BLOCK).to(acc))  # query a of block b from its state L_b
-    adjoint = tl.zeros((BLOCK_D, BLOCK_V), dtype=acc)  # G_{c+1}
+    adjoint = tl.zeros((BLOCK_D, BLOCK_V), dtype=acc)  # G_{c+1} = exp(nu) adjoint
     adjoint_norm = tl.zeros((BLOCK_D,), dtype=acc)
+    nu = tl.max(tl.full((BLOCK_D,), float("-inf"), dtype=acc), 0)
     carried = tl.sum(tl.zeros((BLOCK_D,), dtype=acc), 0)
     for back in range(0, nq - start):
         c = nq - 1 - back
@@ -343,37 +376,41 @@ def _states_backward(
                                                      BLOCK_V)
         tl.store(a_ptr, adjoint, mask=a_mask)
         tl.store(az_ptr, adjoint_norm, mask=az_mask)
+        tl.store(NU + (direction * rows + row).to(tl.int64) * n_states + c - start, nu)
         s_ptr, z_ptr, s_mask, z_mask = _state_ptrs(S, Z, direction, row, rows, c - start, n_states, d, dv, BLOCK_D,
                                                    BLOCK_V)
-        carried += (tl.sum(tl.sum(adjoint * tl.load(s_ptr, mask=s_mask, other=0.0), 1), 0)
-                    + tl.sum(adjoint_norm * tl.load(z_ptr, mask=z_mask, other=0.0), 0))
+        carried += _scaled(tl.sum(tl.sum(adjoint * tl.load(s_ptr, mask=s_mask, other=0.0), 1), 0)
+                           + tl.sum(adjoint_norm * tl.load(z_ptr, mask=z_mask, other=0.0), 0), nu)
         # G_c = exp(-lambda BLOCK) G_{c+1} + the gradient of L_c from query block c (none for c < 0)
-        block, block_norm = _query_sum(Q, DO, OUT, SHIFT, DEN, DELTA, row, heads, lq, direction, c, qfirst, step,
-                                       qshift, from_state, d, dv, sqb, sqh, sql, sgb, sgh, sgl, sob, soh, sol, acc,
-                                       BLOCK, BLOCK_D, BLOCK_V, DOT)
-        adjoint = adjoint * carry + block
-        adjoint_norm = adjoint_norm * carry + block_norm
+        block, block_norm, mu = _query_sum(Q, DO, OUT, SHIFT, DEN, DELTA, row, heads, lq, direction, c, qfirst, step,
+                                           qshift, from_state, d, dv, sqb, sqh, sql, sgb, sgh, sgl, sob, soh, sol, acc,
+                                           BLOCK, BLOCK_D, BLOCK_V, DOT)
+        nu, old, new = _scaled_step(nu, mu, rate * BLOCK)
+        adjoint = adjoint * old + block * new
+        adjoint_norm = adjoint_norm * old + block_norm * new
     tl.store(CARRIED + direction * rows + row, -BLOCK * carry * carried)
 
 
 @triton.jit
 def _query_sums(
-    Q, RATE, A, AZ, DO, OUT, SHIFT, DEN, DELTA,
+    Q, RATE, A, AZ, NU, DO, OUT, SHIFT, DEN, DELTA,
     lq, lk, heads, rows, offset, nq, n_states, start0, start1, d, dv, sqb, sqh, sql, sgb, sgh, sgl, sob, soh, sol,
     BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, DOT: tl.constexpr,
 ):
     """`_states_backward` in parallel, first of two: one program per query block c, row and direction stores what
     the block's queries add to the gradient of its state L_c, exp(-m_i) exp(-lambda a) phi(q_i) / D [gs_i, -delta_i]
-    summed over them, in slot c - start (and delta_i, in direction 0); `_scan_sums` (REVERSE) then turns the slots
-    into G_{c+1}, the gradient of the state after chunk c."""
+    summed over them, as exp(mu) times the sums in slot c - start and mu in NU (`_query_sum`; and delta_i, in
+    direction 0); `_scan_sums` (REVERSE) then turns the slots into G_{c+1}, the gradient of the state after chunk c."""
     index, row, direction = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     acc = A.dtype.element_ty
     step, qfirst, kfirst, qshift, off_w, start, rate, carry, to_next = _walk_start(
         RATE, row, heads, direction, lq, lk, offset, nq, start0, start1, acc, BLOCK)
     if index < nq - start:
-        block, block_norm = _query_sum(Q, DO, OUT, SHIFT, DEN, DELTA, row, heads, lq, direction, start + index, qfirst,
-                                       step, qshift, tl.exp(-rate * tl.arange(0, BLOCK).to(acc)), d, dv, sqb, sqh,
-                                       sql, sgb, sgh, sgl, sob, soh, sol, acc, BLOCK, BLOCK_D, BLOCK_V, DOT)
+        block, block_norm, mu = _query_sum(Q, DO, OUT, SHIFT, DEN, DELTA, row, heads, lq, direction, start + index,
+                                           qfirst, step, qshift, tl.exp(-rate * tl.arange(0, BLOCK).to(acc)), d, dv,
+                                           sqb, sqh, sql, sgb, sgh, sgl, sob, soh, sol, acc, BLOCK, BLOCK_D, BLOCK_V,
+                                           DOT)
+        tl.store(NU + (direction * rows + row).to(tl.int64) * n_states + index, mu)
         a_ptr, az_ptr, a_mask, az_mask = _state_ptrs(A, AZ, direction, row, rows, index, n_states, d, dv, BLOCK_D,
                                                      BLOCK_V)
         tl.store(a_ptr, block, mask=a_mask)
@@ -558,11 +595,6 @@ def _forward(
     sums = (band_scale[:, None] * band_sums + (shift_scale * far_max)[:, None] * far_sums
             + shift_scale[:, None] * (before + after))
     den = band_scale * band_den + shift_scale * beyond_sum
-    # a row without a visible key in its band and with a weight beyond it below exp(_least_shift) has no visible key:
-    # out 0, and its normaliser 0 (with the shift 0 kept for backward) passes it no gradient
-    visible = (band_max > float("-inf")) | (m >= _least_shift(m))
-    den = tl.where(visible, den, 0.0)
-    m = tl.where(visible, m, 0.0)
     out = tl.where(den[:, None] > 0, sums / tl.where(den > 0, den, 1.0)[:, None], 0.0)
     ptr, mask = _row_ptrs(OUT, row, heads, sob, soh, sol, i, queries, dv, BLOCK_V)
     tl.store(ptr, out, mask=mask)
@@ -614,9 +646,10 @@ def _backward_queries(
         # out = sums / den: a weight w_ij gets gs_i . v_j - delta_i
         grad_weights = tl.dot(gs, tl.trans(v), input_precision=DOT) - delta[:, None]
         grad_logits = tl.where(band, tl.exp(logits - m[:, None]) * mk[None, :], 0.0) * grad_weights * scale
-        grad_rate -= tl.sum(distance * shift_scale[:, None] * kernel * grad_weights, 1)
+        grad_rate -= tl.sum(distance * (shift_scale[:, None] * kernel) * grad_weights, 1)
         dq = tl.dot(grad_logits.to(op), k, dq, input_precision=DOT)
-        grad_kernel = shift_scale[:, None] * grad_weights * decay  # d/d(phi(q).phi(k) / D)
+        # d/d(phi(q).phi(k) / D); exp(-m) first meets the decay, 0 for the keys that are hidden or in the band
+        grad_kernel = grad_weights * (shift_scale[:, None] * decay)
         grad_features = tl.dot(grad_kernel.to(op), features_k.to(op), grad_features, input_precision=DOT)
         if HAS_TABLE:
             # the pair (a, w) reads table row r = a + 2h - w: row r of query a is window slot a + 2h - r
@@ -640,10 +673,10 @@ def _backward_queries(
 @triton.jit
 def _walk_share(A, AZ, direction, row, rows, slot, n_states, d, dv, v, features, to_next, mine, OP: tl.constexpr,
                 BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, DOT: tl.constexpr):
-    """The keys `mine`'s share of the gradient G (slot `slot` of `A`, `AZ`) of the state their chunk enters, with
-    weights exp(-lambda (BLOCK - t)) m_j (`to_next` the decays, `features` phi(k) m_j, v their values): (G v + g_z)
-    to_next (dphi(k) / m_j), phi(k) m_j to_next G (their dv) and G v + g_z (for lambda's gradient), 0 for the other
-    keys."""
+    """The keys `mine`'s share of the gradient G = exp(nu) G' (G' in slot `slot` of `A`, `AZ`) of the state their
+    chunk enters, with weights exp(-lambda (BLOCK - t)) m_j (`to_next` their exp(nu - lambda (BLOCK - t)),
+    `features` phi(k) m_j, v their values): (G' v + g'_z) to_next (dphi(k) / m_j), phi(k) m_j to_next G' (their dv)
+    and G' v + g'_z (for lambda's gradient), 0 for the other keys."""
     a_ptr, az_ptr, a_mask, az_mask = _state_ptrs(A, AZ, direction, row, rows, slot, n_states, d, dv, BLOCK_D, BLOCK_V)
     adjoint = tl.load(a_ptr, mask=a_mask, other=0.0)
     base = (tl.dot(v, tl.trans(adjoint.to(OP)), input_precision=DOT)
@@ -655,7 +688,7 @@ def _walk_share(A, AZ, direction, row, rows, slot, n_states, d, dv, v, features,
 
 @triton.jit
 def _backward_keys(
-    Q, K, V, MASK, TAB, RATE, A, AZ, DO, SHIFT, DEN, DELTA, DK, DV, GRAD_RATE,
+    Q, K, V, MASK, TAB, RATE, A, AZ, NU, DO, SHIFT, DEN, DELTA, DK, DV, GRAD_RATE,
     lq, lk, heads, rows, offset, nq, n_states, start0, start1, d, dv, sqb, sqh, sql, skb, skh, skl, svb, svh, svl,
     sgb, sgh, sgl, scale,
     HORIZON: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_TABLE: tl.constexpr, BLOCK: tl.constexpr,
@@ -699,11 +732,12 @@ def _backward_keys(
         grad_weights = tl.dot(gs, tl.trans(v), input_precision=DOT) - delta[:, None]
         dv_ = tl.dot(tl.trans(weights.to(op)), gs, dv_, input_precision=DOT)
         dk = tl.dot(tl.trans((band_weights * grad_weights * scale).to(op)), q, dk, input_precision=DOT)
-        grad_kernel = shift_scale[:, None] * grad_weights * decay
+        grad_kernel = grad_weights * (shift_scale[:, None] * decay)
         grad_features = tl.dot(tl.trans(grad_kernel.to(op)), features_q, grad_features, input_precision=DOT)
-    # the keys' shares of the states' gradients G_{c+1} (`_scan_sums` or `_states_backward`), in each direction: key
-    # y (j, or lk - 1 - j backwards) at place t of chunk c, its walk's coordinates, enters L_{c+1} with weight
-    # exp(-lambda (BLOCK - t)) m_j if c < nq - 1; these keys lie in one chunk or two (more if BLOCK_K > BLOCK)
+    # the keys' shares of the states' gradients G_{c+1} = exp(nu) G' (`_scan_sums` or `_states_backward`), in each
+    # direction: key y (j, or lk - 1 - j backwards) at place t of chunk c, its walk's coordinates, enters L_{c+1}
+    # with weight exp(-lambda (BLOCK - t)) m_j if c < nq - 1; these keys lie in one chunk or two (more if
+    # BLOCK_K > BLOCK)
     features = _elu_features(k.to(acc), keys[:, None] & (dd[None, :] < d)) * mk[:, None]
     grad_rate = tl.zeros((BLOCK_K,), dtype=acc)
     for direction in tl.static_range(2):
@@ -715,15 +749,19 @@ def _backward_keys(
             place = y + qshift - off_w + HORIZON
             c = _floor_div(place, BLOCK)
             t = place - c * BLOCK
-            to_next = tl.exp(-rate * (BLOCK - t).to(acc))
             reached = keys & (c < nq - 1)
             first_chunk = tl.min(tl.where(reached, c, nq), 0)
             for chunk in tl.static_range((BLOCK_K + BLOCK - 2) // BLOCK + 1):
                 mine = reached & (c == first_chunk + chunk)
                 if tl.max(mine.to(tl.int32), 0) > 0:
-                    share, share_v, base = _walk_share(A, AZ, direction, row, rows, first_chunk + chunk - start,
-                                                       n_states, d, dv, v, features, to_next, mine, op, BLOCK_D,
-                                                       BLOCK_V, DOT)
+                    slot = first_chunk + chunk - start
+                    nu = tl.load(NU + (direction * rows + row).to(tl.int64) * n_states + slot)
+                    # exp(nu - lambda (BLOCK - t)): G's scale times the key's decay to the next chunk (bounded for a
+                    # visible key: a row's weight 1 / W is at most 1 / its weight on that key)
+                    to_next = tl.where(mine & (mk > 0),
+                                       tl.exp(tl.minimum(nu - rate * (BLOCK - t).to(acc), _max_exponent(rate))), 0.0)
+                    share, share_v, base = _walk_share(A, AZ, direction, row, rows, slot, n_states, d, dv, v,
+                                                       features, to_next, mine, op, BLOCK_D, BLOCK_V, DOT)
                     grad_features += share * mk[:, None]
                     dv_ += share_v
                     grad_rate -= (BLOCK - t).to(acc) * to_next * tl.sum(features * base, 1)
@@ -751,7 +789,7 @@ MAX_HORIZON = 31
 MAX_DIM = 64
 # launch options of each kernel: at BLOCK 64, KEY_TILE and KEY_BLOCK 32, D = Dv = 64, h = 16 and bf16, those with the
 # fewest register spills that ptxas reports for sm90 (Triton 3.6 and 3.9) among 4, 8 and 16 warps and 1 to 3
-# pipeline stages (benchmarks/kernel_resources.py: the most in the backward kernels, up to 236 bytes, where the
+# pipeline stages (benchmarks/kernel_resources.py: the most in the backward kernels, up to 228 bytes, where the
 # query blocks' tables and their products sit beside the tiles)
 LAUNCH = {"_states": dict(num_warps=8), "_chunk_sums": dict(num_warps=8), "_scan_sums": dict(num_warps=4),
           "_query_sums": dict(num_warps=8),
@@ -846,8 +884,8 @@ class TritonLocalSoftmaxDecay(torch.autograd.Function):
         mask_arg = k if mask is None else mask
         common = dict(HORIZON=horizon, HAS_MASK=mask is not None, DOT=dot, BLOCK=BLOCK, BLOCK_D=sizes["BLOCK_D"],
                       BLOCK_V=sizes["BLOCK_V"])
-        adjoints, adjoint_norms, grad_rate_walk = _walk_adjoints(q, lk, rate, states, norms, g, out, shift, den,
-                                                                 delta, walk, heads, offset, common)
+        adjoints, adjoint_norms, scales, grad_rate_walk = _walk_adjoints(q, lk, rate, states, norms, g, out, shift,
+                                                                         den, delta, walk, heads, offset, common)
         dq = torch.empty_like(q)
         dtable = None if table is None else den.new_empty(rows, walk.nq, 2 * horizon + 1, d)
         grad_rate_queries = den.new_empty(rows, walk.nq)
@@ -861,8 +899,8 @@ class TritonLocalSoftmaxDecay(torch.autograd.Function):
         key_blocks = triton.cdiv(lk, KEY_BLOCK)
         grad_rate_keys = den.new_empty(rows, key_blocks)
         _backward_keys[(key_blocks, rows)](
-            q, k, v, mask_arg, q if table is None else table, rate, adjoints, adjoint_norms, g, shift, den, delta, dk,
-            dv_, grad_rate_keys, lq, lk, heads, rows, offset, walk.nq, walk.n_states, *walk.starts, d, dv,
+            q, k, v, mask_arg, q if table is None else table, rate, adjoints, adjoint_norms, scales, g, shift, den,
+            delta, dk, dv_, grad_rate_keys, lq, lk, heads, rows, offset, walk.nq, walk.n_states, *walk.starts, d, dv,
             *_strides(q, k, v, g), scale, CAUSAL=causal, HAS_TABLE=table is not None, BLOCK_K=KEY_BLOCK,
             BLOCK_R=sizes["BLOCK_R"], **common, **LAUNCH["_backward_keys"])
         grad_rate = (grad_rate_walk.flatten(2).sum(2).sum(0) + grad_rate_queries.sum(1)
@@ -873,29 +911,31 @@ class TritonLocalSoftmaxDecay(torch.autograd.Function):
 
 def _walk_adjoints(q, lk: int, rate, states, norms, g, out, shift, den, delta, walk: _Walk, heads: int, offset: int,
                    common: dict):
-    """The states' gradients G_{c+1} (and their normalisers' gradients) in the states' layout, by `_query_sums` then
-    `_scan_sums` (`PARALLEL_WALKS`) or by `_states_backward`'s sequential walk; delta into `delta`; and the walks'
-    part of lambda's gradient through the carries, (directions, rows, parts)."""
+    """The states' gradients G_{c+1} = exp(nu) G' in the states' layout: G' (and its normaliser's part) and nu
+    (directions, rows, slots), by `_query_sums` then `_scan_sums` (`PARALLEL_WALKS`) or by `_states_backward`'s
+    sequential walk; delta into `delta`; and the walks' part of lambda's gradient through the carries,
+    (directions, rows, parts)."""
     directions, rows, slots, d, dv = states.shape
     lq = q.shape[2]
     adjoints, adjoint_norms = states.new_empty(states.shape), norms.new_empty(norms.shape)
+    scales = den.new_empty(directions, rows, slots)
     sizes = dict(BLOCK=BLOCK, BLOCK_D=common["BLOCK_D"], BLOCK_V=common["BLOCK_V"])
     if not PARALLEL_WALKS:
         carried = den.new_empty(directions, rows, 1)
         _states_backward[(rows, directions)](
-            q, rate, states, norms, adjoints, adjoint_norms, g, out, shift, den, delta, carried, lq, lk, heads, rows,
-            offset, walk.nq, slots, *walk.starts, d, dv, *_strides(q, g, out), DOT=common["DOT"], **sizes,
+            q, rate, states, norms, adjoints, adjoint_norms, scales, g, out, shift, den, delta, carried, lq, lk, heads,
+            rows, offset, walk.nq, slots, *walk.starts, d, dv, *_strides(q, g, out), DOT=common["DOT"], **sizes,
             **LAUNCH["_states_backward"])
-        return adjoints, adjoint_norms, carried
+        return adjoints, adjoint_norms, scales, carried
     _query_sums[(slots, rows, directions)](
-        q, rate, adjoints, adjoint_norms, g, out, shift, den, delta, lq, lk, heads, rows, offset, walk.nq, slots,
-        *walk.starts, d, dv, *_strides(q, g, out), DOT=common["DOT"], **sizes, **LAUNCH["_query_sums"])
+        q, rate, adjoints, adjoint_norms, scales, g, out, shift, den, delta, lq, lk, heads, rows, offset, walk.nq,
+        slots, *walk.starts, d, dv, *_strides(q, g, out), DOT=common["DOT"], **sizes, **LAUNCH["_query_sums"])
     parts = triton.cdiv(d, SCAN_ROWS)
     carried = den.new_empty(directions, rows, parts)
     _scan_sums[(rows, directions, parts)](
-        rate, adjoints, adjoint_norms, states, norms, carried, heads, rows, walk.nq, slots, *walk.starts, d, dv, parts,
-        REVERSE=True, BLOCK=BLOCK, BLOCK_SD=SCAN_ROWS, BLOCK_V=common["BLOCK_V"], **LAUNCH["_scan_sums"])
-    return adjoints, adjoint_norms, carried
+        rate, adjoints, adjoint_norms, scales, states, norms, carried, heads, rows, walk.nq, slots, *walk.starts, d,
+        dv, parts, REVERSE=True, BLOCK=BLOCK, BLOCK_SD=SCAN_ROWS, BLOCK_V=common["BLOCK_V"], **LAUNCH["_scan_sums"])
+    return adjoints, adjoint_norms, scales, carried
 
 
 def _walk_states(k, v, mask, rate, walk: _Walk, heads: int, lq: int, offset: int, horizon: int, causal: bool,
@@ -918,8 +958,8 @@ def _walk_states(k, v, mask, rate, walk: _Walk, heads: int, lq: int, offset: int
     _chunk_sums[(walk.n_states, rows, directions)](*args, **walk_sizes, **LAUNCH["_chunk_sums"])
     parts = triton.cdiv(d, SCAN_ROWS)
     _scan_sums[(rows, directions, parts)](
-        rate, states, norms, states, norms, rate, heads, rows, walk.nq, walk.n_states, *walk.starts, d, dv, parts,
-        REVERSE=False, BLOCK=BLOCK, BLOCK_SD=SCAN_ROWS, BLOCK_V=sizes["BLOCK_V"], **LAUNCH["_scan_sums"])
+        rate, states, norms, rate, states, norms, rate, heads, rows, walk.nq, walk.n_states, *walk.starts, d, dv,
+        parts, REVERSE=False, BLOCK=BLOCK, BLOCK_SD=SCAN_ROWS, BLOCK_V=sizes["BLOCK_V"], **LAUNCH["_scan_sums"])
     return states, norms
 
 
