@@ -628,8 +628,9 @@ def _backward_queries(
     from_before, _, _, state_before, norm_before, from_after, _, _, state_after, norm_after = _block_states(
         S, Z, row, b, rows, nq, n_states, start0, start1, d, dv, features, rate, CAUSAL, op, BLOCK, BLOCK_D,
         BLOCK_V, DOT)
+    # through phi(q) / D
     grad_features = (tl.dot(gs, tl.trans(state_before.to(op)), input_precision=DOT)
-                     - delta[:, None] * norm_before[None, :]) * (shift_scale * from_before)[:, None]  # through phi(q) / D
+                     - delta[:, None] * norm_before[None, :]) * (shift_scale * from_before)[:, None]
     grad_rate = -a.to(acc) * tl.sum(features * grad_features, 1)
     if not CAUSAL:
         grad_after = (tl.dot(gs, tl.trans(state_after.to(op)), input_precision=DOT)
