@@ -131,11 +131,23 @@ def sdpa_backend(device: torch.device):
     return sdpa_kernel(SDPBackend.FLASH_ATTENTION)
 
 
+def command_options(args: argparse.Namespace) -> dict:
+    """The options of `ops_local_softmax_triton` that the command line sets for the whole run."""
+    options = {name: value for name, value in (("BLOCK", args.kernel_block), ("KEY_TILE", args.key_tile),
+                                               ("KEY_BLOCK", args.key_block)) if value is not None}
+    return {**options, "PARALLEL_WALKS": False} if args.sequential_walks else options
+
+
+def method_options(method: str) -> dict:
+    """The options of `ops_local_softmax_triton` that `method` ("scaleformer:VARIANT") names (`VARIANTS`), none for
+    the other methods."""
+    return VARIANTS[method.split(":")[1]] if method.startswith("scaleformer:") else {}
+
+
 @contextlib.contextmanager
-def kernel_options(method: str):
-    """Within the block, the options of `ops_local_softmax_triton` that `method` ("scaleformer:VARIANT") names
-    (`VARIANTS`); nothing for the other methods."""
-    options = VARIANTS[method.split(":")[1]] if method.startswith("scaleformer:") else {}
+def kernel_options(options: dict):
+    """Within the block, the module options of `ops_local_softmax_triton` set to `options` (nothing is imported
+    without them)."""
     if not options:
         yield
         return
@@ -243,7 +255,7 @@ def run(args: argparse.Namespace, failed: set[str]) -> list[dict]:
                 row = {"method": method, "causal": causal, "length": length, "skipped": reason}
                 if reason is None:
                     try:
-                        with kernel_options(method):
+                        with kernel_options(method_options(method)):
                             row.update(measure(make_call(method, causal, length, args, fla), args))
                     except torch.OutOfMemoryError:
                         row["skipped"] = "out of memory"
@@ -328,13 +340,12 @@ def target(name: str, value: float | None, ok) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    options = {"BLOCK": args.kernel_block, "KEY_TILE": args.key_tile, "KEY_BLOCK": args.key_block}
-    if any(value is not None for value in options.values()) or args.sequential_walks:
-        from modeling_scaleformer import ops_local_softmax_triton
+    with kernel_options(command_options(args)):
+        return benchmark(args)
 
-        for name, value in options.items():
-            setattr(ops_local_softmax_triton, name, value or getattr(ops_local_softmax_triton, name))
-        ops_local_softmax_triton.PARALLEL_WALKS = not args.sequential_walks
+
+def benchmark(args: argparse.Namespace) -> int:
+    """The check, then the profile, the timings and the report; 1 when a check fails."""
     info = machine_info(torch.get_num_threads())
     device_name = torch.cuda.get_device_name(args.device) if args.device.type == "cuda" else "cpu"
     print("# Attention on a GPU: scaleformer (default attention) against SDPA flash and fla, forward + backward")
@@ -349,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     checked = {}
     for method in [METHODS[0], *(f"scaleformer:{name}" for name in args.variants)]:
-        with kernel_options(method):
+        with kernel_options(method_options(method)):
             checked[method] = check(args)
     print(f"Check against the float64 reference at L={checked[METHODS[0]]['length']}, batch 1 (largest error over "
           f"the reference's largest value; at most {CHECK_TOLERANCE}):")
