@@ -301,13 +301,13 @@ def _scan_sums(
 def _output_gradient(DO, SHIFT, DEN, row, heads, lq, i, inside, dv, sgb, sgh, sgl, ACC: tl.constexpr,
                      BLOCK_V: tl.constexpr):
     """What backward needs of the queries i (where `inside`) of `row`: their offset in the (rows, Lq) tensors, the
-    output's gradient divided by the normaliser, gs = g / den (ACC, 0 on rows without a visible key), and the row
-    shift m."""
+    output's gradient divided by the normaliser, gs = g / den (ACC, 0 on rows without a visible key), the row
+    shift m and the normaliser den."""
     at = row.to(tl.int64) * lq + i
     den = tl.load(DEN + at, mask=inside, other=0.0)
     inv = tl.where(den > 0, 1.0 / tl.where(den > 0, den, 1.0), 0.0)
     gs = _load_rows(DO, row, heads, sgb, sgh, sgl, i, inside, dv, BLOCK_V).to(ACC) * inv[:, None]
-    return at, gs, tl.load(SHIFT + at, mask=inside, other=0.0)
+    return at, gs, tl.load(SHIFT + at, mask=inside, other=0.0), den
 
 
 @triton.jit
@@ -320,8 +320,7 @@ def _query_rows(Q, DO, OUT, SHIFT, DEN, row, heads, lq, x, inside, qfirst, step,
     i = qfirst + step * x
     q = _load_rows(Q, row, heads, sqb, sqh, sql, i, inside, d, BLOCK_D).to(ACC)
     out = _load_rows(OUT, row, heads, sob, soh, sol, i, inside, dv, BLOCK_V).to(ACC)
-    at, gs, m = _output_gradient(DO, SHIFT, DEN, row, heads, lq, i, inside, dv, sgb, sgh, sgl, ACC, BLOCK_V)
-    den = tl.load(DEN + at, mask=inside, other=0.0)
+    _, gs, m, den = _output_gradient(DO, SHIFT, DEN, row, heads, lq, i, inside, dv, sgb, sgh, sgl, ACC, BLOCK_V)
     shift = tl.minimum(-m, _max_exponent(m))
     weight = tl.where((den > 0) & (tl.max(tl.abs(gs), 1) > 0), shift - tl.log(tl.where(den > 0, den, 1.0)),
                       float("-inf"))
@@ -617,7 +616,7 @@ def _backward_queries(
     tab = _table_tile(TAB, row, heads, d, HORIZON, HAS_TABLE, BLOCK_R, BLOCK_D)
     i, queries, q, features_q, qr = _block_queries(Q, tab, row, b, lq, heads, d, sqb, sqh, sql, HAS_TABLE, acc,
                                                    BLOCK, BLOCK_D, BLOCK_R, DOT)
-    at, gs, m = _output_gradient(DO, SHIFT, DEN, row, heads, lq, i, queries, dv, sgb, sgh, sgl, acc, BLOCK_V)
+    at, gs, m, _ = _output_gradient(DO, SHIFT, DEN, row, heads, lq, i, queries, dv, sgb, sgh, sgl, acc, BLOCK_V)
     gs = gs.to(op)
     delta = tl.load(DELTA + at, mask=queries, other=0.0)
     shift_scale = _shift_scale(m)
@@ -718,7 +717,8 @@ def _backward_keys(
     for b in range(first, last + 1):
         i, queries, q, features_q, qr = _block_queries(Q, tab, row, b, lq, heads, d, sqb, sqh, sql, HAS_TABLE, acc,
                                                        BLOCK, BLOCK_D, BLOCK_R, DOT)
-        at, gs, m = _output_gradient(DO, SHIFT, DEN, row, heads, lq, i, queries, dv, sgb, sgh, sgl, acc, BLOCK_V)
+        at, gs, m, _ = _output_gradient(DO, SHIFT, DEN, row, heads, lq, i, queries, dv, sgb, sgh, sgl, acc,
+                                        BLOCK_V)
         gs = gs.to(op)
         delta = tl.load(DELTA + at, mask=queries, other=0.0)
         shift_scale = _shift_scale(m)
