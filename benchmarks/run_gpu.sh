@@ -4,15 +4,16 @@
 #
 #     bash benchmarks/run_gpu.sh OUT_DIR [STEP ...]
 #
-# STEP is any of env, attention, attention_variants, attention_block32, attention_sequential, tests, train,
+# STEP is any of env, compile, attention, attention_variants, attention_block32, attention_sequential, tests, train,
 # train_compiled, generate (default: env, attention, tests, train, generate, in that order; attention_variants times
 # the op as it is beside other settings of its kernels in one process: windows in one tile of 128 keys and 64 keys
 # per backward program, tiles of 16 keys, the sequential walks; attention_block32 times it with the kernels' blocks
-# of 32, attention_sequential with the sequential walks). Each step writes its log
-# (and its JSON) under OUT_DIR and runs under its own time limit (seconds, e.g. LIMIT_tests=300; at the limit the
-# step gets SIGINT, so that pytest still reports what ran), so that a failing or slow step leaves the others'
-# figures; the exit status is the number of steps that failed. TEST_PATHS
-# (default: tests/ops tests/models) are what the tests step runs.
+# of 32, attention_sequential with the sequential walks; compile checks, and so compiles, the default kernels and
+# each variant's in parallel processes, so that a later attention_variants finds them compiled). Each step writes
+# its log (and its JSON) under OUT_DIR and runs under its own time limit (seconds, e.g. LIMIT_tests=300; at the
+# limit the step gets SIGINT, so that pytest still reports what ran), so that a failing or slow step leaves the
+# others' figures; the exit status is the number of steps that failed. TEST_PATHS (default: tests/ops tests/models)
+# are what the tests step runs.
 set -u
 out=${1:?usage: bash benchmarks/run_gpu.sh OUT_DIR [STEP ...]}
 shift
@@ -36,7 +37,7 @@ step() {  # step NAME COMMAND...: runs COMMAND under LIMIT_<NAME> seconds, its o
 
 : "${LIMIT_env:=60}" "${LIMIT_attention:=150}" "${LIMIT_tests:=240}" "${LIMIT_train:=150}" "${LIMIT_generate:=180}"
 : "${LIMIT_train_compiled:=240}" "${LIMIT_attention_block32:=120}" "${LIMIT_attention_sequential:=120}" \
-    "${LIMIT_attention_variants:=240}"
+    "${LIMIT_attention_variants:=240}" "${LIMIT_compile:=180}"
 for name in $steps; do
     case $name in
         env) step env bash -c 'nvidia-smi; python3 -c "import torch, triton, transformers;
@@ -47,8 +48,12 @@ print(torch.__version__, triton.__version__, transformers.__version__, torch.cud
             --lengths 4096 16384 65536 --json "$out/bench_attention_gpu_block32.json" ;;
         attention_sequential) step attention_sequential python3 benchmarks/bench_attention_gpu.py \
             --sequential-walks --lengths 4096 16384 65536 --json "$out/bench_attention_gpu_sequential.json" ;;
+        compile) step compile bash -c 'for variant in wide_tiles tiles16 sequential_walks; do
+                python3 benchmarks/bench_attention_gpu.py --check-only --variants "$variant" & done
+            for _ in 1 2 3; do wait -n || exit 1; done' ;;
         attention_variants) step attention_variants python3 benchmarks/bench_attention_gpu.py --variants wide_tiles \
-            tiles16 sequential_walks --lengths 4096 16384 65536 --json "$out/bench_attention_gpu_variants.json" ;;
+            tiles16 sequential_walks --lengths 4096 16384 65536 --profile 16384 \
+            --json "$out/bench_attention_gpu_variants.json" ;;
         tests) step tests python3 -m pytest -m gpu -v -p no:cacheprovider -rfEs --durations=0 \
             ${TEST_PATHS:-tests/ops tests/models} ;;
         train) step train python3 benchmarks/bench_train.py --device cuda --bf16 --lengths 4096 16384 \
@@ -58,7 +63,7 @@ print(torch.__version__, triton.__version__, transformers.__version__, torch.cud
         generate) step generate python3 benchmarks/bench_generate.py --device cuda --new-tokens "${NEW_TOKENS:-8192}" \
             --positions ${POSITIONS:-128 1024 4096 8192} --models scaleformer bart \
             --json "$out/bench_generate_gpu.json" ;;
-        *) echo "unknown step: $name (expected env, attention, attention_variants, attention_block32," \
+        *) echo "unknown step: $name (expected env, compile, attention, attention_variants, attention_block32," \
                 "attention_sequential, tests, train, train_compiled, generate)" >&2
            exit 64 ;;
     esac

@@ -51,7 +51,7 @@ def test_run_gpu_refuses_an_unknown_step(tmp_path):
     result = subprocess.run(["bash", str(RUN_GPU), str(tmp_path), "atention"],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 64
-    assert ("unknown step: atention (expected env, attention, attention_variants, attention_block32, "
+    assert ("unknown step: atention (expected env, compile, attention, attention_variants, attention_block32, "
             "attention_sequential, tests, train, train_compiled, generate)") in result.stderr
 
 
@@ -69,3 +69,14 @@ def test_bench_attention_gpu_does_not_time_a_path_that_fails_its_check(import_be
     checked = json.loads(report.read_text())
     assert not checked["check"]["scaleformer"]["ok"] and checked["timings"] == []
     assert checked["check"]["scaleformer"]["errors"]["causal"]["out"] > 0.05
+
+
+def test_bench_attention_gpu_check_only_times_nothing(import_benchmark, tmp_path, capsys):
+    """`--check-only` checks the op (and so compiles its kernels) and times nothing."""
+    bench = import_benchmark("bench_attention_gpu")
+    report = tmp_path / "report.json"
+    assert bench.main(["--device", "cpu", "--quick", "--dtype", "float32", "--lengths", "64", "--check-only",
+                       "--json", str(report)]) == 0
+    assert "| scaleformer |" in capsys.readouterr().out
+    checked = json.loads(report.read_text())
+    assert checked["check"]["scaleformer"]["ok"] and checked["timings"] == []
