@@ -249,17 +249,19 @@ def _scaled(p, nu):
 
 @triton.jit
 def _scan_sums(
-    RATE, S, Z, NU, L, LZ, CARRIED, heads, rows, nq, n_states, start0, start1, d, dv, parts,
+    RATE, S, Z, MU, NU, L, LZ, CARRIED, heads, rows, nq, n_states, start0, start1, d, dv, parts,
     REVERSE: tl.constexpr, BLOCK: tl.constexpr, BLOCK_SD: tl.constexpr, BLOCK_V: tl.constexpr,
 ):
     """The parallel walks' sequential pass: one program per batch*head row, direction and BLOCK_SD rows of (D, Dv)
     sums x_c (and their (D,) normalisers) in the slots of chunks c = start .. nq - 1 replaces them in place by
     y_c = sum over the chunks c' before c of exp(-lambda BLOCK (c - c' - 1)) x_c' (y_start = 0): the states from the
     chunks' sums (`_chunk_sums`). REVERSE, over the chunks after c, with each slot's sum held as exp(mu) x' (mu in
-    NU): the states' gradients G_{c+1} from the blocks' sums (`_query_sums`), each as exp(nu) G' (G' into the slot,
-    nu into NU); REVERSE also stores its rows' part of lambda's gradient through the carries,
-    -BLOCK exp(-lambda BLOCK) sum_c G_{c+1} . L_c with the states L (`L`, `LZ`), in CARRIED (directions, rows,
-    parts). Elementwise work, where the walks also read every chunk's keys or queries."""
+    MU): the states' gradients G_{c+1} from the blocks' sums (`_query_sums`), each as exp(nu) G' (G' into the slot,
+    nu into NU, apart from MU, which the row's other parts still read); REVERSE also stores its rows' part of
+    lambda's gradient through the carries, -BLOCK exp(-lambda BLOCK) sum_c G_{c+1} . L_c with the states L (`L`,
+    `LZ`), in CARRIED (directions, rows, parts). Elementwise work, where the walks also read every chunk's keys or
+    queries. A slot is read, then written in place: a barrier between the two keeps the program's threads from
+    writing a slot that another of them, which holds a copy of the same values (the normalisers), has not read yet."""
     row, direction, part = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     acc = S.dtype.element_ty
     rate = tl.load(RATE + row % heads).to(acc)
@@ -269,7 +271,7 @@ def _scan_sums(
     at = (direction * rows + row).to(tl.int64) * n_states * d + dd
     s_ptr, z_ptr = S + at[:, None] * dv + vv[None, :], Z + at
     s_mask, z_mask = (dd[:, None] < d) & (vv[None, :] < dv), dd < d
-    scales = NU + (direction * rows + row).to(tl.int64) * n_states
+    row_slots = (direction * rows + row).to(tl.int64) * n_states
     total = tl.zeros((BLOCK_SD, BLOCK_V), dtype=acc)
     total_norm = tl.zeros((BLOCK_SD,), dtype=acc)
     nu = tl.max(tl.full((BLOCK_SD,), float("-inf"), dtype=acc), 0)  # the exponent of the gradient in `total`
@@ -279,11 +281,12 @@ def _scan_sums(
         index = slots - 1 - step if REVERSE else step
         x = tl.load(s_ptr + index * d * dv, mask=s_mask, other=0.0)
         x_norm = tl.load(z_ptr + index * d, mask=z_mask, other=0.0)
+        tl.debug_barrier()
         tl.store(s_ptr + index * d * dv, total, mask=s_mask)
         tl.store(z_ptr + index * d, total_norm, mask=z_mask)
         if REVERSE:
-            mu = tl.load(scales + index)
-            tl.store(scales + index, nu, mask=part == 0)
+            mu = tl.load(MU + row_slots + index)
+            tl.store(NU + row_slots + index, nu, mask=part == 0)
             state = tl.load(L + (at[:, None] + index * d) * dv + vv[None, :], mask=s_mask, other=0.0)
             norm = tl.load(LZ + at + index * d, mask=z_mask, other=0.0)
             carried += _scaled(tl.sum(tl.sum(total * state, 1) + total_norm * norm, 0), nu)
@@ -928,14 +931,16 @@ def _walk_adjoints(q, lk: int, rate, states, norms, g, out, shift, den, delta, w
             rows, offset, walk.nq, slots, *walk.starts, d, dv, *_strides(q, g, out), DOT=common["DOT"], **sizes,
             **LAUNCH["_states_backward"])
         return adjoints, adjoint_norms, scales, carried
+    block_scales = den.new_empty(directions, rows, slots)
     _query_sums[(slots, rows, directions)](
-        q, rate, adjoints, adjoint_norms, scales, g, out, shift, den, delta, lq, lk, heads, rows, offset, walk.nq,
-        slots, *walk.starts, d, dv, *_strides(q, g, out), DOT=common["DOT"], **sizes, **LAUNCH["_query_sums"])
+        q, rate, adjoints, adjoint_norms, block_scales, g, out, shift, den, delta, lq, lk, heads, rows, offset,
+        walk.nq, slots, *walk.starts, d, dv, *_strides(q, g, out), DOT=common["DOT"], **sizes, **LAUNCH["_query_sums"])
     parts = triton.cdiv(d, SCAN_ROWS)
     carried = den.new_empty(directions, rows, parts)
     _scan_sums[(rows, directions, parts)](
-        rate, adjoints, adjoint_norms, scales, states, norms, carried, heads, rows, walk.nq, slots, *walk.starts, d,
-        dv, parts, REVERSE=True, BLOCK=BLOCK, BLOCK_SD=SCAN_ROWS, BLOCK_V=common["BLOCK_V"], **LAUNCH["_scan_sums"])
+        rate, adjoints, adjoint_norms, block_scales, scales, states, norms, carried, heads, rows, walk.nq, slots,
+        *walk.starts, d, dv, parts, REVERSE=True, BLOCK=BLOCK, BLOCK_SD=SCAN_ROWS, BLOCK_V=common["BLOCK_V"],
+        **LAUNCH["_scan_sums"])
     return adjoints, adjoint_norms, scales, carried
 
 
@@ -959,8 +964,8 @@ def _walk_states(k, v, mask, rate, walk: _Walk, heads: int, lq: int, offset: int
     _chunk_sums[(walk.n_states, rows, directions)](*args, **walk_sizes, **LAUNCH["_chunk_sums"])
     parts = triton.cdiv(d, SCAN_ROWS)
     _scan_sums[(rows, directions, parts)](
-        rate, states, norms, rate, states, norms, rate, heads, rows, walk.nq, walk.n_states, *walk.starts, d, dv,
-        parts, REVERSE=False, BLOCK=BLOCK, BLOCK_SD=SCAN_ROWS, BLOCK_V=sizes["BLOCK_V"], **LAUNCH["_scan_sums"])
+        rate, states, norms, rate, rate, states, norms, rate, heads, rows, walk.nq, walk.n_states, *walk.starts, d,
+        dv, parts, REVERSE=False, BLOCK=BLOCK, BLOCK_SD=SCAN_ROWS, BLOCK_V=sizes["BLOCK_V"], **LAUNCH["_scan_sums"])
     return states, norms
 
 

@@ -24,7 +24,8 @@ def seeded_torch():
 def triton_paths(monkeypatch):
     """`triton_paths(chunk=16)`: every kernel choice of the default attention made as on CUDA, for tensors on any
     device (on CPU the kernels run in Triton's interpreter): the attention's kernels (in blocks of `chunk` positions,
-    so that short inputs span several, their windows in tiles of at most `chunk` keys), the tails of the
+    so that short inputs span several, their windows in tiles of at most `chunk` keys, the states' scan in parts of
+    2 rows), the tails of the
     other decayed attentions (in chunks of `chunk`) and the two decoding steps. Returns the set that collects the
     names of the kernels' entry points as they are chosen."""
 
@@ -50,6 +51,8 @@ def triton_paths(monkeypatch):
         monkeypatch.setattr(ops_local_softmax_triton, "BLOCK", chunk)
         for name in ("KEY_TILE", "KEY_BLOCK"):
             monkeypatch.setattr(ops_local_softmax_triton, name, min(chunk, getattr(ops_local_softmax_triton, name)))
+        # the parallel walks' scan in parts of 2 rows of the states, so that small head dimensions take several
+        monkeypatch.setattr(ops_local_softmax_triton, "SCAN_ROWS", 2)
         return used
 
     return use

@@ -58,10 +58,12 @@ def test_triton_attention_over_blocks(case, causal, decay_inputs, split_case, ch
 def test_parallel_walks_equal_the_sequential_walks(case, monkeypatch, triton_paths):
     """The states of every query block by `_chunk_sums` and `_scan_sums` (`PARALLEL_WALKS`) equal those of
     `_states`' sequential walk, in both directions, and the op's gradients through `_query_sums` and `_scan_sums` (in
-    reverse) equal those through `_states_backward` (blocks of 16, padded keys)."""
+    reverse) equal those through `_states_backward` (blocks of 16, padded keys; the scan in parts of 2 of the 4 rows
+    of the states, as the 16 rows of a part split D = 64 on a GPU)."""
     from modeling_scaleformer import ops_local_softmax_triton as kernels
 
     monkeypatch.setattr(kernels, "BLOCK", 16)
+    monkeypatch.setattr(kernels, "SCAN_ROWS", 2)
     gen = torch.Generator().manual_seed(0)
     lq, lk, offset, causal = case["lq"], case["lk"], case["offset"], case["causal"]
     k, v = (torch.randn(2, 3, lk, dim, dtype=F64, generator=gen) for dim in (4, 5))
