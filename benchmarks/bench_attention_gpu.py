@@ -19,9 +19,9 @@ about GPUs.
 
     python benchmarks/bench_attention_gpu.py --json benchmarks/results/bench_attention_gpu.json
     python benchmarks/bench_attention_gpu.py --kernel-block 32 --lengths 16384   # the kernels' blocks of 32
-    python benchmarks/bench_attention_gpu.py --sequential-walks --lengths 16384  # `_states`' walks instead
+    python benchmarks/bench_attention_gpu.py --parallel-walks --lengths 16384  # the walks' parallel passes
     python benchmarks/bench_attention_gpu.py --key-tile 128 --key-block 64 --lengths 16384  # windows in one tile
-    python benchmarks/bench_attention_gpu.py --variants wide_tiles tiles16 sequential_walks  # beside the kernels
+    python benchmarks/bench_attention_gpu.py --variants wide_tiles parallel_walks  # beside the kernels
     python benchmarks/bench_attention_gpu.py --device cpu --quick
 """
 
@@ -60,8 +60,7 @@ CHECK_TOLERANCE = 3e-2  # of the reference's largest magnitude: 16-bit operands
 # the kernels as they are with --variants, in the same process, against the same baselines
 VARIANTS = {
     "wide_tiles": {"KEY_TILE": 128, "KEY_BLOCK": 64},  # a query block's window in one tile, 64 keys per backward
-    "tiles16": {"KEY_TILE": 16, "KEY_BLOCK": 16},
-    "sequential_walks": {"PARALLEL_WALKS": False},
+    "parallel_walks": {"PARALLEL_WALKS": True},
     "block32": {"BLOCK": 32},
 }
 
@@ -86,10 +85,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--kernel-block", type=int, metavar="N",
                         help="queries per block and keys per chunk of the default attention's Triton kernels "
                              "(ops_local_softmax_triton.BLOCK, a power of two >= 16; default: theirs)")
-    parser.add_argument("--sequential-walks", action="store_true",
-                        help="the states and their gradient by the sequential walks of `_states` and "
-                             "`_states_backward` instead of the parallel kernels "
-                             "(ops_local_softmax_triton.PARALLEL_WALKS = False)")
+    parser.add_argument("--parallel-walks", action="store_true",
+                        help="the states and their gradient by the parallel passes (`_chunk_sums`, `_query_sums`, "
+                             "`_scan_sums`) instead of the sequential walks of `_states` and `_states_backward` "
+                             "(ops_local_softmax_triton.PARALLEL_WALKS = True)")
     parser.add_argument("--key-tile", type=int, metavar="N",
                         help="keys per tile of a query block's window in the forward and backward kernels by queries "
                              "(ops_local_softmax_triton.KEY_TILE, a power of two >= 16; default: theirs)")
@@ -137,7 +136,7 @@ def command_options(args: argparse.Namespace) -> dict:
     """The options of `ops_local_softmax_triton` that the command line sets for the whole run."""
     options = {name: value for name, value in (("BLOCK", args.kernel_block), ("KEY_TILE", args.key_tile),
                                                ("KEY_BLOCK", args.key_block)) if value is not None}
-    return {**options, "PARALLEL_WALKS": False} if args.sequential_walks else options
+    return {**options, "PARALLEL_WALKS": True} if args.parallel_walks else options
 
 
 def method_options(method: str) -> dict:
@@ -356,7 +355,7 @@ def benchmark(args: argparse.Namespace) -> int:
     block = (f"; kernel blocks of {args.kernel_block}" if args.kernel_block else "") + (
         f"; key tiles of {args.key_tile}" if args.key_tile else "") + (
         f"; {args.key_block} keys per backward program" if args.key_block else "") + (
-        "; sequential walks" if args.sequential_walks else "")
+        "; parallel walks" if args.parallel_walks else "")
     print(f"- device: {device_name}; B={args.batch}, H={args.heads}, D={args.dim}, horizon {args.horizon}, "
           f"{str(args.dtype).removeprefix('torch.')}; median of {args.repeats} after a warm-up{block}")
     print()

@@ -4,16 +4,21 @@
 #
 #     bash benchmarks/run_gpu.sh OUT_DIR [STEP ...]
 #
-# STEP is any of env, compile, attention, attention_variants, attention_block32, attention_sequential, tests, train,
-# train_compiled, generate (default: env, attention, tests, train, generate, in that order; attention_variants times
-# the op as it is beside other settings of its kernels in one process: windows in one tile of 128 keys and 64 keys
-# per backward program, tiles of 16 keys, the sequential walks; attention_block32 times it with the kernels' blocks
-# of 32, attention_sequential with the sequential walks; compile checks, and so compiles, the default kernels and
-# each variant's in parallel processes, so that a later attention_variants finds them compiled). Each step writes
-# its log (and its JSON) under OUT_DIR and runs under its own time limit (seconds, e.g. LIMIT_tests=300; at the
-# limit the step gets SIGINT, so that pytest still reports what ran), so that a failing or slow step leaves the
-# others' figures; the exit status is the number of steps that failed. TEST_PATHS (default: tests/ops tests/models)
-# are what the tests step runs.
+# STEP is any of env, compile, attention, attention_variants, attention_small_batch, attention_block32,
+# attention_parallel, tests, train, train_compiled, train_graphs, generate (default: env, attention, tests, train,
+# generate, in that order):
+#   compile               checks, and so compiles, the default kernels and each variant's in parallel processes, so
+#                         that a later attention_variants finds them compiled;
+#   attention_variants    times the op as it is beside other settings of its kernels in one process: windows in one
+#                         tile of 128 keys and 64 keys per backward program, the walks' parallel passes;
+#   attention_small_batch the walks and their parallel passes at the small model's training shape (batch 1, 8 heads);
+#   attention_block32     the op with the kernels' blocks of 32; attention_parallel, with the parallel passes;
+#   train_compiled        bench_train.py under torch.compile; train_graphs, in its reduce-overhead mode (CUDA graphs).
+# Each step writes its log (and its JSON) under OUT_DIR and runs under its own time limit (seconds, e.g.
+# LIMIT_tests=300; at the limit the step gets SIGINT, so that pytest still reports what ran), so that a failing or slow
+# step leaves the others' figures; the exit status is the number of steps that failed. TEST_PATHS (default: tests/ops
+# tests/models) are what the tests step runs, in TEST_WORKERS processes (default 8) where pytest-xdist is installed:
+# the GPU tests spend most of their time compiling kernels, work for the host's cores.
 set -u
 out=${1:?usage: bash benchmarks/run_gpu.sh OUT_DIR [STEP ...]}
 shift
@@ -36,8 +41,9 @@ step() {  # step NAME COMMAND...: runs COMMAND under LIMIT_<NAME> seconds, its o
 }
 
 : "${LIMIT_env:=60}" "${LIMIT_attention:=150}" "${LIMIT_tests:=240}" "${LIMIT_train:=150}" "${LIMIT_generate:=180}"
-: "${LIMIT_train_compiled:=240}" "${LIMIT_attention_block32:=120}" "${LIMIT_attention_sequential:=120}" \
-    "${LIMIT_attention_variants:=240}" "${LIMIT_compile:=180}"
+: "${LIMIT_train_compiled:=240}" "${LIMIT_attention_block32:=120}" "${LIMIT_attention_parallel:=120}" \
+    "${LIMIT_attention_variants:=240}" "${LIMIT_compile:=180}" \
+    "${LIMIT_attention_small_batch:=120}" "${LIMIT_train_graphs:=240}"
 for name in $steps; do
     case $name in
         env) step env bash -c 'nvidia-smi; python3 -c "import torch, triton, transformers;
@@ -46,25 +52,33 @@ print(torch.__version__, triton.__version__, transformers.__version__, torch.cud
             --json "$out/bench_attention_gpu.json" ;;
         attention_block32) step attention_block32 python3 benchmarks/bench_attention_gpu.py --kernel-block 32 \
             --lengths 4096 16384 65536 --json "$out/bench_attention_gpu_block32.json" ;;
-        attention_sequential) step attention_sequential python3 benchmarks/bench_attention_gpu.py \
-            --sequential-walks --lengths 4096 16384 65536 --json "$out/bench_attention_gpu_sequential.json" ;;
-        compile) step compile bash -c 'for variant in wide_tiles tiles16 sequential_walks; do
+        attention_parallel) step attention_parallel python3 benchmarks/bench_attention_gpu.py \
+            --parallel-walks --lengths 4096 16384 65536 --json "$out/bench_attention_gpu_parallel.json" ;;
+        compile) step compile bash -c 'for variant in wide_tiles parallel_walks; do
                 python3 benchmarks/bench_attention_gpu.py --check-only --variants "$variant" & done
-            for _ in 1 2 3; do wait -n || exit 1; done' ;;
+            for _ in 1 2; do wait -n || exit 1; done' ;;
         attention_variants) step attention_variants python3 benchmarks/bench_attention_gpu.py --variants wide_tiles \
-            tiles16 sequential_walks --lengths 4096 16384 65536 --profile 16384 \
+            parallel_walks --lengths 4096 16384 65536 --profile 16384 \
             --json "$out/bench_attention_gpu_variants.json" ;;
-        tests) step tests python3 -m pytest -m gpu -v -p no:cacheprovider -rfEs --durations=0 \
-            ${TEST_PATHS:-tests/ops tests/models} ;;
+        attention_small_batch) step attention_small_batch python3 benchmarks/bench_attention_gpu.py --batch 1 \
+            --heads 8 --variants parallel_walks --lengths 4096 16384 65536 \
+            --json "$out/bench_attention_gpu_small_batch.json" ;;
+        tests) workers=()  # pytest-xdist, where installed, spreads the tests (and their compiles) over processes
+            python3 -c "import xdist" 2> /dev/null && workers=(-n "${TEST_WORKERS:-8}")
+            step tests python3 -m pytest -m gpu -v -p no:cacheprovider -rfEs --durations=0 "${workers[@]}" \
+                ${TEST_PATHS:-tests/ops tests/models} ;;
         train) step train python3 benchmarks/bench_train.py --device cuda --bf16 --lengths 4096 16384 \
             --models scaleformer bart led --profile 16384 --json "$out/bench_train_gpu.json" ;;
+        train_graphs) step train_graphs python3 benchmarks/bench_train.py --device cuda --bf16 \
+            --compile reduce-overhead --lengths 4096 16384 --models scaleformer bart \
+            --json "$out/bench_train_gpu_graphs.json" ;;
         train_compiled) step train_compiled python3 benchmarks/bench_train.py --device cuda --bf16 --compile \
             --lengths 4096 16384 --models scaleformer bart led --json "$out/bench_train_gpu_compiled.json" ;;
         generate) step generate python3 benchmarks/bench_generate.py --device cuda --new-tokens "${NEW_TOKENS:-8192}" \
             --positions ${POSITIONS:-128 1024 4096 8192} --models scaleformer bart \
             --json "$out/bench_generate_gpu.json" ;;
-        *) echo "unknown step: $name (expected env, compile, attention, attention_variants, attention_block32," \
-                "attention_sequential, tests, train, train_compiled, generate)" >&2
+        *) echo "unknown step: $name (expected env, compile, attention, attention_variants, attention_small_batch," \
+                "attention_block32, attention_parallel, tests, train, train_compiled, train_graphs, generate)" >&2
            exit 64 ;;
     esac
 done

@@ -15,7 +15,7 @@ RUN_GPU = Path(__file__).resolve().parents[2] / "benchmarks" / "run_gpu.sh"
 def test_bench_attention_gpu_smoke(run_command, tmp_path):
     report_path = tmp_path / "report.json"
     result = run_command(["benchmarks/bench_attention_gpu.py", "--device", "cpu", "--quick", "--dtype", "float32",
-                          "--lengths", "128", "--profile", "64", "--kernel-block", "32", "--sequential-walks",
+                          "--lengths", "128", "--profile", "64", "--kernel-block", "32", "--parallel-walks",
                           "--key-tile", "16", "--key-block", "64", "--variants", "wide_tiles", "--json",
                           str(report_path)])
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
@@ -30,7 +30,7 @@ def test_bench_attention_gpu_smoke(run_command, tmp_path):
     assert set(report["profiles"]) == {"causal", "bidir"}
     assert "## Profile: scaleformer bidir, L=64, forward + backward" in result.stdout
     assert "aten::bmm" in report["profiles"]["causal"]
-    assert "kernel blocks of 32; key tiles of 16; 64 keys per backward program; sequential walks" in result.stdout
+    assert "kernel blocks of 32; key tiles of 16; 64 keys per backward program; parallel walks" in result.stdout
     assert set(report["check"]) == {"scaleformer", "scaleformer:wide_tiles"}
     for checked in report["check"].values():
         assert checked["ok"] and checked["length"] == 128 and set(checked["errors"]) == {"causal", "bidir"}
@@ -51,8 +51,9 @@ def test_run_gpu_refuses_an_unknown_step(tmp_path):
     result = subprocess.run(["bash", str(RUN_GPU), str(tmp_path), "atention"],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 64
-    assert ("unknown step: atention (expected env, compile, attention, attention_variants, attention_block32, "
-            "attention_sequential, tests, train, train_compiled, generate)") in result.stderr
+    assert ("unknown step: atention (expected env, compile, attention, attention_variants, attention_small_batch, "
+            "attention_block32, attention_parallel, tests, train, train_compiled, train_graphs, generate)"
+            ) in result.stderr
 
 
 def test_bench_attention_gpu_does_not_time_a_path_that_fails_its_check(import_benchmark, monkeypatch, tmp_path,

@@ -436,7 +436,7 @@ def check_against_the_reference_on_cuda(case: dict) -> None:
 def test_parallel_walks_on_cuda(monkeypatch):
     """Real shapes on the GPU (B=2, H=8, L=4096, D=64, h=16, bf16, bidirectional, padded keys): the parallel walks
     (`PARALLEL_WALKS`) give the sequential walks' output and gradients, so that timing one against the other
-    (`bench_attention_gpu.py --sequential-walks`) compares the same computation."""
+    (`bench_attention_gpu.py --parallel-walks`) compares the same computation."""
     from modeling_scaleformer import ops_local_softmax_triton
 
     gen = torch.Generator(device="cuda").manual_seed(0)
