@@ -96,6 +96,7 @@ BATCH = 1
 TARGET_LENGTH = 128
 DEFAULT_LENGTHS = (512, 2048, 8192, 16384)
 QUICK_LENGTHS = (256, 512, 1024)
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs")  # torch.compile's `mode`
 QUICK_SIZE = ModelSize(vocab_size=8000, d_model=256, layers=3, heads=4, ffn_dim=1024)
 LEARNING_RATE = 1e-4
 
@@ -147,9 +148,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--profile", type=int, metavar="L",
                         help="after the timings, profile one training step of each model at source length L: the "
                              "kernels (CPU ops on CPU) with the most self time, and how many kernels the device ran")
-    parser.add_argument("--compile", action="store_true",
+    parser.add_argument("--compile", nargs="?", const="default", choices=COMPILE_MODES, metavar="MODE",
                         help="every model under torch.compile (not fullgraph; Scaleformer's attention ops run eagerly "
-                             "inside it); the warm-up round compiles")
+                             "inside it) in MODE, one of " + ", ".join(COMPILE_MODES) + " (default: default; "
+                             "reduce-overhead replays the compiled parts as CUDA graphs); the warm-up round compiles")
     parser.add_argument("--seed", type=int, default=0, help="seed of the weights and the inputs (default: 0)")
     parser.add_argument("--json", type=Path, metavar="PATH", help="write every raw figure to PATH")
     parser.add_argument("--plot", type=Path, metavar="PATH",
@@ -208,7 +210,7 @@ def build_trainer(name: str, args: argparse.Namespace) -> Trainer:
     config = model_configs(args.size, bart_max_positions(args), [name], **long_baseline_lengths(args))[name]
     model = build_model(name, config, args.seed).to(args.device).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE)
-    return Trainer(torch.compile(model) if args.compile else model, optimizer)
+    return Trainer(torch.compile(model, mode=args.compile) if args.compile else model, optimizer)
 
 
 def on_device(work, args: argparse.Namespace):
@@ -298,7 +300,7 @@ def measure_memory(name: str, length: int, args: argparse.Namespace) -> dict:
     if args.bf16:
         arguments.append("--bf16")
     if args.compile:
-        arguments.append("--compile")
+        arguments += ["--compile", args.compile]
     if args.max_bart_length is not None:
         arguments += ["--max-bart-length", str(args.max_bart_length)]
     if args.max_quadratic_length is not None:
@@ -556,7 +558,9 @@ def print_header(info: dict, args: argparse.Namespace) -> None:
     print()
     print_machine(info)
     quick = " (smaller models: --quick)" if args.quick else ""
-    precision = "fp32" + (" under bf16 autocast" if args.bf16 else "") + (", torch.compile" if args.compile else "")
+    precision = "fp32" + (" under bf16 autocast" if args.bf16 else "") + (
+        "" if not args.compile else ", torch.compile" if args.compile == "default" else
+        f", torch.compile (mode {args.compile})")
     print(f"- every model: d_model {size.d_model}, {size.layers}+{size.layers} layers, {size.heads} heads, FFN "
           f"{size.ffn_dim}, vocabulary {size.vocab_size}{quick}; random init (seed {args.seed}), train mode (dropout "
           f"0.1), {precision}, batch {BATCH}, AdamW lr {LEARNING_RATE:g}; device {args.device}"

@@ -40,15 +40,19 @@ def test_bench_train_profile(run_report):
 
 
 def test_bench_train_compile(run_report, monkeypatch):
-    """`--compile`: the steps of a model under torch.compile, said in the header and recorded in the settings.
+    """`--compile [MODE]`: the steps of a model under torch.compile, said in the header and recorded in the settings.
     Dynamo is switched off here (compiling on CPU takes a minute; test_conformance.py compiles a model and checks
     it against eager), so this checks the option's path through the script."""
     monkeypatch.setenv("TORCHDYNAMO_DISABLE", "1")
     stdout, report = run_report(["benchmarks/bench_train.py", "--quick", "--lengths", "64", "--repeats", "1",
                                  "--no-memory", "--models", "scaleformer", "--compile"])
-    assert report["settings"]["compile"] is True
+    assert report["settings"]["compile"] == "default"
     assert [t["model"] for t in report["timings"] if t["median_s"] > 0] == ["scaleformer"]
-    assert "fp32, torch.compile" in stdout
+    assert "fp32, torch.compile," in stdout
+    stdout, report = run_report(["benchmarks/bench_train.py", "--quick", "--lengths", "64", "--repeats", "1",
+                                 "--no-memory", "--models", "scaleformer", "--compile", "reduce-overhead"])
+    assert report["settings"]["compile"] == "reduce-overhead"
+    assert "fp32, torch.compile (mode reduce-overhead)," in stdout
 
 
 def test_bench_train_models(run_report):
