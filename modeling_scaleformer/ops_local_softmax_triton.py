@@ -608,7 +608,7 @@ def _forward(
 def _backward_queries(
     Q, K, V, MASK, TAB, RATE, S, Z, DO, SHIFT, DEN, DELTA, DQ, DTAB, GRAD_RATE,
     lq, lk, heads, rows, offset, nq, n_states, start0, start1, d, dv, sqb, sqh, sql, skb, skh, skl, svb, svh, svl,
-    sgb, sgh, sgl, scale,
+    sgb, sgh, sgl, sdqb, sdqh, sdql, scale,
     HORIZON: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_TABLE: tl.constexpr, BLOCK: tl.constexpr,
     TILE: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr, DOT: tl.constexpr,
 ):
@@ -668,7 +668,7 @@ def _backward_queries(
         tl.store(DTAB + ((row.to(tl.int64) * nq + b) * (2 * HORIZON + 1) + rr[:, None]) * d + dd[None, :], dtab,
                  mask=(rr[:, None] < 2 * HORIZON + 1) & (dd[None, :] < d))
     dq += grad_features * _elu_slope(q.to(acc)) / d
-    ptr, mask = _row_ptrs(DQ, row, heads, sqb, sqh, sql, i, queries, d, BLOCK_D)
+    ptr, mask = _row_ptrs(DQ, row, heads, sdqb, sdqh, sdql, i, queries, d, BLOCK_D)
     tl.store(ptr, dq, mask=mask)
     tl.store(GRAD_RATE + row.to(tl.int64) * nq + b, tl.sum(grad_rate, 0))
 
@@ -693,7 +693,7 @@ def _walk_share(A, AZ, direction, row, rows, slot, n_states, d, dv, v, features,
 def _backward_keys(
     Q, K, V, MASK, TAB, RATE, A, AZ, NU, DO, SHIFT, DEN, DELTA, DK, DV, GRAD_RATE,
     lq, lk, heads, rows, offset, nq, n_states, start0, start1, d, dv, sqb, sqh, sql, skb, skh, skl, svb, svh, svl,
-    sgb, sgh, sgl, scale,
+    sgb, sgh, sgl, sdkb, sdkh, sdkl, sdvb, sdvh, sdvl, scale,
     HORIZON: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_TABLE: tl.constexpr, BLOCK: tl.constexpr,
     BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr, DOT: tl.constexpr,
 ):
@@ -771,9 +771,9 @@ def _backward_keys(
                     grad_rate -= (BLOCK - t).to(acc) * to_next * tl.sum(features * base, 1)
     tl.store(GRAD_RATE + row.to(tl.int64) * tl.num_programs(0) + kb, tl.sum(grad_rate, 0))
     dk += grad_features * _elu_slope(k.to(acc))
-    ptr, mask = _row_ptrs(DK, row, heads, skb, skh, skl, j, keys, d, BLOCK_D)
+    ptr, mask = _row_ptrs(DK, row, heads, sdkb, sdkh, sdkl, j, keys, d, BLOCK_D)
     tl.store(ptr, dk, mask=mask)
-    ptr, mask = _row_ptrs(DV, row, heads, svb, svh, svl, j, keys, dv, BLOCK_V)
+    ptr, mask = _row_ptrs(DV, row, heads, sdvb, sdvh, sdvl, j, keys, dv, BLOCK_V)
     tl.store(ptr, dv_, mask=mask)
 
 
@@ -890,6 +890,8 @@ class TritonLocalSoftmaxDecay(torch.autograd.Function):
                       BLOCK_V=sizes["BLOCK_V"])
         adjoints, adjoint_norms, scales, grad_rate_walk = _walk_adjoints(q, lk, rate, states, norms, g, out, shift,
                                                                          den, delta, walk, heads, offset, common)
+        # the gradients written with strides of their own: empty_like keeps an input's layout where it is dense, and
+        # is contiguous where the input is a slice of a larger tensor or expanded over heads (stride 0)
         dq = torch.empty_like(q)
         dtable = None if table is None else den.new_empty(rows, walk.nq, 2 * horizon + 1, d)
         grad_rate_queries = den.new_empty(rows, walk.nq)
@@ -897,7 +899,7 @@ class TritonLocalSoftmaxDecay(torch.autograd.Function):
         _backward_queries[(walk.nq, rows)](
             q, k, v, mask_arg, q if table is None else table, rate, states, norms, g, shift, den, delta, dq,
             den if dtable is None else dtable, grad_rate_queries, lq, lk, heads, rows, offset, walk.nq, walk.n_states,
-            *walk.starts, d, dv, *_strides(q, k, v, g), scale, CAUSAL=causal, HAS_TABLE=table is not None, **sizes,
+            *walk.starts, d, dv, *_strides(q, k, v, g, dq), scale, CAUSAL=causal, HAS_TABLE=table is not None, **sizes,
             **{key: common[key] for key in ("HORIZON", "HAS_MASK", "DOT")}, **LAUNCH["_backward_queries"])
         dk, dv_ = torch.empty_like(k), torch.empty_like(v)
         key_blocks = triton.cdiv(lk, KEY_BLOCK)
@@ -905,7 +907,7 @@ class TritonLocalSoftmaxDecay(torch.autograd.Function):
         _backward_keys[(key_blocks, rows)](
             q, k, v, mask_arg, q if table is None else table, rate, adjoints, adjoint_norms, scales, g, shift, den,
             delta, dk, dv_, grad_rate_keys, lq, lk, heads, rows, offset, walk.nq, walk.n_states, *walk.starts, d, dv,
-            *_strides(q, k, v, g), scale, CAUSAL=causal, HAS_TABLE=table is not None, BLOCK_K=KEY_BLOCK,
+            *_strides(q, k, v, g, dk, dv_), scale, CAUSAL=causal, HAS_TABLE=table is not None, BLOCK_K=KEY_BLOCK,
             BLOCK_R=sizes["BLOCK_R"], **common, **LAUNCH["_backward_keys"])
         grad_rate = (grad_rate_walk.flatten(2).sum(2).sum(0) + grad_rate_queries.sum(1)
                      + grad_rate_keys.sum(1)).view(b, heads).sum(0).to(decay_dtype)

@@ -185,6 +185,39 @@ def test_triton_attention_rows_far_from_their_keys(monkeypatch, triton_paths):
 
 
 @CAUSAL
+def test_triton_attention_inputs_in_other_layouts(causal, triton_paths):
+    """Queries sliced from a fused projection (B, L, 3 H D), keys expanded over the heads (stride 0) and values
+    transposed from (B, L, H, D): the kernels write their gradients in layouts of their own, so that the gradients of
+    the tensors behind them are the float64 reference's (blocks of 16, padded keys)."""
+    gen = torch.Generator().manual_seed(0)
+    b, heads, length, d = 2, 3, 40, 4
+    fused = torch.randn(b, length, 3 * heads * d, dtype=F64, generator=gen).requires_grad_()
+    shared_k = torch.randn(b, 1, length, d, dtype=F64, generator=gen).requires_grad_()
+    rows_v = torch.randn(b, length, heads, d, dtype=F64, generator=gen).requires_grad_()
+    rel = torch.randn(heads, 7, d, dtype=F64, generator=gen).requires_grad_()
+    decay = torch.tensor([0.05, 0.2, 0.6], dtype=F64).requires_grad_()
+    key_mask = torch.ones(b, length, dtype=torch.long)
+    key_mask[1, -5:] = 0
+    upstream = torch.randn(b, heads, length, d, dtype=F64, generator=gen)
+    leaves = (fused, shared_k, rows_v, rel, decay)
+
+    def inputs():
+        q = fused[..., heads * d:2 * heads * d].view(b, length, heads, d).transpose(1, 2)
+        return q, shared_k.expand(b, heads, length, d), rows_v.transpose(1, 2)
+
+    q, k, _ = inputs()
+    assert q.stride() != q.contiguous().stride() and k.stride(1) == 0
+    expected = torch.autograd.grad(naive_local_softmax_decay_attention(*inputs(), rel, decay, causal=causal,
+                                                                       key_mask=key_mask), leaves, upstream)
+    used = triton_paths(16)
+    got = torch.autograd.grad(chunk_local_softmax_decay_attention(*inputs(), rel, decay, causal=causal,
+                                                                  key_mask=key_mask), leaves, upstream)
+    assert used == {"local_softmax_decay"}
+    for name, g, e in zip(("fused", "shared k", "v", "rel", "decay"), got, expected):
+        torch.testing.assert_close(g, e, rtol=1e-9, atol=1e-11, msg=lambda m: f"{name}: {m}")
+
+
+@CAUSAL
 def test_auto_mode_takes_the_kernels_at_any_length(causal, decay_inputs, triton_paths):
     """Where the kernels run, `mode="auto"` takes them even where the CPU's cost model picks the quadratic path (a few
     launches against dozens of small operations), with the reference's output."""
