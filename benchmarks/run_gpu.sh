@@ -5,14 +5,15 @@
 #     bash benchmarks/run_gpu.sh OUT_DIR [STEP ...]
 #
 # STEP is any of env, compile, attention, attention_variants, attention_small_batch, attention_block32,
-# attention_parallel, tests, train, train_compiled, train_graphs, generate (default: env, attention, tests, train,
-# generate, in that order):
+# attention_parallel, tune, tests, train, train_compiled, train_graphs, generate (default: env, attention, tests,
+# train, generate, in that order):
 #   compile               checks, and so compiles, the default kernels and each variant's in parallel processes, so
 #                         that a later attention_variants finds them compiled;
 #   attention_variants    times the op as it is beside other settings of its kernels in one process: windows in one
 #                         tile of 128 keys and 64 keys per backward program, the walks' parallel passes;
 #   attention_small_batch the walks and their parallel passes at the small model's training shape (batch 1, 8 heads);
 #   attention_block32     the op with the kernels' blocks of 32; attention_parallel, with the parallel passes;
+#   tune                  tune_kernels.py: each kernel's warps and pipeline stages, one kernel at a time;
 #   train_compiled        bench_train.py under torch.compile; train_graphs, in its reduce-overhead mode (CUDA graphs).
 # Each step writes its log (and its JSON) under OUT_DIR and runs under its own time limit (seconds, e.g.
 # LIMIT_tests=300; at the limit the step gets SIGINT, so that pytest still reports what ran), so that a failing or slow
@@ -43,7 +44,8 @@ step() {  # step NAME COMMAND...: runs COMMAND under LIMIT_<NAME> seconds, its o
 : "${LIMIT_env:=60}" "${LIMIT_attention:=150}" "${LIMIT_tests:=240}" "${LIMIT_train:=150}" "${LIMIT_generate:=180}"
 : "${LIMIT_train_compiled:=240}" "${LIMIT_attention_block32:=120}" "${LIMIT_attention_parallel:=120}" \
     "${LIMIT_attention_variants:=240}" "${LIMIT_compile:=180}" \
-    "${LIMIT_attention_small_batch:=120}" "${LIMIT_train_graphs:=240}"
+    "${LIMIT_attention_small_batch:=120}" "${LIMIT_train_graphs:=240}" \
+    "${LIMIT_tune:=240}"
 for name in $steps; do
     case $name in
         env) step env bash -c 'nvidia-smi; python3 -c "import torch, triton, transformers;
@@ -69,6 +71,7 @@ print(torch.__version__, triton.__version__, transformers.__version__, torch.cud
                 ${TEST_PATHS:-tests/ops tests/models} ;;
         train) step train python3 benchmarks/bench_train.py --device cuda --bf16 --lengths 4096 16384 \
             --models scaleformer bart led --profile 16384 --json "$out/bench_train_gpu.json" ;;
+        tune) step tune python3 benchmarks/tune_kernels.py --json "$out/tune_kernels.json" ;;
         train_graphs) step train_graphs python3 benchmarks/bench_train.py --device cuda --bf16 \
             --compile reduce-overhead --lengths 4096 16384 --models scaleformer bart \
             --json "$out/bench_train_gpu_graphs.json" ;;
@@ -78,7 +81,8 @@ print(torch.__version__, triton.__version__, transformers.__version__, torch.cud
             --positions ${POSITIONS:-128 1024 4096 8192} --models scaleformer bart \
             --json "$out/bench_generate_gpu.json" ;;
         *) echo "unknown step: $name (expected env, compile, attention, attention_variants, attention_small_batch," \
-                "attention_block32, attention_parallel, tests, train, train_compiled, train_graphs, generate)" >&2
+                "attention_block32, attention_parallel, tune, tests, train, train_compiled, train_graphs, generate)" \
+                >&2
            exit 64 ;;
     esac
 done
