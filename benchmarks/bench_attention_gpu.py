@@ -21,7 +21,7 @@ about GPUs.
     python benchmarks/bench_attention_gpu.py --kernel-block 32 --lengths 16384   # the kernels' blocks of 32
     python benchmarks/bench_attention_gpu.py --parallel-walks --lengths 16384  # the walks' parallel passes
     python benchmarks/bench_attention_gpu.py --key-tile 128 --key-block 64 --lengths 16384  # windows in one tile
-    python benchmarks/bench_attention_gpu.py --variants wide_tiles parallel_walks  # beside the kernels
+    python benchmarks/bench_attention_gpu.py --variants wide_tiles parallel_walks keep_states  # beside the kernels
     python benchmarks/bench_attention_gpu.py --device cpu --quick
 """
 
@@ -61,6 +61,7 @@ CHECK_TOLERANCE = 3e-2  # of the reference's largest magnitude: 16-bit operands
 VARIANTS = {
     "wide_tiles": {"KEY_TILE": 128, "KEY_BLOCK": 64},  # a query block's window in one tile, 64 keys per backward
     "parallel_walks": {"PARALLEL_WALKS": True},
+    "keep_states": {"KEEP_STATES": True},  # forward's states kept for backward instead of recomputed
     "block32": {"BLOCK": 32},
 }
 

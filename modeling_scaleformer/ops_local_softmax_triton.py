@@ -808,6 +808,9 @@ LAUNCH = {"_states": dict(num_warps=8), "_chunk_sums": dict(num_warps=8), "_scan
 # batch*head row and direction; the walks took 15-22% less time on an H100 at B=4, H=16 (benchmarks/README.md)
 PARALLEL_WALKS = False
 SCAN_ROWS = 16
+# the states L_b of forward kept for backward, (directions, B*H, Lq / BLOCK, D, Dv + 1) float32 held from one to the
+# other, instead of recomputed there (one walk fewer)
+KEEP_STATES = False
 
 
 def fits(horizon: int, dim: int, value_dim: int) -> bool:
@@ -870,19 +873,21 @@ class TritonLocalSoftmaxDecay(torch.autograd.Function):
             lq, lk, heads, b * heads, offset, walk.nq, walk.n_states, *walk.starts, d, dv, *_strides(q, k, v, out),
             1.0 / math.sqrt(d), HORIZON=horizon, CAUSAL=causal, HAS_MASK=mask is not None, HAS_TABLE=table is not None,
             DOT=dot, **_sizes(horizon, d, dv), **LAUNCH["_forward"])
-        ctx.save_for_backward(q, k, v, table, rate, mask, out, shift, den)
+        ctx.save_for_backward(q, k, v, table, rate, mask, out, shift, den,
+                              *((states, norms) if KEEP_STATES else (None, None)))
         ctx.call = (causal, offset, horizon, dot, walk, decay.dtype)
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        q, k, v, table, rate, mask, out, shift, den = ctx.saved_tensors
+        q, k, v, table, rate, mask, out, shift, den, states, norms = ctx.saved_tensors
         causal, offset, horizon, dot, walk, decay_dtype = ctx.call
         g = grad_out if grad_out.stride(-1) == 1 else grad_out.contiguous()
         b, heads, lq, d = q.shape
         lk, dv = k.shape[2], v.shape[-1]
         rows = b * heads
-        states, norms = _walk_states(k, v, mask, rate, walk, heads, lq, offset, horizon, causal, dot)
+        if states is None:
+            states, norms = _walk_states(k, v, mask, rate, walk, heads, lq, offset, horizon, causal, dot)
         delta = torch.empty_like(den)
         sizes = _sizes(horizon, d, dv)
         mask_arg = k if mask is None else mask

@@ -94,6 +94,34 @@ def test_parallel_walks_equal_the_sequential_walks(case, monkeypatch, triton_pat
 
 
 @CAUSAL
+def test_kept_states_give_the_recomputed_gradients(causal, decay_inputs, monkeypatch, triton_paths):
+    """`KEEP_STATES`: backward takes forward's states instead of walking the keys again (one walk per call instead of
+    two), with the same gradients to the last bit (blocks of 16, padded keys, Lq != Lk)."""
+    from modeling_scaleformer import ops_local_softmax_triton as kernels
+
+    triton_paths(16)
+    walks = []
+    walk_states = kernels._walk_states
+    monkeypatch.setattr(kernels, "_walk_states", lambda *args: walks.append(1) or walk_states(*args))
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 3, 40, 4, dtype=F64, generator=gen)
+    k, v = (torch.randn(2, 3, 50, 4, dtype=F64, generator=gen) for _ in range(2))
+    rel, decay = torch.randn(3, 7, 4, dtype=F64, generator=gen), torch.tensor([0.05, 0.2, 0.6], dtype=F64)
+    mask = torch.ones(2, 50, dtype=F64)
+    mask[1, -6:] = 0
+    results = []
+    for keep in (True, False):
+        monkeypatch.setattr(kernels, "KEEP_STATES", keep)
+        walks.clear()
+        leaves = [x.clone().requires_grad_() for x in (q, k, v, rel, decay)]
+        out = chunk_local_softmax_decay_attention(*leaves, causal=causal, key_mask=mask, query_offset=5)
+        results.append([out, *torch.autograd.grad(out, leaves, torch.ones_like(out) + out.detach())])
+        assert len(walks) == (1 if keep else 2)
+    for name, got, expected in zip("out q k v rel decay".split(), *results):
+        assert torch.equal(got, expected), name
+
+
+@CAUSAL
 def test_key_tiles_do_not_change_the_result(causal, decay_inputs, monkeypatch, triton_paths):
     """Windows read in one tile (KEY_TILE as wide as the window, KEY_BLOCK = BLOCK, the layout that
     `bench_attention_gpu.py --key-tile 128 --key-block 64` times), and backward programs over more keys than a chunk
