@@ -62,6 +62,8 @@ VARIANTS = {
     "wide_tiles": {"KEY_TILE": 128, "KEY_BLOCK": 64},  # a query block's window in one tile, 64 keys per backward
     "parallel_walks": {"PARALLEL_WALKS": True},
     "keep_states": {"KEEP_STATES": True},  # forward's states kept for backward instead of recomputed
+    "walk_tiles16": {"WALK_TILE": 16},  # the walks in (16, 16) tiles of the states: 16 programs per row at D = 64
+    "walk_tiles32": {"WALK_TILE": 32},
     "block32": {"BLOCK": 32},
 }
 

@@ -11,8 +11,9 @@
 #                         that a later attention_variants finds them compiled;
 #   attention_variants    times the op as it is beside other settings of its kernels in one process: windows in one
 #                         tile of 128 keys and 64 keys per backward program, the walks' parallel passes, forward's
-#                         states kept for backward;
-#   attention_small_batch the walks and their parallel passes at the small model's training shape (batch 1, 8 heads);
+#                         states kept for backward, the walks in tiles of 16 rows and columns of the states;
+#   attention_small_batch the walks, their parallel passes and the walks in tiles of 16 and 32, at the small model's
+#                         training shape (batch 1, 8 heads);
 #   attention_block32     the op with the kernels' blocks of 32; attention_parallel, with the parallel passes;
 #   tune                  tune_kernels.py: each kernel's warps and pipeline stages, one kernel at a time;
 #   train_compiled        bench_train.py under torch.compile; train_graphs, in its reduce-overhead mode (CUDA graphs).
@@ -57,14 +58,15 @@ print(torch.__version__, triton.__version__, transformers.__version__, torch.cud
             --lengths 4096 16384 65536 --json "$out/bench_attention_gpu_block32.json" ;;
         attention_parallel) step attention_parallel python3 benchmarks/bench_attention_gpu.py \
             --parallel-walks --lengths 4096 16384 65536 --json "$out/bench_attention_gpu_parallel.json" ;;
-        compile) step compile bash -c 'for variant in wide_tiles parallel_walks keep_states; do
+        compile) step compile bash -c 'variants=(wide_tiles parallel_walks keep_states walk_tiles16 walk_tiles32)
+            for variant in "${variants[@]}"; do
                 python3 benchmarks/bench_attention_gpu.py --check-only --variants "$variant" & done
-            for _ in 1 2 3; do wait -n || exit 1; done' ;;
+            for _ in "${variants[@]}"; do wait -n || exit 1; done' ;;
         attention_variants) step attention_variants python3 benchmarks/bench_attention_gpu.py --variants wide_tiles \
-            parallel_walks keep_states --lengths 4096 16384 65536 --profile 16384 \
+            parallel_walks keep_states walk_tiles16 --lengths 4096 16384 65536 --profile 16384 \
             --json "$out/bench_attention_gpu_variants.json" ;;
         attention_small_batch) step attention_small_batch python3 benchmarks/bench_attention_gpu.py --batch 1 \
-            --heads 8 --variants parallel_walks --lengths 4096 16384 65536 \
+            --heads 8 --variants parallel_walks walk_tiles16 walk_tiles32 --lengths 4096 16384 65536 \
             --json "$out/bench_attention_gpu_small_batch.json" ;;
         tests) workers=()  # pytest-xdist, where installed, spreads the tests (and their compiles) over processes
             python3 -c "import xdist" 2> /dev/null && workers=(-n "${TEST_WORKERS:-8}")

@@ -121,6 +121,37 @@ def test_kept_states_give_the_recomputed_gradients(causal, decay_inputs, monkeyp
         assert torch.equal(got, expected), name
 
 
+@pytest.mark.parametrize("case", [
+    dict(lq=40, lk=50, offset=5, causal=False), dict(lq=70, lk=30, offset=0, causal=False),
+    dict(lq=37, lk=37, offset=0, causal=True),
+], ids=["offset-5", "lq>lk", "causal"])
+def test_walk_tiles_give_the_whole_states_result(case, monkeypatch, triton_paths):
+    """`WALK_TILE`: the sequential walks in tiles of 2 rows and columns of the states (D = 4 in two tiles, Dv = 5 in
+    three, the last one column wide) give the output and gradients of one program per row (blocks of 16, padded
+    keys)."""
+    from modeling_scaleformer import ops_local_softmax_triton as kernels
+
+    triton_paths(16)
+    gen = torch.Generator().manual_seed(0)
+    lq, lk = case["lq"], case["lk"]
+    q = torch.randn(2, 3, lq, 4, dtype=F64, generator=gen)
+    k = torch.randn(2, 3, lk, 4, dtype=F64, generator=gen)
+    v = torch.randn(2, 3, lk, 5, dtype=F64, generator=gen)
+    rel, decay = torch.randn(3, 7, 4, dtype=F64, generator=gen), torch.tensor([0.05, 0.2, 0.6], dtype=F64)
+    mask = torch.ones(2, lk, dtype=F64)
+    mask[1, -4:] = 0
+    results = []
+    for tile in (2, None):
+        monkeypatch.setattr(kernels, "WALK_TILE", tile)
+        assert kernels._walk_tiles(4, 5, kernels._sizes(3, 4, 5))[2:] == ((2, 3) if tile else (1, 1))
+        leaves = [x.clone().requires_grad_() for x in (q, k, v, rel, decay)]
+        out = chunk_local_softmax_decay_attention(*leaves, causal=case["causal"], key_mask=mask,
+                                                  query_offset=case["offset"])
+        results.append([out, *torch.autograd.grad(out, leaves, torch.ones_like(out) + out.detach())])
+    for name, got, expected in zip("out q k v rel decay".split(), *results):
+        torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-13, msg=lambda m: f"{name}: {m}")
+
+
 @CAUSAL
 def test_key_tiles_do_not_change_the_result(causal, decay_inputs, monkeypatch, triton_paths):
     """Windows read in one tile (KEY_TILE as wide as the window, KEY_BLOCK = BLOCK, the layout that
