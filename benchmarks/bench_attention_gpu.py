@@ -17,18 +17,28 @@ of time against L and the targets: at 16k, at least 4x faster than SDPA and with
 most 1.1. With `--device cpu` (`--quick`) the same code runs on small shapes, as a smoke test; it says nothing
 about GPUs.
 
+`--tune` times launch settings of the kernels instead (`ops_local_softmax_triton.LAUNCH`: warps and pipeline stages
+per kernel): for each kernel of `--tune-kernels` and each setting of `--warps` x `--stages` other than its own, the
+op at `--tune-length` with that kernel so launched and the others as they are, against the op as it is, timed at
+the start, the middle and the end of the run (their median is the baseline; the three show drift). Each setting is
+checked first as above, which compiles its kernels, in `--workers` processes at once (compiling is the host's work);
+one that fails is not timed. The end gives the best setting of each kernel as a `LAUNCH` entry.
+
     python benchmarks/bench_attention_gpu.py --json benchmarks/results/bench_attention_gpu.json
     python benchmarks/bench_attention_gpu.py --kernel-block 32 --lengths 16384   # the kernels' blocks of 32
     python benchmarks/bench_attention_gpu.py --parallel-walks --lengths 16384  # the walks' parallel passes
     python benchmarks/bench_attention_gpu.py --key-tile 128 --key-block 64 --lengths 16384  # windows in one tile
     python benchmarks/bench_attention_gpu.py --variants wide_tiles parallel_walks keep_states  # beside the kernels
+    python benchmarks/bench_attention_gpu.py --tune --tune-kernels _backward_keys --warps 2 4 8 16 --stages 1 2 3
     python benchmarks/bench_attention_gpu.py --device cpu --quick
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import contextlib
+import multiprocessing
 import statistics
 import sys
 import time
@@ -56,6 +66,8 @@ FLA_RATIO_MAX = 1.5
 # specialises integer arguments divisible by 16) are those the timed lengths use
 CHECK_LENGTH = 1024
 CHECK_TOLERANCE = 3e-2  # of the reference's largest magnitude: 16-bit operands
+TUNE_KERNELS = ("_states", "_forward", "_states_backward", "_backward_queries", "_backward_keys")  # the default path's
+TRITON_DEFAULT_STAGES = 3  # a launch without num_stages gets Triton's default
 # other settings of the default attention's Triton kernels (options of `ops_local_softmax_triton`), each timed beside
 # the kernels as they are with --variants, in the same process, against the same baselines
 VARIANTS = {
@@ -103,6 +115,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "options above: " + "; ".join(f"{name} {options}" for name, options in VARIANTS.items()))
     parser.add_argument("--check-only", action="store_true",
                         help="check the kernels against the reference (which compiles them) and time nothing")
+    parser.add_argument("--tune", action="store_true",
+                        help="time launch settings of the kernels, one kernel at a time, instead (see above)")
+    parser.add_argument("--tune-kernels", nargs="+", default=list(TUNE_KERNELS), metavar="NAME",
+                        help="with --tune: kernels of ops_local_softmax_triton.LAUNCH (default: those of the default "
+                             "path, " + " ".join(TUNE_KERNELS) + ")")
+    parser.add_argument("--tune-length", type=int, default=TARGET_LENGTH, metavar="L",
+                        help=f"with --tune: the length timed (default: {TARGET_LENGTH}; --quick: {QUICK_LENGTHS[0]})")
+    parser.add_argument("--warps", type=int, nargs="+", default=[4, 8], metavar="N", help="with --tune (default: 4 8)")
+    parser.add_argument("--stages", type=int, nargs="+", default=[1, 2, 3], metavar="N",
+                        help="with --tune (default: 1 2 3)")
+    parser.add_argument("--workers", type=int, default=8,
+                        help="with --tune: processes that check (and so compile) the settings at once (default: 8; "
+                             "--quick: at most 2)")
     args = parser.parse_args(argv)
     for name in ("kernel_block", "key_tile", "key_block"):
         value = getattr(args, name)
@@ -114,8 +139,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.lengths = sorted(set(args.lengths or DEFAULT_LENGTHS))
     if args.repeats < 1 or min(args.lengths) < 1:
         parser.error("--repeats and --lengths must be positive")
+    if args.tune:
+        check_tune_arguments(parser, args)
     args.dtype = getattr(torch, args.dtype)
     return args
+
+
+def check_tune_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """--tune's arguments: known kernels, warps in powers of two, positive counts; --quick's length and workers; the
+    check and the timings at the tuned length."""
+    from modeling_scaleformer.ops_local_softmax_triton import LAUNCH
+
+    unknown = sorted(set(args.tune_kernels) - set(LAUNCH))
+    if unknown:
+        parser.error(f"--tune-kernels takes names of ops_local_softmax_triton.LAUNCH ({', '.join(LAUNCH)}), got "
+                     f"{', '.join(unknown)}")
+    if min(args.warps) < 1 or any(w & (w - 1) for w in args.warps):
+        parser.error(f"--warps must be powers of two, got {args.warps}")
+    if min(args.stages) < 1 or args.workers < 1 or args.tune_length < 1:
+        parser.error("--stages, --workers and --tune-length must be positive")
+    if args.quick:
+        args.tune_length, args.workers = QUICK_LENGTHS[0], min(args.workers, 2)
+    args.lengths = [args.tune_length]
 
 
 def fla_linear_attention():
@@ -345,7 +390,7 @@ def target(name: str, value: float | None, ok) -> dict:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     with kernel_options(command_options(args)):
-        return benchmark(args)
+        return tune(args) if args.tune else benchmark(args)
 
 
 def benchmark(args: argparse.Namespace) -> int:
@@ -390,6 +435,116 @@ def benchmark(args: argparse.Namespace) -> int:
                                "settings": {k: str(v) for k, v in vars(args).items() if k != "json"},
                                "check": checked, "timings": rows, "targets": targets, "profiles": profiles})
     return 1 if failed else 0
+
+
+def tune_settings(args: argparse.Namespace) -> list[tuple[str, dict]]:
+    """(kernel, launch options) for every kernel of --tune-kernels and every warps x stages but its own."""
+    from modeling_scaleformer.ops_local_softmax_triton import LAUNCH
+
+    found = []
+    for kernel in args.tune_kernels:
+        current = {"num_stages": TRITON_DEFAULT_STAGES, **LAUNCH[kernel]}
+        for warps in args.warps:
+            for stages in args.stages:
+                options = dict(num_warps=warps, num_stages=stages)
+                if options != current:
+                    found.append((kernel, options))
+    return found
+
+
+def launch_options(kernel: str | None, options: dict | None) -> dict:
+    """`kernel_options` that launch `kernel` with `options` (none: the kernels as they are)."""
+    if kernel is None:
+        return {}
+    from modeling_scaleformer.ops_local_softmax_triton import LAUNCH
+
+    return {"LAUNCH": {**LAUNCH, kernel: options}}
+
+
+def check_setting(args: argparse.Namespace, kernel: str, options: dict) -> dict:
+    """`check` of the op with `kernel` launched with `options`, under the command line's kernel options."""
+    with kernel_options(command_options(args)), kernel_options(launch_options(kernel, options)):
+        return check(args)
+
+
+def check_settings(args: argparse.Namespace, found: list[tuple[str, dict]]) -> list[dict]:
+    """Each setting's check, in `args.workers` processes at once (fresh ones: CUDA does not survive a fork)."""
+    if args.workers == 1 or len(found) < 2:
+        return [check_setting(args, kernel, options) for kernel, options in found]
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(args.workers, mp_context=context) as pool:
+        return list(pool.map(check_setting, [args] * len(found), *zip(*found)))
+
+
+def time_setting(args: argparse.Namespace, kernel: str | None, options: dict | None) -> dict:
+    """Median seconds of forward + backward per direction at --tune-length with `kernel` launched with `options`."""
+    with kernel_options(launch_options(kernel, options)):
+        return {("causal" if causal else "bidir"): measure(make_call("scaleformer", causal, args.tune_length, args,
+                                                                     None), args)["median_s"]
+                for causal in (True, False)}
+
+
+def tune(args: argparse.Namespace) -> int:
+    """--tune: the checks, the timings and the report; 1 when a setting fails its check."""
+    from modeling_scaleformer.ops_local_softmax_triton import LAUNCH
+
+    info = machine_info(torch.get_num_threads())
+    device_name = torch.cuda.get_device_name(args.device) if args.device.type == "cuda" else "cpu"
+    print("# Launch settings of the default attention's Triton kernels, one kernel at a time")
+    print()
+    print_machine(info)
+    print(f"- device: {device_name}; B={args.batch}, H={args.heads}, D={args.dim}, horizon {args.horizon}, "
+          f"{str(args.dtype).removeprefix('torch.')}, L={args.tune_length}, forward + backward, median of "
+          f"{args.repeats}")
+    print(f"- LAUNCH as it is: {LAUNCH}")
+    print()
+    found = tune_settings(args)
+    print(f"[check] {len(found)} settings in {args.workers} process(es)", file=sys.stderr, flush=True)
+    checks = check_settings(args, found)
+    baselines = [time_setting(args, None, None)]
+    rows = []
+    for index, ((kernel, options), checked) in enumerate(zip(found, checks)):
+        row = {"kernel": kernel, **options, "check": checked, "seconds": None}
+        if checked["ok"]:
+            row["seconds"] = time_setting(args, kernel, options)
+        rows.append(row)
+        if index == len(found) // 2:
+            baselines.append(time_setting(args, None, None))
+        print(f"[time] {kernel} {options}: {row['seconds'] or 'failed its check'}", file=sys.stderr, flush=True)
+    baselines.append(time_setting(args, None, None))
+    base = {d: statistics.median(b[d] for b in baselines) for d in ("causal", "bidir")}
+    print("| kernel | warps | stages | causal ms | bidir ms | causal / baseline | bidir / baseline | check (largest "
+          "error) |")
+    print("|:---|---:|---:|---:|---:|---:|---:|---:|")
+    print(f"| baseline (LAUNCH) | – | – | {1000 * base['causal']:.3f} | {1000 * base['bidir']:.3f} | 1.00 | 1.00 "
+          "| – |")
+    best = {}
+    for row in rows:
+        worst = max(e for errors in row["check"]["errors"].values() for e in errors.values())
+        if row["seconds"] is None:
+            print(f"| {row['kernel']} | {row['num_warps']} | {row['num_stages']} | – | – | – | – | FAILED "
+                  f"{worst:.1e} |")
+            continue
+        ratios = {d: row["seconds"][d] / base[d] for d in base}
+        print(f"| {row['kernel']} | {row['num_warps']} | {row['num_stages']} | {1000 * row['seconds']['causal']:.3f} "
+              f"| {1000 * row['seconds']['bidir']:.3f} | {ratios['causal']:.2f} | {ratios['bidir']:.2f} | "
+              f"{worst:.1e} |")
+        mean = statistics.fmean(ratios.values())
+        if mean < best.get(row["kernel"], (1.0, None))[0]:
+            best[row["kernel"]] = (mean, dict(num_warps=row["num_warps"], num_stages=row["num_stages"]))
+    print()
+    print("Baseline times in the run (ms, causal / bidir): "
+          + ", ".join(f"{1000 * b['causal']:.3f} / {1000 * b['bidir']:.3f}" for b in baselines))
+    print("Best setting per kernel (the mean of its two directions' ratios, below 1 only):")
+    for kernel in args.tune_kernels:
+        mean, options = best.get(kernel, (1.0, None))
+        print(f"- {kernel}: " + (f"{options}, {mean:.2f} of the baseline" if options else f"{LAUNCH[kernel]} stays"))
+    if args.json:
+        write_json(args.json, {"benchmark": "bench_attention_gpu --tune", "machine": {**info, "device": device_name},
+                               "settings": {k: str(v) for k, v in vars(args).items() if k != "json"},
+                               "launch": LAUNCH, "baselines": baselines, "rows": rows,
+                               "best": {k: v[1] for k, v in best.items()}})
+    return 0 if all(c["ok"] for c in checks) else 1
 
 
 if __name__ == "__main__":

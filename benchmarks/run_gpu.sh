@@ -15,7 +15,7 @@
 #   attention_small_batch the walks, their parallel passes and the walks in tiles of 16 and 32, at the small model's
 #                         training shape (batch 1, 8 heads);
 #   attention_block32     the op with the kernels' blocks of 32; attention_parallel, with the parallel passes;
-#   tune                  tune_kernels.py: each kernel's warps and pipeline stages, one kernel at a time;
+#   tune                  bench_attention_gpu.py --tune: each kernel's warps and pipeline stages, one at a time;
 #   train_compiled        bench_train.py under torch.compile; train_graphs, in its reduce-overhead mode (CUDA graphs).
 # Each step writes its log (and its JSON) under OUT_DIR and runs under its own time limit (seconds, e.g.
 # LIMIT_tests=300; at the limit the step gets SIGINT, so that pytest still reports what ran), so that a failing or slow
@@ -74,7 +74,7 @@ print(torch.__version__, triton.__version__, transformers.__version__, torch.cud
                 ${TEST_PATHS:-tests/ops tests/models} ;;
         train) step train python3 benchmarks/bench_train.py --device cuda --bf16 --lengths 4096 16384 \
             --models scaleformer bart led --profile 16384 --json "$out/bench_train_gpu.json" ;;
-        tune) step tune python3 benchmarks/tune_kernels.py --json "$out/tune_kernels.json" ;;
+        tune) step tune python3 benchmarks/bench_attention_gpu.py --tune --json "$out/bench_attention_gpu_tune.json" ;;
         train_graphs) step train_graphs python3 benchmarks/bench_train.py --device cuda --bf16 \
             --compile reduce-overhead --lengths 4096 16384 --models scaleformer bart \
             --json "$out/bench_train_gpu_graphs.json" ;;

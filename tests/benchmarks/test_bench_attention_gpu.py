@@ -81,3 +81,34 @@ def test_bench_attention_gpu_check_only_times_nothing(import_benchmark, tmp_path
     assert "| scaleformer |" in capsys.readouterr().out
     checked = json.loads(report.read_text())
     assert checked["check"]["scaleformer"]["ok"] and checked["timings"] == []
+
+
+def test_bench_attention_gpu_tune(run_command, tmp_path):
+    """`--tune` on CPU (`--quick`): the settings are checked in two processes at once, then timed against the
+    baseline; on CPU the op takes its PyTorch path, so this checks the script's path, not the kernels."""
+    report_path = tmp_path / "report.json"
+    result = run_command(["benchmarks/bench_attention_gpu.py", "--device", "cpu", "--quick", "--dtype", "float32",
+                          "--tune", "--tune-kernels", "_forward", "_backward_keys", "--warps", "4", "--stages", "2",
+                          "--json", str(report_path)])
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    report = json.loads(report_path.read_text())
+    assert [(r["kernel"], r["num_warps"], r["num_stages"]) for r in report["rows"]] == [
+        ("_forward", 4, 2), ("_backward_keys", 4, 2)]
+    assert all(r["check"]["ok"] and r["seconds"]["causal"] > 0 and r["seconds"]["bidir"] > 0 for r in report["rows"])
+    assert len(report["baselines"]) == 3
+    assert "[check] 2 settings in 2 process(es)" in result.stderr
+    assert "| _backward_keys | 4 | 2 |" in result.stdout
+
+
+def test_bench_attention_gpu_tune_skips_each_kernels_own_setting(import_benchmark, capsys):
+    bench = import_benchmark("bench_attention_gpu")
+    from modeling_scaleformer.ops_local_softmax_triton import LAUNCH
+
+    args = bench.parse_args(["--device", "cpu", "--tune", "--tune-kernels", "_forward", "--warps", "4", "8",
+                             "--stages", "1", "2"])
+    found = bench.tune_settings(args)
+    assert ("_forward", {"num_stages": 3, **LAUNCH["_forward"]}) not in found and len(found) == 3
+    assert args.lengths == [args.tune_length] == [bench.TARGET_LENGTH]
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--device", "cpu", "--tune", "--tune-kernels", "_nope"])
+    assert "--tune-kernels takes names of ops_local_softmax_triton.LAUNCH" in capsys.readouterr().err
