@@ -393,13 +393,20 @@ def main(argv: list[str] | None = None) -> int:
         return tune(args) if args.tune else benchmark(args)
 
 
-def benchmark(args: argparse.Namespace) -> int:
-    """The check, then the profile, the timings and the report; 1 when a check fails."""
+def print_header(title: str, args: argparse.Namespace) -> tuple[dict, str]:
+    """Print the report's title and the machine; return the machine's description and the device's name."""
     info = machine_info(torch.get_num_threads())
     device_name = torch.cuda.get_device_name(args.device) if args.device.type == "cuda" else "cpu"
-    print("# Attention on a GPU: scaleformer (default attention) against SDPA flash and fla, forward + backward")
+    print(f"# {title}")
     print()
     print_machine(info)
+    return info, device_name
+
+
+def benchmark(args: argparse.Namespace) -> int:
+    """The check, then the profile, the timings and the report; 1 when a check fails."""
+    info, device_name = print_header(
+        "Attention on a GPU: scaleformer (default attention) against SDPA flash and fla, forward + backward", args)
     block = (f"; kernel blocks of {args.kernel_block}" if args.kernel_block else "") + (
         f"; key tiles of {args.key_tile}" if args.key_tile else "") + (
         f"; {args.key_block} keys per backward program" if args.key_block else "") + (
@@ -488,11 +495,8 @@ def tune(args: argparse.Namespace) -> int:
     """--tune: the checks, the timings and the report; 1 when a setting fails its check."""
     from modeling_scaleformer.ops_local_softmax_triton import LAUNCH
 
-    info = machine_info(torch.get_num_threads())
-    device_name = torch.cuda.get_device_name(args.device) if args.device.type == "cuda" else "cpu"
-    print("# Launch settings of the default attention's Triton kernels, one kernel at a time")
-    print()
-    print_machine(info)
+    info, device_name = print_header("Launch settings of the default attention's Triton kernels, one kernel at a time",
+                                     args)
     print(f"- device: {device_name}; B={args.batch}, H={args.heads}, D={args.dim}, horizon {args.horizon}, "
           f"{str(args.dtype).removeprefix('torch.')}, L={args.tune_length}, forward + backward, median of "
           f"{args.repeats}")
