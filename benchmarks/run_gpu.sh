@@ -4,9 +4,8 @@
 #
 #     bash benchmarks/run_gpu.sh OUT_DIR [STEP ...]
 #
-# STEP is any of env, compile, attention, attention_variants, attention_small_batch, attention_block32,
-# attention_parallel, tune, tests, train, train_compiled, train_graphs, generate (default: env, attention, tests,
-# train, generate, in that order):
+# STEP is any of env, compile, attention, attention_variants, attention_small_batch, attention_block32, tune, tests,
+# train, train_compiled, train_graphs, generate (default: env, attention, tests, train, generate, in that order):
 #   compile               checks, and so compiles, the default kernels and each variant's in parallel processes, so
 #                         that a later attention_variants finds them compiled;
 #   attention_variants    times the op as it is beside other settings of its kernels in one process: windows in one
@@ -14,7 +13,7 @@
 #                         states kept for backward, the walks in tiles of 16 rows and columns of the states;
 #   attention_small_batch the walks, their parallel passes and the walks in tiles of 16 and 32, at the small model's
 #                         training shape (batch 1, 8 heads);
-#   attention_block32     the op with the kernels' blocks of 32; attention_parallel, with the parallel passes;
+#   attention_block32     the op with the kernels' blocks of 32;
 #   tune                  bench_attention_gpu.py --tune: each kernel's warps and pipeline stages, one at a time;
 #   train_compiled        bench_train.py under torch.compile; train_graphs, in its reduce-overhead mode (CUDA graphs).
 # Each step writes its log (and its JSON) under OUT_DIR and runs under its own time limit (seconds, e.g.
@@ -44,7 +43,7 @@ step() {  # step NAME COMMAND...: runs COMMAND under LIMIT_<NAME> seconds, its o
 }
 
 : "${LIMIT_env:=60}" "${LIMIT_attention:=150}" "${LIMIT_tests:=240}" "${LIMIT_train:=150}" "${LIMIT_generate:=180}"
-: "${LIMIT_train_compiled:=240}" "${LIMIT_attention_block32:=120}" "${LIMIT_attention_parallel:=120}" \
+: "${LIMIT_train_compiled:=240}" "${LIMIT_attention_block32:=120}" \
     "${LIMIT_attention_variants:=240}" "${LIMIT_compile:=180}" \
     "${LIMIT_attention_small_batch:=120}" "${LIMIT_train_graphs:=240}" \
     "${LIMIT_tune:=240}"
@@ -56,8 +55,6 @@ print(torch.__version__, triton.__version__, transformers.__version__, torch.cud
             --json "$out/bench_attention_gpu.json" ;;
         attention_block32) step attention_block32 python3 benchmarks/bench_attention_gpu.py --kernel-block 32 \
             --lengths 4096 16384 65536 --json "$out/bench_attention_gpu_block32.json" ;;
-        attention_parallel) step attention_parallel python3 benchmarks/bench_attention_gpu.py \
-            --parallel-walks --lengths 4096 16384 65536 --json "$out/bench_attention_gpu_parallel.json" ;;
         compile) step compile bash -c 'variants=(wide_tiles parallel_walks keep_states walk_tiles16 walk_tiles32)
             for variant in "${variants[@]}"; do
                 python3 benchmarks/bench_attention_gpu.py --check-only --variants "$variant" & done
@@ -84,7 +81,7 @@ print(torch.__version__, triton.__version__, transformers.__version__, torch.cud
             --positions ${POSITIONS:-128 1024 4096 8192} --models scaleformer bart \
             --json "$out/bench_generate_gpu.json" ;;
         *) echo "unknown step: $name (expected env, compile, attention, attention_variants, attention_small_batch," \
-                "attention_block32, attention_parallel, tune, tests, train, train_compiled, train_graphs, generate)" \
+                "attention_block32, tune, tests, train, train_compiled, train_graphs, generate)" \
                 >&2
            exit 64 ;;
     esac

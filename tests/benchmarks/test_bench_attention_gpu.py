@@ -52,7 +52,7 @@ def test_run_gpu_refuses_an_unknown_step(tmp_path):
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 64
     assert ("unknown step: atention (expected env, compile, attention, attention_variants, attention_small_batch, "
-            "attention_block32, attention_parallel, tune, tests, train, train_compiled, train_graphs, generate)"
+            "attention_block32, tune, tests, train, train_compiled, train_graphs, generate)"
             ) in result.stderr
 
 
