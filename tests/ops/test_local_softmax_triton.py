@@ -24,6 +24,14 @@ F64 = torch.float64
 CAUSAL = pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
 
 
+def output_and_gradients(inputs, **kwargs):
+    """The op's output on copies of q, k, v, the table and the decay rates (`inputs`), and their gradients under the
+    upstream gradient 1 + out; `kwargs` go to the op."""
+    leaves = [x.detach().clone().requires_grad_() for x in inputs]
+    out = chunk_local_softmax_decay_attention(*leaves, **kwargs)
+    return [out.detach(), *torch.autograd.grad(out, leaves, torch.ones_like(out) + out.detach())]
+
+
 @CAUSAL
 def test_triton_paths_in_the_op(decay_case, causal, decay_inputs, split_case, check_decay_op, triton_paths):
     """The whole op on its kernels (query blocks and key chunks of 16) against the float64 reference, over the decay
@@ -86,9 +94,8 @@ def test_parallel_walks_equal_the_sequential_walks(case, monkeypatch, triton_pat
     grads = []
     for parallel in (True, False):
         monkeypatch.setattr(kernels, "PARALLEL_WALKS", parallel)
-        leaves = [x.clone().requires_grad_() for x in (q, k, v, rel, rate)]
-        out = chunk_local_softmax_decay_attention(*leaves, causal=causal, key_mask=mask, query_offset=offset)
-        grads.append(torch.autograd.grad(out, leaves, torch.ones_like(out) + out.detach()))
+        grads.append(output_and_gradients((q, k, v, rel, rate), causal=causal, key_mask=mask,
+                                          query_offset=offset)[1:])
     for name, got, expected in zip("q k v rel decay".split(), *grads):
         torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-13, msg=lambda m: f"{name}: {m}")
 
@@ -103,19 +110,12 @@ def test_kept_states_give_the_recomputed_gradients(causal, decay_inputs, monkeyp
     walks = []
     walk_states = kernels._walk_states
     monkeypatch.setattr(kernels, "_walk_states", lambda *args: walks.append(1) or walk_states(*args))
-    gen = torch.Generator().manual_seed(0)
-    q = torch.randn(2, 3, 40, 4, dtype=F64, generator=gen)
-    k, v = (torch.randn(2, 3, 50, 4, dtype=F64, generator=gen) for _ in range(2))
-    rel, decay = torch.randn(3, 7, 4, dtype=F64, generator=gen), torch.tensor([0.05, 0.2, 0.6], dtype=F64)
-    mask = torch.ones(2, 50, dtype=F64)
-    mask[1, -6:] = 0
+    inputs = decay_inputs(b=2, h=3, lq=40, lk=50, d=4, dv=4, mask="padding")
     results = []
     for keep in (True, False):
         monkeypatch.setattr(kernels, "KEEP_STATES", keep)
         walks.clear()
-        leaves = [x.clone().requires_grad_() for x in (q, k, v, rel, decay)]
-        out = chunk_local_softmax_decay_attention(*leaves, causal=causal, key_mask=mask, query_offset=5)
-        results.append([out, *torch.autograd.grad(out, leaves, torch.ones_like(out) + out.detach())])
+        results.append(output_and_gradients(inputs[:5], causal=causal, key_mask=inputs[5], query_offset=5))
         assert len(walks) == (1 if keep else 2)
     for name, got, expected in zip("out q k v rel decay".split(), *results):
         assert torch.equal(got, expected), name
@@ -125,29 +125,20 @@ def test_kept_states_give_the_recomputed_gradients(causal, decay_inputs, monkeyp
     dict(lq=40, lk=50, offset=5, causal=False), dict(lq=70, lk=30, offset=0, causal=False),
     dict(lq=37, lk=37, offset=0, causal=True),
 ], ids=["offset-5", "lq>lk", "causal"])
-def test_walk_tiles_give_the_whole_states_result(case, monkeypatch, triton_paths):
+def test_walk_tiles_give_the_whole_states_result(case, decay_inputs, monkeypatch, triton_paths):
     """`WALK_TILE`: the sequential walks in tiles of 2 rows and columns of the states (D = 4 in two tiles, Dv = 5 in
     three, the last one column wide) give the output and gradients of one program per row (blocks of 16, padded
     keys)."""
     from modeling_scaleformer import ops_local_softmax_triton as kernels
 
     triton_paths(16)
-    gen = torch.Generator().manual_seed(0)
-    lq, lk = case["lq"], case["lk"]
-    q = torch.randn(2, 3, lq, 4, dtype=F64, generator=gen)
-    k = torch.randn(2, 3, lk, 4, dtype=F64, generator=gen)
-    v = torch.randn(2, 3, lk, 5, dtype=F64, generator=gen)
-    rel, decay = torch.randn(3, 7, 4, dtype=F64, generator=gen), torch.tensor([0.05, 0.2, 0.6], dtype=F64)
-    mask = torch.ones(2, lk, dtype=F64)
-    mask[1, -4:] = 0
+    inputs = decay_inputs(b=2, h=3, lq=case["lq"], lk=case["lk"], d=4, dv=5, mask="padding")
     results = []
     for tile in (2, None):
         monkeypatch.setattr(kernels, "WALK_TILE", tile)
         assert kernels._walk_tiles(4, 5, kernels._sizes(3, 4, 5))[2:] == ((2, 3) if tile else (1, 1))
-        leaves = [x.clone().requires_grad_() for x in (q, k, v, rel, decay)]
-        out = chunk_local_softmax_decay_attention(*leaves, causal=case["causal"], key_mask=mask,
-                                                  query_offset=case["offset"])
-        results.append([out, *torch.autograd.grad(out, leaves, torch.ones_like(out) + out.detach())])
+        results.append(output_and_gradients(inputs[:5], causal=case["causal"], key_mask=inputs[5],
+                                            query_offset=case["offset"]))
     for name, got, expected in zip("out q k v rel decay".split(), *results):
         torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-13, msg=lambda m: f"{name}: {m}")
 
@@ -167,9 +158,7 @@ def test_key_tiles_do_not_change_the_result(causal, decay_inputs, monkeypatch, t
         triton_paths(16)
         monkeypatch.setattr(kernels, "KEY_TILE", tile)
         monkeypatch.setattr(kernels, "KEY_BLOCK", block)
-        leaves = [x.detach().clone().requires_grad_() for x in inputs[:5]]
-        out = chunk_local_softmax_decay_attention(*leaves, causal=causal, key_mask=key_mask)
-        results.append([out.detach(), *torch.autograd.grad(out, leaves, torch.ones_like(out) + out.detach())])
+        results.append(output_and_gradients(inputs[:5], causal=causal, key_mask=key_mask))
     for other in results[1:]:
         for name, got, expected in zip("out q k v rel decay".split(), other, results[0]):
             torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-13, msg=lambda m: f"{name}: {m}")
