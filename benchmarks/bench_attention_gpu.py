@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import contextlib
+import json
 import multiprocessing
 import statistics
 import sys
@@ -76,6 +77,7 @@ VARIANTS = {
     "keep_states": {"KEEP_STATES": True},  # forward's states kept for backward instead of recomputed
     "walk_tiles16": {"WALK_TILE": 16},  # the walks in (16, 16) tiles of the states: 16 programs per row at D = 64
     "walk_tiles32": {"WALK_TILE": 32},
+    "kept_walk_tiles16": {"KEEP_STATES": True, "WALK_TILE": 16},
     "block32": {"BLOCK": 32},
 }
 
@@ -110,6 +112,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--key-block", type=int, metavar="N",
                         help="keys per program of the backward kernel by keys (ops_local_softmax_triton.KEY_BLOCK, a "
                              "power of two >= 16; default: theirs)")
+    parser.add_argument("--launch", type=Path, metavar="PATH",
+                        help="launch the kernels with the best settings that a --tune run wrote to PATH (its JSON's "
+                             "\"best\"), the others as they are, for the whole run")
     parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=[],
                         help="also time the kernels with these settings, each beside the kernels as set by the "
                              "options above: " + "; ".join(f"{name} {options}" for name, options in VARIANTS.items()))
@@ -141,8 +146,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--repeats and --lengths must be positive")
     if args.tune:
         check_tune_arguments(parser, args)
+    args.launch_path, args.launch = args.launch, read_launch(parser, args.launch) if args.launch else None
     args.dtype = getattr(torch, args.dtype)
     return args
+
+
+def read_launch(parser: argparse.ArgumentParser, path: Path) -> dict:
+    """`ops_local_softmax_triton.LAUNCH` with the best settings of the --tune report at `path` in place of its
+    own."""
+    from modeling_scaleformer.ops_local_softmax_triton import LAUNCH
+
+    try:
+        best = json.loads(path.read_text())["best"]
+    except (OSError, ValueError, KeyError) as error:
+        parser.error(f"--launch takes the JSON of a --tune run (with its \"best\" settings), got {path}: {error!r}")
+    unknown = sorted(set(best) - set(LAUNCH))
+    if unknown:
+        parser.error(f"--launch: {path} tunes kernels that ops_local_softmax_triton.LAUNCH does not have: "
+                     f"{', '.join(unknown)}")
+    return {**LAUNCH, **best}
 
 
 def check_tune_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -183,7 +205,8 @@ def sdpa_backend(device: torch.device):
 def command_options(args: argparse.Namespace) -> dict:
     """The options of `ops_local_softmax_triton` that the command line sets for the whole run."""
     options = {name: value for name, value in (("BLOCK", args.kernel_block), ("KEY_TILE", args.key_tile),
-                                               ("KEY_BLOCK", args.key_block)) if value is not None}
+                                               ("KEY_BLOCK", args.key_block), ("LAUNCH", args.launch))
+               if value is not None}
     return {**options, "PARALLEL_WALKS": True} if args.parallel_walks else options
 
 
@@ -410,7 +433,8 @@ def benchmark(args: argparse.Namespace) -> int:
     block = (f"; kernel blocks of {args.kernel_block}" if args.kernel_block else "") + (
         f"; key tiles of {args.key_tile}" if args.key_tile else "") + (
         f"; {args.key_block} keys per backward program" if args.key_block else "") + (
-        "; parallel walks" if args.parallel_walks else "")
+        "; parallel walks" if args.parallel_walks else "") + (
+        f"; launched as tuned in {args.launch_path}: {args.launch}" if args.launch else "")
     print(f"- device: {device_name}; B={args.batch}, H={args.heads}, D={args.dim}, horizon {args.horizon}, "
           f"{str(args.dtype).removeprefix('torch.')}; median of {args.repeats} after a warm-up{block}")
     print()

@@ -20,7 +20,9 @@
 # LIMIT_tests=300; at the limit the step gets SIGINT, so that pytest still reports what ran), so that a failing or slow
 # step leaves the others' figures; the exit status is the number of steps that failed. TEST_PATHS (default: tests/ops
 # tests/models) are what the tests step runs, in TEST_WORKERS processes (default 8) where pytest-xdist is installed:
-# the GPU tests spend most of their time compiling kernels, work for the host's cores.
+# the GPU tests spend most of their time compiling kernels, work for the host's cores. With LAUNCH_FROM=PATH, the
+# compile and attention steps launch the kernels with the best settings of the tune report at PATH where it exists
+# (`bench_attention_gpu.py --launch`), so that one command can tune and then time the tuned kernels.
 set -u
 out=${1:?usage: bash benchmarks/run_gpu.sh OUT_DIR [STEP ...]}
 shift
@@ -47,23 +49,31 @@ step() {  # step NAME COMMAND...: runs COMMAND under LIMIT_<NAME> seconds, its o
     "${LIMIT_attention_variants:=240}" "${LIMIT_compile:=180}" \
     "${LIMIT_attention_small_batch:=120}" "${LIMIT_train_graphs:=240}" \
     "${LIMIT_tune:=240}"
+launch=()
+launch_from() {  # the steps' --launch option, once the tune report at LAUNCH_FROM exists
+    launch=()
+    [ -n "${LAUNCH_FROM:-}" ] && [ -f "$LAUNCH_FROM" ] && launch=(--launch "$LAUNCH_FROM")
+    echo "== kernels launched as in: ${launch[1]:-LAUNCH}"
+}
 for name in $steps; do
+    case $name in compile|attention*) launch_from ;; esac
     case $name in
         env) step env bash -c 'nvidia-smi; python3 -c "import torch, triton, transformers;
 print(torch.__version__, triton.__version__, transformers.__version__, torch.cuda.get_device_name())"' ;;
-        attention) step attention python3 benchmarks/bench_attention_gpu.py --profile 16384 \
+        attention) step attention python3 benchmarks/bench_attention_gpu.py --profile 16384 "${launch[@]}" \
             --json "$out/bench_attention_gpu.json" ;;
         attention_block32) step attention_block32 python3 benchmarks/bench_attention_gpu.py --kernel-block 32 \
-            --lengths 4096 16384 65536 --json "$out/bench_attention_gpu_block32.json" ;;
-        compile) step compile bash -c 'variants=(wide_tiles parallel_walks keep_states walk_tiles16 walk_tiles32)
+            "${launch[@]}" --lengths 4096 16384 65536 --json "$out/bench_attention_gpu_block32.json" ;;
+        compile) step compile bash -c 'variants=(wide_tiles parallel_walks keep_states walk_tiles16 walk_tiles32
+                kept_walk_tiles16)
             for variant in "${variants[@]}"; do
-                python3 benchmarks/bench_attention_gpu.py --check-only --variants "$variant" & done
-            for _ in "${variants[@]}"; do wait -n || exit 1; done' ;;
+                python3 benchmarks/bench_attention_gpu.py --check-only --variants "$variant" "$@" & done
+            for _ in "${variants[@]}"; do wait -n || exit 1; done' compile "${launch[@]}" ;;
         attention_variants) step attention_variants python3 benchmarks/bench_attention_gpu.py --variants wide_tiles \
-            parallel_walks keep_states walk_tiles16 --lengths 4096 16384 65536 --profile 16384 \
-            --json "$out/bench_attention_gpu_variants.json" ;;
+            parallel_walks keep_states walk_tiles16 kept_walk_tiles16 "${launch[@]}" --lengths 4096 16384 65536 \
+            --profile 16384 --json "$out/bench_attention_gpu_variants.json" ;;
         attention_small_batch) step attention_small_batch python3 benchmarks/bench_attention_gpu.py --batch 1 \
-            --heads 8 --variants parallel_walks walk_tiles16 walk_tiles32 --lengths 4096 16384 65536 \
+            --heads 8 "${launch[@]}" --variants parallel_walks walk_tiles16 walk_tiles32 --lengths 4096 16384 65536 \
             --json "$out/bench_attention_gpu_small_batch.json" ;;
         tests) workers=()  # pytest-xdist, where installed, spreads the tests (and their compiles) over processes
             python3 -c "import xdist" 2> /dev/null && workers=(-n "${TEST_WORKERS:-8}")

@@ -112,3 +112,26 @@ def test_bench_attention_gpu_tune_skips_each_kernels_own_setting(import_benchmar
     with pytest.raises(SystemExit):
         bench.parse_args(["--device", "cpu", "--tune", "--tune-kernels", "_nope"])
     assert "--tune-kernels takes names of ops_local_softmax_triton.LAUNCH" in capsys.readouterr().err
+
+
+def test_bench_attention_gpu_launches_the_kernels_as_a_tune_report_found_best(import_benchmark, tmp_path, capsys):
+    bench = import_benchmark("bench_attention_gpu")
+    from modeling_scaleformer import ops_local_softmax_triton as kernels
+
+    report = tmp_path / "tune.json"
+    report.write_text(json.dumps({"best": {"_forward": {"num_warps": 4, "num_stages": 1}}}))
+    args = bench.parse_args(["--device", "cpu", "--quick", "--launch", str(report)])
+    launch = bench.command_options(args)["LAUNCH"]
+    assert launch == {**kernels.LAUNCH, "_forward": {"num_warps": 4, "num_stages": 1}}
+    saved = dict(kernels.LAUNCH)
+    with bench.kernel_options(bench.command_options(args)):
+        assert kernels.LAUNCH["_forward"] == {"num_warps": 4, "num_stages": 1}
+        assert kernels.LAUNCH["_backward_keys"] == saved["_backward_keys"]
+    assert kernels.LAUNCH == saved
+
+    for text, expected in (("{}", "--launch takes the JSON of a --tune run"),
+                           (json.dumps({"best": {"_nope": {"num_warps": 4}}}), "does not have: _nope")):
+        report.write_text(text)
+        with pytest.raises(SystemExit):
+            bench.parse_args(["--device", "cpu", "--quick", "--launch", str(report)])
+        assert expected in capsys.readouterr().err

@@ -128,19 +128,21 @@ def test_kept_states_give_the_recomputed_gradients(causal, decay_inputs, monkeyp
 def test_walk_tiles_give_the_whole_states_result(case, decay_inputs, monkeypatch, triton_paths):
     """`WALK_TILE`: the sequential walks in tiles of 2 rows and columns of the states (D = 4 in two tiles, Dv = 5 in
     three, the last one column wide) give the output and gradients of one program per row (blocks of 16, padded
-    keys)."""
+    keys), with forward's states recomputed in backward or kept for it (`KEEP_STATES`)."""
     from modeling_scaleformer import ops_local_softmax_triton as kernels
 
     triton_paths(16)
     inputs = decay_inputs(b=2, h=3, lq=case["lq"], lk=case["lk"], d=4, dv=5, mask="padding")
     results = []
-    for tile in (2, None):
+    for tile, keep in ((2, False), (2, True), (None, False)):
         monkeypatch.setattr(kernels, "WALK_TILE", tile)
+        monkeypatch.setattr(kernels, "KEEP_STATES", keep)
         assert kernels._walk_tiles(4, 5, kernels._sizes(3, 4, 5))[2:] == ((2, 3) if tile else (1, 1))
         results.append(output_and_gradients(inputs[:5], causal=case["causal"], key_mask=inputs[5],
                                             query_offset=case["offset"]))
-    for name, got, expected in zip("out q k v rel decay".split(), *results):
-        torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-13, msg=lambda m: f"{name}: {m}")
+    for result in results[:2]:
+        for name, got, expected in zip("out q k v rel decay".split(), result, results[2]):
+            torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-13, msg=lambda m: f"{name}: {m}")
 
 
 @CAUSAL
