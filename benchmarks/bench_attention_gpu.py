@@ -28,7 +28,7 @@ one that fails is not timed. The end gives the best setting of each kernel as a 
     python benchmarks/bench_attention_gpu.py --kernel-block 32 --lengths 16384   # the kernels' blocks of 32
     python benchmarks/bench_attention_gpu.py --parallel-walks --lengths 16384  # the walks' parallel passes
     python benchmarks/bench_attention_gpu.py --key-tile 128 --key-block 64 --lengths 16384  # windows in one tile
-    python benchmarks/bench_attention_gpu.py --variants wide_tiles parallel_walks keep_states  # beside the kernels
+    python benchmarks/bench_attention_gpu.py --variants wide_tiles parallel_walks recomputed_states  # beside the kernels
     python benchmarks/bench_attention_gpu.py --tune --tune-kernels _backward_keys --warps 2 4 8 16 --stages 1 2 3
     python benchmarks/bench_attention_gpu.py --device cpu --quick
 """
@@ -74,10 +74,9 @@ TRITON_DEFAULT_STAGES = 3  # a launch without num_stages gets Triton's default
 VARIANTS = {
     "wide_tiles": {"KEY_TILE": 128, "KEY_BLOCK": 64},  # a query block's window in one tile, 64 keys per backward
     "parallel_walks": {"PARALLEL_WALKS": True},
-    "keep_states": {"KEEP_STATES": True},  # forward's states kept for backward instead of recomputed
+    "recomputed_states": {"KEEP_STATES": False},  # forward's states recomputed in backward instead of kept
     "walk_tiles16": {"WALK_TILE": 16},  # the walks in (16, 16) tiles of the states: 16 programs per row at D = 64
     "walk_tiles32": {"WALK_TILE": 32},
-    "kept_walk_tiles16": {"KEEP_STATES": True, "WALK_TILE": 16},
     "block32": {"BLOCK": 32},
 }
 

@@ -10,7 +10,7 @@
 #                         that a later attention_variants finds them compiled;
 #   attention_variants    times the op as it is beside other settings of its kernels in one process: windows in one
 #                         tile of 128 keys and 64 keys per backward program, the walks' parallel passes, forward's
-#                         states kept for backward, the walks in tiles of 16 rows and columns of the states;
+#                         states recomputed in backward, the walks in tiles of 16 rows and columns of the states;
 #   attention_small_batch the walks, their parallel passes and the walks in tiles of 16 and 32, at the small model's
 #                         training shape (batch 1, 8 heads);
 #   attention_block32     the op with the kernels' blocks of 32;
@@ -64,13 +64,12 @@ print(torch.__version__, triton.__version__, transformers.__version__, torch.cud
             --json "$out/bench_attention_gpu.json" ;;
         attention_block32) step attention_block32 python3 benchmarks/bench_attention_gpu.py --kernel-block 32 \
             "${launch[@]}" --lengths 4096 16384 65536 --json "$out/bench_attention_gpu_block32.json" ;;
-        compile) step compile bash -c 'variants=(wide_tiles parallel_walks keep_states walk_tiles16 walk_tiles32
-                kept_walk_tiles16)
+        compile) step compile bash -c 'variants=(wide_tiles parallel_walks recomputed_states walk_tiles16 walk_tiles32)
             for variant in "${variants[@]}"; do
                 python3 benchmarks/bench_attention_gpu.py --check-only --variants "$variant" "$@" & done
             for _ in "${variants[@]}"; do wait -n || exit 1; done' compile "${launch[@]}" ;;
         attention_variants) step attention_variants python3 benchmarks/bench_attention_gpu.py --variants wide_tiles \
-            parallel_walks keep_states walk_tiles16 kept_walk_tiles16 "${launch[@]}" --lengths 4096 16384 65536 \
+            parallel_walks recomputed_states walk_tiles16 "${launch[@]}" --lengths 4096 16384 65536 \
             --profile 16384 --json "$out/bench_attention_gpu_variants.json" ;;
         attention_small_batch) step attention_small_batch python3 benchmarks/bench_attention_gpu.py --batch 1 \
             --heads 8 "${launch[@]}" --variants parallel_walks walk_tiles16 walk_tiles32 --lengths 4096 16384 65536 \

@@ -15,8 +15,8 @@ band, phi(q_i).phi(k_j) / D exp(-lambda (|p_i - j| - h)) beyond it) and the stat
 exp(-lambda (BLOCK - 1 - a)), all scaled by exp(-m_i) (`ops_common.row_shift`) and normalised together. The
 kernels, laid out like flash-linear-attention's chunk kernels:
 
-- `_states`, or `_chunk_sums` then `_scan_sums` (`PARALLEL_WALKS`): L_b of every block (recomputed in backward
-  rather than kept, unless `KEEP_STATES`). `_states` walks the chunks with one program per row, direction and tile
+- `_states`, or `_chunk_sums` then `_scan_sums` (`PARALLEL_WALKS`): L_b of every block (kept for backward, or
+  recomputed there without `KEEP_STATES`). `_states` walks the chunks with one program per row, direction and tile
   of the states (`WALK_TILE`; the whole state by default), reading each chunk's keys in sequence; `_chunk_sums`
   stores what each chunk of BLOCK keys adds, every chunk at once, and `_scan_sums` sums them up in place, a
   sequential pass of elementwise work per batch*head row, direction and SCAN_ROWS rows of the state;
@@ -811,18 +811,19 @@ KEY_BLOCK = 32
 # `_backward_queries` (the table's gather and the products with it) on an H200; the padding is masked
 MIN_TILE = 64
 # the kernels hold whole rows of q, k and v and the relative table: h and D, Dv up to these, the sizes whose tiles
-# (64-wide D, Dv and table) were checked on a GPU; larger ones take the PyTorch path until theirs are
-MAX_HORIZON = 31
+# (64-wide D and Dv, tables of 64 and 128 rows) were checked on a GPU; larger ones take the PyTorch path (at D = 128,
+# `_states` asks for more shared memory than an H200 has)
+MAX_HORIZON = 63
 MAX_DIM = 64
-# launch options of each kernel: at BLOCK 64, KEY_TILE and KEY_BLOCK 32, D = Dv = 64, h = 16 and bf16, those with the
-# fewest register spills that ptxas reports for sm90 (Triton 3.6 and 3.9) among 4, 8 and 16 warps and 1 to 3
-# pipeline stages (benchmarks/kernel_resources.py: the most in the backward kernels, up to 228 bytes, where the
-# query blocks' tables and their products sit beside the tiles)
+# launch options of each kernel: `_forward`, `_backward_queries` and `_backward_keys` as timed fastest by
+# `bench_attention_gpu.py --tune` (4 and 8 warps, 1 to 3 stages; B=4, H=16, L=16384, D = Dv = 64, h = 16, bf16, on an
+# H200: 0.93, 0.93 and 0.85 of the time with 8 warps, benchmarks/README.md), the others those with the fewest register
+# spills that ptxas reports for sm90 (benchmarks/kernel_resources.py), where the timings did not tell them apart
 LAUNCH = {"_states": dict(num_warps=8), "_chunk_sums": dict(num_warps=8), "_scan_sums": dict(num_warps=4),
           "_query_sums": dict(num_warps=8),
           "_states_backward": dict(num_warps=8, num_stages=2),
-          "_forward": dict(num_warps=8, num_stages=2), "_backward_queries": dict(num_warps=8, num_stages=1),
-          "_backward_keys": dict(num_warps=8, num_stages=2)}
+          "_forward": dict(num_warps=4, num_stages=1), "_backward_queries": dict(num_warps=4, num_stages=1),
+          "_backward_keys": dict(num_warps=4, num_stages=2)}
 
 
 # the states by `_chunk_sums` (every chunk at once) and `_scan_sums` (a sequential pass of elementwise work, rows of
@@ -832,8 +833,8 @@ LAUNCH = {"_states": dict(num_warps=8), "_chunk_sums": dict(num_warps=8), "_scan
 PARALLEL_WALKS = False
 SCAN_ROWS = 16
 # the states L_b of forward kept for backward, (directions, B*H, Lq / BLOCK, D, Dv + 1) float32 held from one to the
-# other, instead of recomputed there (one walk fewer)
-KEEP_STATES = False
+# other, instead of recomputed there: one walk fewer, 7-13% less time on an H200 at B=4, H=16 (benchmarks/README.md)
+KEEP_STATES = True
 # rows and columns of the states per program of the sequential walks (`_states`, `_states_backward`), a power of two
 # (at least 16 on a GPU), so that a row's walk runs in (D / WALK_TILE) (Dv / WALK_TILE) programs side by side; None:
 # the whole state in one program per batch*head row and direction

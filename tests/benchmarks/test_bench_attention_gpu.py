@@ -88,16 +88,16 @@ def test_bench_attention_gpu_tune(run_command, tmp_path):
     baseline; on CPU the op takes its PyTorch path, so this checks the script's path, not the kernels."""
     report_path = tmp_path / "report.json"
     result = run_command(["benchmarks/bench_attention_gpu.py", "--device", "cpu", "--quick", "--dtype", "float32",
-                          "--tune", "--tune-kernels", "_forward", "_backward_keys", "--warps", "4", "--stages", "2",
+                          "--tune", "--tune-kernels", "_forward", "_backward_keys", "--warps", "16", "--stages", "2",
                           "--json", str(report_path)])
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     report = json.loads(report_path.read_text())
     assert [(r["kernel"], r["num_warps"], r["num_stages"]) for r in report["rows"]] == [
-        ("_forward", 4, 2), ("_backward_keys", 4, 2)]
+        ("_forward", 16, 2), ("_backward_keys", 16, 2)]
     assert all(r["check"]["ok"] and r["seconds"]["causal"] > 0 and r["seconds"]["bidir"] > 0 for r in report["rows"])
     assert len(report["baselines"]) == 3
     assert "[check] 2 settings in 2 process(es)" in result.stderr
-    assert "| _backward_keys | 4 | 2 |" in result.stdout
+    assert "| _backward_keys | 16 | 2 |" in result.stdout
 
 
 def test_bench_attention_gpu_tune_skips_each_kernels_own_setting(import_benchmark, capsys):
