@@ -75,8 +75,7 @@ VARIANTS = {
     "wide_tiles": {"KEY_TILE": 128, "KEY_BLOCK": 64},  # a query block's window in one tile, 64 keys per backward
     "parallel_walks": {"PARALLEL_WALKS": True},
     "recomputed_states": {"KEEP_STATES": False},  # forward's states recomputed in backward instead of kept
-    "walk_tiles16": {"WALK_TILE": 16},  # the walks in (16, 16) tiles of the states: 16 programs per row at D = 64
-    "walk_tiles32": {"WALK_TILE": 32},
+    "sequential_walks": {"PARALLEL_WALKS": False},  # the walks at every number of rows
     "block32": {"BLOCK": 32},
 }
 

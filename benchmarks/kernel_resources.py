@@ -68,10 +68,8 @@ def constexprs(kernels, name: str, args: argparse.Namespace) -> dict:
         return walk
     if name == "_scan_sums":
         return dict(BLOCK=sizes["BLOCK"], BLOCK_SD=kernels.SCAN_ROWS, BLOCK_V=sizes["BLOCK_V"], REVERSE=True)
-    if name == "_query_sums":
+    if name in ("_query_sums", "_states_backward"):
         return {key: walk[key] for key in ("BLOCK", "BLOCK_D", "BLOCK_V", "DOT")}
-    if name == "_states_backward":
-        return dict({key: walk[key] for key in ("BLOCK", "BLOCK_D", "BLOCK_V", "DOT")}, FULL_V=sizes["BLOCK_V"])
     if name == "_backward_keys":
         return dict(walk, CAUSAL=args.causal, HAS_TABLE=True, BLOCK_K=kernels.KEY_BLOCK, BLOCK_R=sizes["BLOCK_R"])
     return dict(sizes, HORIZON=args.horizon, CAUSAL=args.causal, HAS_MASK=True, HAS_TABLE=True, DOT=dot)

@@ -9,10 +9,10 @@
 #   compile               checks, and so compiles, the default kernels and each variant's in parallel processes, so
 #                         that a later attention_variants finds them compiled;
 #   attention_variants    times the op as it is beside other settings of its kernels in one process: windows in one
-#                         tile of 128 keys and 64 keys per backward program, the walks' parallel passes, forward's
-#                         states recomputed in backward, the walks in tiles of 16 rows and columns of the states;
-#   attention_small_batch the walks, their parallel passes and the walks in tiles of 16 and 32, at the small model's
-#                         training shape (batch 1, 8 heads);
+#                         tile of 128 keys and 64 keys per backward program, the walks' parallel passes (at B=4,
+#                         H=16 the op takes the sequential walks), forward's states recomputed in backward;
+#   attention_small_batch the op (its parallel passes at this shape) beside the parallel passes and the sequential
+#                         walks, at the small model's training shape (batch 1, 8 heads);
 #   attention_block32     the op with the kernels' blocks of 32;
 #   tune                  bench_attention_gpu.py --tune: each kernel's warps and pipeline stages, one at a time;
 #   train_compiled        bench_train.py under torch.compile; train_graphs, in its reduce-overhead mode (CUDA graphs).
@@ -64,15 +64,15 @@ print(torch.__version__, triton.__version__, transformers.__version__, torch.cud
             --json "$out/bench_attention_gpu.json" ;;
         attention_block32) step attention_block32 python3 benchmarks/bench_attention_gpu.py --kernel-block 32 \
             "${launch[@]}" --lengths 4096 16384 65536 --json "$out/bench_attention_gpu_block32.json" ;;
-        compile) step compile bash -c 'variants=(wide_tiles parallel_walks recomputed_states walk_tiles16 walk_tiles32)
+        compile) step compile bash -c 'variants=(wide_tiles parallel_walks sequential_walks recomputed_states)
             for variant in "${variants[@]}"; do
                 python3 benchmarks/bench_attention_gpu.py --check-only --variants "$variant" "$@" & done
             for _ in "${variants[@]}"; do wait -n || exit 1; done' compile "${launch[@]}" ;;
         attention_variants) step attention_variants python3 benchmarks/bench_attention_gpu.py --variants wide_tiles \
-            parallel_walks recomputed_states walk_tiles16 "${launch[@]}" --lengths 4096 16384 65536 \
+            parallel_walks recomputed_states "${launch[@]}" --lengths 4096 16384 65536 \
             --profile 16384 --json "$out/bench_attention_gpu_variants.json" ;;
         attention_small_batch) step attention_small_batch python3 benchmarks/bench_attention_gpu.py --batch 1 \
-            --heads 8 "${launch[@]}" --variants parallel_walks walk_tiles16 walk_tiles32 --lengths 4096 16384 65536 \
+            --heads 8 "${launch[@]}" --variants parallel_walks sequential_walks --lengths 4096 16384 65536 \
             --json "$out/bench_attention_gpu_small_batch.json" ;;
         tests) workers=()  # pytest-xdist, where installed, spreads the tests (and their compiles) over processes
             python3 -c "import xdist" 2> /dev/null && workers=(-n "${TEST_WORKERS:-8}")

@@ -15,11 +15,11 @@ band, phi(q_i).phi(k_j) / D exp(-lambda (|p_i - j| - h)) beyond it) and the stat
 exp(-lambda (BLOCK - 1 - a)), all scaled by exp(-m_i) (`ops_common.row_shift`) and normalised together. The
 kernels, laid out like flash-linear-attention's chunk kernels:
 
-- `_states`, or `_chunk_sums` then `_scan_sums` (`PARALLEL_WALKS`): L_b of every block (kept for backward, or
-  recomputed there without `KEEP_STATES`). `_states` walks the chunks with one program per row, direction and tile
-  of the states (`WALK_TILE`; the whole state by default), reading each chunk's keys in sequence; `_chunk_sums`
-  stores what each chunk of BLOCK keys adds, every chunk at once, and `_scan_sums` sums them up in place, a
-  sequential pass of elementwise work per batch*head row, direction and SCAN_ROWS rows of the state;
+- `_states`, or `_chunk_sums` then `_scan_sums` (the parallel passes, `_parallel_walks`): L_b of every block (kept
+  for backward, or recomputed there without `KEEP_STATES`). `_states` walks the chunks with one program per row and
+  direction, reading each chunk's keys in sequence; `_chunk_sums` stores what each chunk of BLOCK keys adds, every
+  chunk at once, and `_scan_sums` sums them up in place, a sequential pass of elementwise work per batch*head row,
+  direction and SCAN_ROWS rows of the state;
 - `_forward`: one program per query block and row: the window's logits and kernel weights by tiles of KEY_TILE
   keys (the band's weights summed under their running largest logit, as flash attention sums them, those beyond
   the band under their running largest weight), both states, the row shift m, out, and m and the normaliser for
@@ -27,10 +27,10 @@ kernels, laid out like flash-linear-attention's chunk kernels:
 - `_states_backward`, or `_query_sums` then `_scan_sums` (`PARALLEL_WALKS`): the states' gradient G_b = dL/dL_b
   (the block's queries add theirs, exp(-m_i) exp(-lambda a) phi(q_i) / D [gs_i, -delta_i], and
   G_b = exp(-lambda BLOCK) G_{b+1} + that), in the states' layout, with delta_i = g_i . out_i / den_i:
-  `_states_backward` walks the blocks back with one program per row, direction and tile; the parallel passes take
-  every block's sum at once, then a sequential elementwise pass from the last block back. Each G is kept as
-  exp(nu) G' with nu its own scale: a row whose visible keys all lie far back weighs exp(-m_i) / den_i = 1 / (its
-  total weight), which passes float32's range (e^88) 180 positions from its keys at lambda = 0.5, while its keys'
+  `_states_backward` walks the blocks back with one program per row and direction; the parallel passes take every
+  block's sum at once, then a sequential elementwise pass from the last block back. Each G is kept as exp(nu) G'
+  with nu its own scale: a row whose visible keys all lie far back weighs exp(-m_i) / den_i = 1 / (its total
+  weight), which passes float32's range (e^88) 180 positions from its keys at lambda = 0.5, while its keys'
   gradients, that weight times their decay, stay finite;
 - `_backward_queries`: by query blocks, like `_forward` (the same tiles, m and the normaliser known): dq, each
   block's share of the table's gradient and lambda's;
@@ -142,16 +142,8 @@ def _walk_start(RATE, row, heads, direction, lq, lk, offset, nq, start0, start1,
 def _state_ptrs(S, Z, direction, row, rows, index, n_states, d, dv, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr):
     """Pointers and masks of state `index` of `row` in `direction`: S (D, Dv) and its normaliser z (D,), in
     (directions, rows, n_states, D, .) tensors."""
-    return _state_tile_ptrs(S, Z, direction, row, rows, index, n_states, d, dv, 0, 0, BLOCK_D, BLOCK_V)
-
-
-@triton.jit
-def _state_tile_ptrs(S, Z, direction, row, rows, index, n_states, d, dv, d0, v0, BLOCK_D: tl.constexpr,
-                     BLOCK_V: tl.constexpr):
-    """`_state_ptrs` of the tile of rows d0 .. d0 + BLOCK_D - 1 and columns v0 .. v0 + BLOCK_V - 1 of S (and those
-    rows of z)."""
-    dd = d0 + tl.arange(0, BLOCK_D)
-    vv = v0 + tl.arange(0, BLOCK_V)
+    dd = tl.arange(0, BLOCK_D)
+    vv = tl.arange(0, BLOCK_V)
     at = ((direction * rows + row).to(tl.int64) * n_states + index) * d
     return (S + (at + dd[:, None]) * dv + vv[None, :], Z + at + dd, (dd[:, None] < d) & (vv[None, :] < dv),
             dd < d)
@@ -190,27 +182,24 @@ def _chunk_sum(K, V, MASK, row, heads, lk, c, kfirst, step, qshift, off_w, to_ne
 @triton.jit
 def _states(
     K, V, MASK, RATE, S, Z,
-    lq, lk, heads, rows, offset, nq, n_states, start0, start1, d, dv, skb, skh, skl, svb, svh, svl, v_tiles,
+    lq, lk, heads, rows, offset, nq, n_states, start0, start1, d, dv, skb, skh, skl, svb, svh, svl,
     HORIZON: tl.constexpr, HAS_MASK: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_V: tl.constexpr, DOT: tl.constexpr,
 ):
-    """The states by a sequential walk over the chunks: one program per batch*head row, direction and (BLOCK_D,
-    BLOCK_V) tile of the states (`WALK_TILE`; v_tiles tiles across Dv), reading each chunk's keys in sequence."""
-    row, direction, tile = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    d0, v0 = (tile // v_tiles) * BLOCK_D, (tile % v_tiles) * BLOCK_V
+    row, direction = tl.program_id(0), tl.program_id(1)
     acc = S.dtype.element_ty
     step, qfirst, kfirst, qshift, off_w, start, rate, carry, to_next = _walk_start(
         RATE, row, heads, direction, lq, lk, offset, nq, start0, start1, acc, BLOCK)
     state = tl.zeros((BLOCK_D, BLOCK_V), dtype=acc)
     norm = tl.zeros((BLOCK_D,), dtype=acc)
     for c in range(start, nq):
-        s_ptr, z_ptr, s_mask, z_mask = _state_tile_ptrs(S, Z, direction, row, rows, c - start, n_states, d, dv, d0,
-                                                        v0, BLOCK_D, BLOCK_V)
+        s_ptr, z_ptr, s_mask, z_mask = _state_ptrs(S, Z, direction, row, rows, c - start, n_states, d, dv, BLOCK_D,
+                                                   BLOCK_V)
         tl.store(s_ptr, state, mask=s_mask)
-        tl.store(z_ptr, norm, mask=z_mask & (tl.arange(0, BLOCK_D) * 0 + v0 == 0))
-        chunk, chunk_norm = _chunk_sum(K + d0, V + v0, MASK, row, heads, lk, c, kfirst, step, qshift, off_w, to_next,
-                                       d - d0, dv - v0, skb, skh, skl, svb, svh, svl, HORIZON, HAS_MASK, acc, BLOCK,
-                                       BLOCK_D, BLOCK_V, DOT)
+        tl.store(z_ptr, norm, mask=z_mask)
+        chunk, chunk_norm = _chunk_sum(K, V, MASK, row, heads, lk, c, kfirst, step, qshift, off_w, to_next, d, dv,
+                                       skb, skh, skl, svb, svh, svl, HORIZON, HAS_MASK, acc, BLOCK, BLOCK_D, BLOCK_V,
+                                       DOT)
         state = state * carry + chunk
         norm = norm * carry + chunk_norm
 
@@ -325,47 +314,39 @@ def _output_gradient(DO, SHIFT, DEN, row, heads, lq, i, inside, dv, sgb, sgh, sg
 
 
 @triton.jit
-def _query_rows(Q, DO, OUT, SHIFT, DEN, row, heads, lq, x, inside, qfirst, step, d, dv, d0, v0, sqb, sqh, sql, sgb,
-                sgh, sgl, sob, soh, sol, ACC: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr,
-                FULL_V: tl.constexpr):
+def _query_rows(Q, DO, OUT, SHIFT, DEN, row, heads, lq, x, inside, qfirst, step, d, dv, sqb, sqh, sql, sgb, sgh, sgl,
+                sob, soh, sol, ACC: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr):
     """Queries x (a direction's coordinates; memory rows qfirst + step x) with what the states' gradient needs of
-    them: their rows, q (raw, ACC; columns d0 .. d0 + BLOCK_D - 1), gs (`_output_gradient`; columns v0 .. v0 +
-    BLOCK_V - 1), delta = g . out / den, the log of exp(-m) (`_shift_scale`) and that of exp(-m) / den, the row's
-    weight in the states' gradient (-inf for a row without a visible key, den = 0, or without a gradient); delta
-    and the weight from whole rows (FULL_V columns)."""
+    them: their rows, q (raw, ACC), gs (`_output_gradient`), delta = g . out / den, the log of exp(-m)
+    (`_shift_scale`) and that of exp(-m) / den, the row's weight in the states' gradient (-inf for a row without a
+    visible key, den = 0, or without a gradient)."""
     i = qfirst + step * x
-    q = _load_rows(Q + d0, row, heads, sqb, sqh, sql, i, inside, d - d0, BLOCK_D).to(ACC)
-    out = _load_rows(OUT, row, heads, sob, soh, sol, i, inside, dv, FULL_V).to(ACC)
-    _, gs, m, den = _output_gradient(DO, SHIFT, DEN, row, heads, lq, i, inside, dv, sgb, sgh, sgl, ACC, FULL_V)
+    q = _load_rows(Q, row, heads, sqb, sqh, sql, i, inside, d, BLOCK_D).to(ACC)
+    out = _load_rows(OUT, row, heads, sob, soh, sol, i, inside, dv, BLOCK_V).to(ACC)
+    _, gs, m, den = _output_gradient(DO, SHIFT, DEN, row, heads, lq, i, inside, dv, sgb, sgh, sgl, ACC, BLOCK_V)
     shift = tl.minimum(-m, _max_exponent(m))
     weight = tl.where((den > 0) & (tl.max(tl.abs(gs), 1) > 0), shift - tl.log(tl.where(den > 0, den, 1.0)),
                       float("-inf"))
-    delta = tl.sum(gs * out, 1)
-    if BLOCK_V != FULL_V:  # a tile of the states' gradient: its columns of gs
-        _, gs, _, _ = _output_gradient(DO + v0, SHIFT, DEN, row, heads, lq, i, inside, dv - v0, sgb, sgh, sgl, ACC,
-                                       BLOCK_V)
-    return i, q, gs, delta, shift, weight
+    return i, q, gs, tl.sum(gs * out, 1), shift, weight
 
 
 @triton.jit
 def _query_sum(Q, DO, OUT, SHIFT, DEN, DELTA, row, heads, lq, direction, c, qfirst, step, qshift, from_state, d, dv,
-               d0, v0, sqb, sqh, sql, sgb, sgh, sgl, sob, soh, sol, ACC: tl.constexpr, BLOCK: tl.constexpr,
-               BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, FULL_V: tl.constexpr, DOT: tl.constexpr):
+               sqb, sqh, sql, sgb, sgh, sgl, sob, soh, sol, ACC: tl.constexpr, BLOCK: tl.constexpr,
+               BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, DOT: tl.constexpr):
     """What query block c adds to the gradient of its state L_c, exp(-m_i) exp(-lambda a) phi(q_i) / D [gs_i,
     -delta_i] summed over its queries ((D, Dv) and (D,); `from_state` holds exp(-lambda a)), divided by exp(mu),
     mu the log of the block's largest exp(-m_i) / den_i (a row whose visible keys all lie far back weighs 1 / (its
-    keys' tiny weight), beyond float32's range), and mu; stores delta_i in direction 0. The tile of rows d0 .. d0 +
-    BLOCK_D - 1 and columns v0 .. v0 + BLOCK_V - 1 of those sums (of FULL_V columns)."""
+    keys' tiny weight), beyond float32's range), and mu; stores delta_i in direction 0."""
     x = c * BLOCK - qshift + tl.arange(0, BLOCK)
     inside = (x >= 0) & (x < lq)
     i, q, gs, delta, shift, weight = _query_rows(Q, DO, OUT, SHIFT, DEN, row, heads, lq, x, inside, qfirst, step, d,
-                                                 dv, d0, v0, sqb, sqh, sql, sgb, sgh, sgl, sob, soh, sol, ACC, BLOCK_D,
-                                                 BLOCK_V, FULL_V)
-    tl.store(DELTA + row.to(tl.int64) * lq + i, delta, mask=inside & (x * 0 + direction + d0 + v0 == 0))
+                                                 dv, sqb, sqh, sql, sgb, sgh, sgl, sob, soh, sol, ACC, BLOCK_D, BLOCK_V)
+    tl.store(DELTA + row.to(tl.int64) * lq + i, delta, mask=inside & (x * 0 + direction == 0))
     mu = tl.max(weight, 0)
     # exp(-m_i - mu) <= den_i: gs_i times it stays within g_i
     row_scale = tl.where(weight > float("-inf"), tl.exp(shift - tl.where(mu > float("-inf"), mu, 0.0)), 0.0)
-    features_q = (_elu_features(q, inside[:, None] & (tl.arange(0, BLOCK_D)[None, :] < d - d0)) / d
+    features_q = (_elu_features(q, inside[:, None] & (tl.arange(0, BLOCK_D)[None, :] < d)) / d
                   * (row_scale * from_state)[:, None])
     op = Q.dtype.element_ty
     return (tl.dot(tl.trans(features_q.to(op)), gs.to(op), input_precision=DOT),
@@ -376,16 +357,13 @@ def _query_sum(Q, DO, OUT, SHIFT, DEN, DELTA, row, heads, lq, direction, c, qfir
 def _states_backward(
     Q, RATE, S, Z, A, AZ, NU, DO, OUT, SHIFT, DEN, DELTA, CARRIED,
     lq, lk, heads, rows, offset, nq, n_states, start0, start1, d, dv, sqb, sqh, sql, sgb, sgh, sgl, sob, soh, sol,
-    v_tiles, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, FULL_V: tl.constexpr,
-    DOT: tl.constexpr,
+    BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, DOT: tl.constexpr,
 ):
-    """The states' gradient by a sequential walk back over the query blocks, one program per batch*head row,
-    direction and (BLOCK_D, BLOCK_V) tile of the states (`WALK_TILE`; v_tiles tiles across Dv): G_{c+1}, the gradient
-    of the state after chunk c, as exp(nu) G' (G' into slot c - start of A and AZ, nu into NU, as `_scan_sums` keeps
-    them; every tile finds the same nu), and the walk's part of lambda's gradient through the carries into CARRIED
-    (directions, rows, tiles)."""
-    row, direction, tile = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    d0, v0 = (tile // v_tiles) * BLOCK_D, (tile % v_tiles) * BLOCK_V
+    """The states' gradient by a sequential walk back over the query blocks, one program per batch*head row and
+    direction: G_{c+1}, the gradient of the state after chunk c, as exp(nu) G' (G' into slot c - start of A and AZ,
+    nu into NU, as `_scan_sums` keeps them), and the walk's part of lambda's gradient through the carries into
+    CARRIED (directions, rows)."""
+    row, direction = tl.program_id(0), tl.program_id(1)
     acc = A.dtype.element_ty
     step, qfirst, kfirst, qshift, off_w, start, rate, carry, to_next = _walk_start(
         RATE, row, heads, direction, lq, lk, offset, nq, start0, start1, acc, BLOCK)
@@ -396,24 +374,23 @@ def _states_backward(
     carried = tl.sum(tl.zeros((BLOCK_D,), dtype=acc), 0)
     for back in range(0, nq - start):
         c = nq - 1 - back
-        a_ptr, az_ptr, a_mask, az_mask = _state_tile_ptrs(A, AZ, direction, row, rows, c - start, n_states, d, dv,
-                                                          d0, v0, BLOCK_D, BLOCK_V)
+        a_ptr, az_ptr, a_mask, az_mask = _state_ptrs(A, AZ, direction, row, rows, c - start, n_states, d, dv, BLOCK_D,
+                                                     BLOCK_V)
         tl.store(a_ptr, adjoint, mask=a_mask)
-        first = tl.arange(0, BLOCK_D) * 0 + v0 == 0  # the tiles of the first columns hold the normalisers' part
-        tl.store(az_ptr, adjoint_norm, mask=az_mask & first)
-        tl.store(NU + (direction * rows + row).to(tl.int64) * n_states + c - start, nu, mask=tile == 0)
-        s_ptr, z_ptr, s_mask, z_mask = _state_tile_ptrs(S, Z, direction, row, rows, c - start, n_states, d, dv, d0, v0,
-                                                        BLOCK_D, BLOCK_V)
+        tl.store(az_ptr, adjoint_norm, mask=az_mask)
+        tl.store(NU + (direction * rows + row).to(tl.int64) * n_states + c - start, nu)
+        s_ptr, z_ptr, s_mask, z_mask = _state_ptrs(S, Z, direction, row, rows, c - start, n_states, d, dv, BLOCK_D,
+                                                   BLOCK_V)
         carried += _scaled(tl.sum(tl.sum(adjoint * tl.load(s_ptr, mask=s_mask, other=0.0), 1), 0)
-                           + tl.sum(adjoint_norm * tl.load(z_ptr, mask=z_mask & first, other=0.0), 0), nu)
+                           + tl.sum(adjoint_norm * tl.load(z_ptr, mask=z_mask, other=0.0), 0), nu)
         # G_c = exp(-lambda BLOCK) G_{c+1} + the gradient of L_c from query block c (none for c < 0)
         block, block_norm, mu = _query_sum(Q, DO, OUT, SHIFT, DEN, DELTA, row, heads, lq, direction, c, qfirst, step,
-                                           qshift, from_state, d, dv, d0, v0, sqb, sqh, sql, sgb, sgh, sgl, sob, soh,
-                                           sol, acc, BLOCK, BLOCK_D, BLOCK_V, FULL_V, DOT)
+                                           qshift, from_state, d, dv, sqb, sqh, sql, sgb, sgh, sgl, sob, soh, sol, acc,
+                                           BLOCK, BLOCK_D, BLOCK_V, DOT)
         nu, old, new = _scaled_step(nu, mu, rate * BLOCK)
         adjoint = adjoint * old + block * new
         adjoint_norm = adjoint_norm * old + block_norm * new
-    tl.store(CARRIED + (direction * rows + row) * tl.num_programs(2) + tile, -BLOCK * carry * carried)
+    tl.store(CARRIED + direction * rows + row, -BLOCK * carry * carried)
 
 
 @triton.jit
@@ -433,8 +410,8 @@ def _query_sums(
     if index < nq - start:
         block, block_norm, mu = _query_sum(Q, DO, OUT, SHIFT, DEN, DELTA, row, heads, lq, direction, start + index,
                                            qfirst, step, qshift, tl.exp(-rate * tl.arange(0, BLOCK).to(acc)), d, dv,
-                                           0, 0, sqb, sqh, sql, sgb, sgh, sgl, sob, soh, sol, acc, BLOCK, BLOCK_D,
-                                           BLOCK_V, BLOCK_V, DOT)
+                                           sqb, sqh, sql, sgb, sgh, sgl, sob, soh, sol, acc, BLOCK, BLOCK_D, BLOCK_V,
+                                           DOT)
         tl.store(NU + (direction * rows + row).to(tl.int64) * n_states + index, mu)
         a_ptr, az_ptr, a_mask, az_mask = _state_ptrs(A, AZ, direction, row, rows, index, n_states, d, dv, BLOCK_D,
                                                      BLOCK_V)
@@ -829,16 +806,15 @@ LAUNCH = {"_states": dict(num_warps=8), "_chunk_sums": dict(num_warps=8), "_scan
 # the states by `_chunk_sums` (every chunk at once) and `_scan_sums` (a sequential pass of elementwise work, rows of
 # the states in slices of SCAN_ROWS), and their gradient by `_query_sums` and `_scan_sums`, instead of the walks of
 # `_states` and `_states_backward`, which read every chunk or query block in sequence with one program per
-# batch*head row and direction; the walks took 15-22% less time on an H100 at B=4, H=16 (benchmarks/README.md)
-PARALLEL_WALKS = False
+# batch*head row and direction: True, False, or None for the parallel passes at most PARALLEL_WALK_ROWS rows (few
+# programs walk then). On an H200 (benchmarks/README.md) the parallel passes took 0.52-0.66 of the walks' time at
+# B=1, H=8 (8 rows) and 1.08-1.31 at B=4, H=16 (64 rows); on an H100, 1.15-1.26 at B=4, H=16
+PARALLEL_WALKS = None
+PARALLEL_WALK_ROWS = 8
 SCAN_ROWS = 16
 # the states L_b of forward kept for backward, (directions, B*H, Lq / BLOCK, D, Dv + 1) float32 held from one to the
 # other, instead of recomputed there: one walk fewer, 7-13% less time on an H200 at B=4, H=16 (benchmarks/README.md)
 KEEP_STATES = True
-# rows and columns of the states per program of the sequential walks (`_states`, `_states_backward`), a power of two
-# (at least 16 on a GPU), so that a row's walk runs in (D / WALK_TILE) (Dv / WALK_TILE) programs side by side; None:
-# the whole state in one program per batch*head row and direction
-WALK_TILE = None
 
 
 def fits(horizon: int, dim: int, value_dim: int) -> bool:
@@ -846,12 +822,9 @@ def fits(horizon: int, dim: int, value_dim: int) -> bool:
     return horizon <= MAX_HORIZON and dim <= MAX_DIM and value_dim <= MAX_DIM
 
 
-def _walk_tiles(d: int, dv: int, sizes: dict) -> tuple[int, int, int, int]:
-    """The sequential walks' tiles of the states (`WALK_TILE`): rows and columns per program, and how many tiles
-    across D and across Dv."""
-    tile_d = sizes["BLOCK_D"] if WALK_TILE is None else min(WALK_TILE, sizes["BLOCK_D"])
-    tile_v = sizes["BLOCK_V"] if WALK_TILE is None else min(WALK_TILE, sizes["BLOCK_V"])
-    return tile_d, tile_v, triton.cdiv(d, tile_d), triton.cdiv(dv, tile_v)
+def _parallel_walks(rows: int) -> bool:
+    """Whether the states of `rows` batch*head rows, and their gradient, take the parallel passes (`PARALLEL_WALKS`)."""
+    return rows <= PARALLEL_WALK_ROWS if PARALLEL_WALKS is None else PARALLEL_WALKS
 
 
 def _sizes(horizon: int, d: int, dv: int) -> dict:
@@ -967,13 +940,12 @@ def _walk_adjoints(q, lk: int, rate, states, norms, g, out, shift, den, delta, w
     adjoints, adjoint_norms = states.new_empty(states.shape), norms.new_empty(norms.shape)
     scales = den.new_empty(directions, rows, slots)
     sizes = dict(BLOCK=BLOCK, BLOCK_D=common["BLOCK_D"], BLOCK_V=common["BLOCK_V"])
-    if not PARALLEL_WALKS:
-        tile_d, tile_v, d_tiles, v_tiles = _walk_tiles(d, dv, sizes)
-        carried = den.new_empty(directions, rows, d_tiles * v_tiles)
-        _states_backward[(rows, directions, d_tiles * v_tiles)](
+    if not _parallel_walks(rows):
+        carried = den.new_empty(directions, rows, 1)
+        _states_backward[(rows, directions)](
             q, rate, states, norms, adjoints, adjoint_norms, scales, g, out, shift, den, delta, carried, lq, lk, heads,
-            rows, offset, walk.nq, slots, *walk.starts, d, dv, *_strides(q, g, out), v_tiles, DOT=common["DOT"],
-            **dict(sizes, BLOCK_D=tile_d, BLOCK_V=tile_v, FULL_V=sizes["BLOCK_V"]), **LAUNCH["_states_backward"])
+            rows, offset, walk.nq, slots, *walk.starts, d, dv, *_strides(q, g, out), DOT=common["DOT"], **sizes,
+            **LAUNCH["_states_backward"])
         return adjoints, adjoint_norms, scales, carried
     block_scales = den.new_empty(directions, rows, slots)
     _query_sums[(slots, rows, directions)](
@@ -1002,10 +974,8 @@ def _walk_states(k, v, mask, rate, walk: _Walk, heads: int, lq: int, offset: int
             walk.n_states, *walk.starts, d, dv, *_strides(k, v))
     walk_sizes = dict(HORIZON=horizon, HAS_MASK=mask is not None, BLOCK=BLOCK, BLOCK_D=sizes["BLOCK_D"],
                       BLOCK_V=sizes["BLOCK_V"], DOT=dot)
-    if not PARALLEL_WALKS:
-        tile_d, tile_v, d_tiles, v_tiles = _walk_tiles(d, dv, sizes)
-        _states[(rows, directions, d_tiles * v_tiles)](*args, v_tiles, **dict(walk_sizes, BLOCK_D=tile_d,
-                                                                              BLOCK_V=tile_v), **LAUNCH["_states"])
+    if not _parallel_walks(rows):
+        _states[(rows, directions)](*args, **walk_sizes, **LAUNCH["_states"])
         return states, norms
     _chunk_sums[(walk.n_states, rows, directions)](*args, **walk_sizes, **LAUNCH["_chunk_sums"])
     parts = triton.cdiv(d, SCAN_ROWS)

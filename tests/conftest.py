@@ -53,6 +53,9 @@ def triton_paths(monkeypatch):
             monkeypatch.setattr(ops_local_softmax_triton, name, min(chunk, getattr(ops_local_softmax_triton, name)))
         # the parallel walks' scan in parts of 2 rows of the states, so that small head dimensions take several
         monkeypatch.setattr(ops_local_softmax_triton, "SCAN_ROWS", 2)
+        # the sequential walks, which the op takes beyond PARALLEL_WALK_ROWS batch*head rows, at the tests' few rows
+        # too (test_parallel_walks_equal_the_sequential_walks holds the parallel passes to them)
+        monkeypatch.setattr(ops_local_softmax_triton, "PARALLEL_WALKS", False)
         return used
 
     return use

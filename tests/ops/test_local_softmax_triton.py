@@ -100,6 +100,19 @@ def test_parallel_walks_equal_the_sequential_walks(case, monkeypatch, triton_pat
         torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-13, msg=lambda m: f"{name}: {m}")
 
 
+def test_few_rows_take_the_parallel_walks(monkeypatch):
+    """`PARALLEL_WALKS = None` (the default): the parallel passes for at most PARALLEL_WALK_ROWS batch*head rows,
+    where few programs would walk, the sequential walks beyond; True and False take one path at every size."""
+    from modeling_scaleformer import ops_local_softmax_triton as kernels
+
+    monkeypatch.setattr(kernels, "PARALLEL_WALKS", None)
+    rows = kernels.PARALLEL_WALK_ROWS
+    assert kernels._parallel_walks(1) and kernels._parallel_walks(rows) and not kernels._parallel_walks(rows + 1)
+    for setting in (True, False):
+        monkeypatch.setattr(kernels, "PARALLEL_WALKS", setting)
+        assert kernels._parallel_walks(1) is kernels._parallel_walks(4 * rows) is setting
+
+
 @CAUSAL
 def test_kept_states_give_the_recomputed_gradients(causal, decay_inputs, monkeypatch, triton_paths):
     """`KEEP_STATES`: backward takes forward's states instead of walking the keys again (one walk per call instead of
@@ -119,30 +132,6 @@ def test_kept_states_give_the_recomputed_gradients(causal, decay_inputs, monkeyp
         assert len(walks) == (1 if keep else 2)
     for name, got, expected in zip("out q k v rel decay".split(), *results):
         assert torch.equal(got, expected), name
-
-
-@pytest.mark.parametrize("case", [
-    dict(lq=40, lk=50, offset=5, causal=False), dict(lq=70, lk=30, offset=0, causal=False),
-    dict(lq=37, lk=37, offset=0, causal=True),
-], ids=["offset-5", "lq>lk", "causal"])
-def test_walk_tiles_give_the_whole_states_result(case, decay_inputs, monkeypatch, triton_paths):
-    """`WALK_TILE`: the sequential walks in tiles of 2 rows and columns of the states (D = 4 in two tiles, Dv = 5 in
-    three, the last one column wide) give the output and gradients of one program per row (blocks of 16, padded
-    keys), with forward's states recomputed in backward or kept for it (`KEEP_STATES`)."""
-    from modeling_scaleformer import ops_local_softmax_triton as kernels
-
-    triton_paths(16)
-    inputs = decay_inputs(b=2, h=3, lq=case["lq"], lk=case["lk"], d=4, dv=5, mask="padding")
-    results = []
-    for tile, keep in ((2, False), (2, True), (None, False)):
-        monkeypatch.setattr(kernels, "WALK_TILE", tile)
-        monkeypatch.setattr(kernels, "KEEP_STATES", keep)
-        assert kernels._walk_tiles(4, 5, kernels._sizes(3, 4, 5))[2:] == ((2, 3) if tile else (1, 1))
-        results.append(output_and_gradients(inputs[:5], causal=case["causal"], key_mask=inputs[5],
-                                            query_offset=case["offset"]))
-    for result in results[:2]:
-        for name, got, expected in zip("out q k v rel decay".split(), result, results[2]):
-            torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-13, msg=lambda m: f"{name}: {m}")
 
 
 @CAUSAL
@@ -284,16 +273,17 @@ def test_auto_mode_takes_the_kernels_at_any_length(causal, decay_inputs, triton_
 
 
 def test_sizes_beyond_the_kernels_take_the_pytorch_path():
-    """The kernels take h <= 31 and D, Dv <= 64 (the tile sizes checked on a GPU); beyond, the op on CUDA picks the
+    """The kernels take h <= 63 and D, Dv <= 64 (the tile sizes checked on a GPU); beyond, the op on CUDA picks the
     PyTorch path, and the kernels' entry point refuses them by name."""
     from modeling_scaleformer.ops_local_softmax_triton import local_softmax_decay
 
     cuda = torch.device("cuda")
-    assert ops_local_softmax._attention_function(cuda, 31, 64, 64).__name__ == "local_softmax_decay"
-    for sizes in ((32, 64, 64), (16, 65, 64), (16, 64, 65)):
+    for sizes in ((63, 64, 64), (32, 64, 64)):  # the base configuration's horizon is 32
+        assert ops_local_softmax._attention_function(cuda, *sizes).__name__ == "local_softmax_decay"
+    for sizes in ((64, 64, 64), (16, 65, 64), (16, 64, 65)):
         assert ops_local_softmax._attention_function(cuda, *sizes) is None
     q = torch.zeros(1, 1, 4, 65)
-    with pytest.raises(ValueError, match=r"h <= 31 and D, Dv <= 64, got h=3, D=65, Dv=65"):
+    with pytest.raises(ValueError, match=r"h <= 63 and D, Dv <= 64, got h=3, D=65, Dv=65"):
         local_softmax_decay(q, q, q, None, torch.zeros(1), causal=True, key_mask=None, query_offset=0, horizon=3)
 
 

@@ -114,12 +114,8 @@ def test_attention_kernels_lower(shape, options, causal, dtype):
         lower(kernels._scan_sums, kernel_dtype, REVERSE=reverse, **scan)
     lower(kernels._query_sums, kernel_dtype, operands, operand_names=INPUTS,
           **{key: common[key] for key in ("BLOCK", "BLOCK_D", "BLOCK_V", "DOT")})
-    lower(kernels._states_backward, kernel_dtype, operands, operand_names=INPUTS, FULL_V=sizes["BLOCK_V"],
+    lower(kernels._states_backward, kernel_dtype, operands, operand_names=INPUTS,
           **{key: common[key] for key in ("BLOCK", "BLOCK_D", "BLOCK_V", "DOT")})
-    # the walks in tiles of 16 rows and columns of the states (WALK_TILE)
-    lower(kernels._states, kernel_dtype, operands, operand_names=INPUTS, **dict(common, BLOCK_D=16, BLOCK_V=16))
-    lower(kernels._states_backward, kernel_dtype, operands, operand_names=INPUTS, FULL_V=sizes["BLOCK_V"],
-          **dict({key: common[key] for key in ("BLOCK", "DOT")}, BLOCK_D=16, BLOCK_V=16))
     for kernel in (kernels._forward, kernels._backward_queries):
         lower(kernel, kernel_dtype, operands, operand_names=INPUTS, CAUSAL=causal, **options, **sizes,
               **{key: common[key] for key in ("HORIZON", "DOT")})
@@ -142,12 +138,8 @@ def test_attention_kernels_assemble_for_sm90(causal):
     tiles = dict(sizes, HORIZON=16, CAUSAL=causal, HAS_MASK=True, HAS_TABLE=True, DOT="tf32")
     scan = dict(BLOCK=sizes["BLOCK"], BLOCK_SD=kernels.SCAN_ROWS, BLOCK_V=sizes["BLOCK_V"])
     queries = {key: walk[key] for key in ("BLOCK", "BLOCK_D", "BLOCK_V", "DOT")}
-    walk_tiles = dict(BLOCK_D=16, BLOCK_V=16)  # WALK_TILE = 16
-    for name, constexprs in (("_states", walk), ("_states", dict(walk, **walk_tiles)), ("_chunk_sums", walk),
-                             ("_scan_sums", dict(scan, REVERSE=True)), ("_query_sums", queries),
-                             ("_states_backward", dict(queries, FULL_V=sizes["BLOCK_V"])),
-                             ("_states_backward", dict(queries, FULL_V=sizes["BLOCK_V"], **walk_tiles)),
-                             ("_forward", tiles),
+    for name, constexprs in (("_states", walk), ("_chunk_sums", walk), ("_scan_sums", dict(scan, REVERSE=True)),
+                             ("_query_sums", queries), ("_states_backward", queries), ("_forward", tiles),
                              ("_backward_queries", tiles),
                              ("_backward_keys", dict(walk, CAUSAL=causal, HAS_TABLE=True, BLOCK_K=kernels.KEY_BLOCK,
                                                      BLOCK_R=sizes["BLOCK_R"]))):
