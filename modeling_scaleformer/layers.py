@@ -180,9 +180,16 @@ class ScaleformerAttention(nn.Module):
         if not (self.is_cross_attention and state is not None and state.cross_summary is not None):
             k, v = self._heads(project(key_proj, source)), self._heads(project(value_proj, source))
             key_mask = self._drop_keys(key_mask, source.shape[0], k.shape[2], k.device)
+        attend = self._attend if self._traced(q, k, state) else self._attend_eagerly
         # the ops accumulate half precision in float32 themselves: autocast must not downcast inside them
         with torch.autocast(device_type=q.device.type, enabled=False):
-            return self._attend(q, k, v, key_mask, state, query_offset)
+            return attend(q, k, v, key_mask, state, query_offset)
+
+    def _traced(self, q: Tensor, k: Tensor | None, state) -> bool:
+        """Whether torch.compile may trace this call's attention: its op is one operator on q's device
+        (`AttentionVariant.traced`), with no generation state to fill or continue."""
+        return (state is None and k is not None and self.mode != "naive" and self.variant.traced is not None
+                and self.variant.traced(q.device, self.parameter_specs, self.head_dim))
 
     def finish(self, out: Tensor, hidden_states: Tensor | TokenRows) -> Tensor:
         """The output (B, L, d_model) from the attention `out` (B, H, L, D) of the queries of `hidden_states`."""
@@ -194,9 +201,6 @@ class ScaleformerAttention(nn.Module):
             out = out * nn.functional.silu(project(self.g_proj, hidden_states))
         return self.o_proj(out)
 
-    # Under torch.compile the ops run as they are: tracing them would compile their Python loops over blocks and
-    # chunks (and launch sites of their Triton kernels) once per shape, for little gain.
-    @torch.compiler.disable
     def _attend(self, q, k, v, key_mask, state, query_offset: int) -> Tensor:
         variant, params = self.variant, self._variant_parameters(q.dtype)
         k = None if k is None else k.to(q.dtype)
@@ -217,6 +221,10 @@ class ScaleformerAttention(nn.Module):
         return variant.attention(
             q, k, v, params, causal=self.is_causal, key_mask=key_mask, query_offset=0, mode=self.mode
         )
+
+    # `_attend` where torch.compile must not trace it (`_traced`): the ops run as they are, since tracing them would
+    # compile their Python loops over blocks and chunks (and launch sites of their Triton kernels) once per shape
+    _attend_eagerly = torch.compiler.disable(_attend)
 
 
 class ScaleformerFeedForward(nn.Module):

@@ -202,6 +202,13 @@ def _attention_function(device: torch.device, horizon: int, dim: int, value_dim:
     return _triton_entry(device, "local_softmax_decay") if fits is not None and fits(horizon, dim, value_dim) else None
 
 
+def local_softmax_decay_is_operator(device: torch.device, horizon: int, dim: int, value_dim: int) -> bool:
+    """Whether `local_softmax_decay_attention` (linear or auto mode) runs on `device` as `torch.library` operators
+    (the Triton kernels' forward and backward, `_attention_function`), which torch.compile can trace a model around
+    instead of compiling the PyTorch path's loops over blocks and chunks."""
+    return _attention_function(device, horizon, dim, value_dim) is not None
+
+
 def _decode_function(device: torch.device):
     """The one-token decoding step's kernel for `device` (`ops_local_softmax_triton.decode_step`), or None (the
     step then runs in PyTorch)."""
@@ -420,6 +427,7 @@ __all__ = [
     "local_softmax_decay_cross_step",
     "local_softmax_decay_attention",
     "local_softmax_decay_initial_state",
+    "local_softmax_decay_is_operator",
     "local_softmax_decay_prefill_state",
     "local_softmax_decay_step",
 ]

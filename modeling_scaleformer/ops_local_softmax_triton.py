@@ -1,7 +1,7 @@
 """Triton kernels of the default attention (`ops_local_softmax.local_softmax_decay_attention`) and of its decoding
 steps, for CUDA.
 
-`TritonLocalSoftmaxDecay` computes the whole linear path, band and decayed tails under one row normaliser, with
+`local_softmax_decay` computes the whole linear path, band and decayed tails under one row normaliser, with
 the PyTorch path (`ops_local_softmax._LocalSoftmaxBand` beside `ops_decay.decayed_tails`) as the CPU path and the
 reference. For query block b (BLOCK queries i, p_i = i + offset), its window is the BLOCK + 2h keys j = s_b ..
 s_b + BLOCK + 2h - 1, s_b = b BLOCK + offset - h, and every key before the window is beyond the band of every query
@@ -40,7 +40,10 @@ kernels, laid out like flash-linear-attention's chunk kernels:
 lambda's gradient is a sum of local terms (offsets within a block or a window, BLOCK for each carry), never a
 product of absolute positions. q, k, v, the table and the output stay in the inputs' dtype (read with their
 strides; the output is laid out (B, Lq, H, Dv), so that merging the heads is a view); 16-bit operands are
-multiplied as they are, while features, weights, states and sums are fp32 (fp64 for fp64 inputs).
+multiplied as they are, while features, weights, states and sums are fp32 (fp64 for fp64 inputs). Forward and
+backward are two `torch.library` operators (`_forward_op`, `_backward_op`, tied by `register_autograd`, each
+with a fake implementation that gives its outputs' shapes), so that torch.compile traces a model around them
+rather than stopping at them.
 
 Generation has two more kernels, without backward, each one launch per layer and token where PyTorch takes some
 forty to fifty small operations: `_decode_step` (`decode_step`), the self-attention step of one token on the
@@ -53,6 +56,7 @@ an optional dependency: it is loaded only for CUDA tensors (or by tests under TR
 from __future__ import annotations
 
 import math
+import re
 from typing import NamedTuple
 
 import torch
@@ -66,6 +70,11 @@ except ImportError as error:  # optional (the `gpu` extra): `ops_local_softmax` 
 
 from .ops_common import compute_dtype
 from .ops_decay_triton import dot_precision
+
+
+# the namespace of this module's operators (torch.library), one per name the module is imported under: a copy
+# loaded as remote code (`trust_remote_code=True`) beside the installed package registers operators of its own
+LIBRARY = "scaleformer_" + re.sub(r"\W", "_", __name__)
 
 
 @triton.jit
@@ -859,74 +868,144 @@ def _strides(*tensors: torch.Tensor) -> list[int]:
     return [s for t in tensors for s in t.stride()[:3]]
 
 
-class TritonLocalSoftmaxDecay(torch.autograd.Function):
-    """`ops_local_softmax.local_softmax_decay_attention` (linear path) in Triton kernels, see the module
-    docstring: q (B, H, Lq, D), k (B, H, Lk, D), v (B, H, Lk, Dv) in one dtype, read with their strides; the table
-    (H, 2h+1, D) in that dtype or None; decay (H,); the key mask (B, Lk) or None. Returns (B, H, Lq, Dv) in q's
-    dtype, stored as (B, Lq, H, Dv) (so that merging the heads is a view)."""
+def _layouts(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """q, k and v as the kernels read them: with their strides, unless their last dimension is strided."""
+    return tuple(x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
 
-    @staticmethod
-    def forward(ctx, q, k, v, table, decay, key_mask, causal: bool, offset: int, horizon: int, dot: str):
-        q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
-        b, heads, lq, d = q.shape
-        lk, dv = k.shape[2], v.shape[-1]
-        acc = compute_dtype(q.dtype)
-        mask = None if key_mask is None else key_mask.to(acc).contiguous()
-        rate = decay.to(acc).contiguous()
-        walk = _Walk.of(lq, lk, offset, horizon, causal)
+
+def _output_buffers(q: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The forward op's outputs but the states, empty: out (B, H, Lq, Dv) in q's dtype, stored as (B, Lq, H, Dv) (so
+    that merging the heads is a view), and the row shift and normaliser (B*H, Lq)."""
+    b, heads, lq, _ = q.shape
+    out = q.new_empty(b, lq, heads, v.shape[-1]).transpose(1, 2)
+    shift, den = (q.new_empty(b * heads, lq, dtype=compute_dtype(q.dtype)) for _ in range(2))
+    return out, shift, den
+
+
+@torch.library.custom_op(f"{LIBRARY}::local_softmax_decay_forward", mutates_args=())
+def _forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, table: torch.Tensor | None, decay: torch.Tensor,
+                key_mask: torch.Tensor | None, causal: bool, offset: int, horizon: int,
+                dot: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The kernels' forward, an operator of its own (opaque to torch.compile, which traces the model around it):
+    the output, the row shift and normaliser, and the states kept for backward (`KEEP_STATES`; else empty)."""
+    q, k, v = _layouts(q, k, v)
+    b, heads, lq, d = q.shape
+    lk, dv = k.shape[2], v.shape[-1]
+    acc = compute_dtype(q.dtype)
+    mask = None if key_mask is None else key_mask.to(acc).contiguous()
+    rate = decay.to(acc).contiguous()
+    walk = _Walk.of(lq, lk, offset, horizon, causal)
+    states, norms = _walk_states(k, v, mask, rate, walk, heads, lq, offset, horizon, causal, dot)
+    out, shift, den = _output_buffers(q, v)
+    _forward[(walk.nq, b * heads)](
+        q, k, v, k if mask is None else mask, q if table is None else table, rate, states, norms, out, shift, den,
+        lq, lk, heads, b * heads, offset, walk.nq, walk.n_states, *walk.starts, d, dv, *_strides(q, k, v, out),
+        1.0 / math.sqrt(d), HORIZON=horizon, CAUSAL=causal, HAS_MASK=mask is not None, HAS_TABLE=table is not None,
+        DOT=dot, **_sizes(horizon, d, dv), **LAUNCH["_forward"])
+    if not KEEP_STATES:
+        return out, shift, den, q.new_empty(0, dtype=acc), q.new_empty(0, dtype=acc)
+    for direction, start in enumerate(walk.starts[:states.shape[0]]):
+        if walk.nq - start < walk.n_states:  # the slots this direction's walk leaves: zeros, not what memory held
+            states[direction, :, walk.nq - start:] = 0
+            norms[direction, :, walk.nq - start:] = 0
+    return out, shift, den, states, norms
+
+
+@_forward_op.register_fake
+def _(q, k, v, table, decay, key_mask, causal, offset, horizon, dot):
+    q, k, v = _layouts(q, k, v)
+    b, heads, lq, d = q.shape
+    acc = compute_dtype(q.dtype)
+    if not KEEP_STATES:
+        return *_output_buffers(q, v), q.new_empty(0, dtype=acc), q.new_empty(0, dtype=acc)
+    n_states, directions = _Walk.of(lq, k.shape[2], offset, horizon, causal).n_states, 1 if causal else 2
+    return (*_output_buffers(q, v), q.new_empty(directions, b * heads, n_states, d, v.shape[-1], dtype=acc),
+            q.new_empty(directions, b * heads, n_states, d, dtype=acc))
+
+
+def _gradient_buffers(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, table: torch.Tensor | None,
+                      horizon: int) -> tuple[torch.Tensor, ...]:
+    """The backward op's outputs, empty: dq, dk, dv written with strides of their own (`empty_like` keeps an input's
+    layout where it is dense, and is contiguous where the input is a slice of a larger tensor or expanded over heads,
+    stride 0), the table's gradient (H, 2h+1, D) (or empty) and the decay rates' (H,), in float32 or float64."""
+    q, k, v = _layouts(q, k, v)
+    heads, d = q.shape[1], q.shape[-1]
+    acc = compute_dtype(q.dtype)
+    dtable = q.new_empty(0, dtype=acc) if table is None else q.new_empty(heads, 2 * horizon + 1, d, dtype=acc)
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dtable, q.new_empty(heads, dtype=acc)
+
+
+@torch.library.custom_op(f"{LIBRARY}::local_softmax_decay_backward", mutates_args=())
+def _backward_op(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 table: torch.Tensor | None, decay: torch.Tensor, key_mask: torch.Tensor | None, out: torch.Tensor,
+                 shift: torch.Tensor, den: torch.Tensor, states: torch.Tensor, norms: torch.Tensor, causal: bool,
+                 offset: int, horizon: int,
+                 dot: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The kernels' backward, an operator of its own: dq, dk, dv, the table's gradient (empty
+    without a table) and the decay rates' (in float32, or float64), from forward's inputs and outputs (its states
+    recomputed where they were not kept, `states` empty)."""
+    q, k, v = _layouts(q, k, v)
+    g = grad_out if grad_out.stride(-1) == 1 else grad_out.contiguous()
+    b, heads, lq, d = q.shape
+    lk, dv = k.shape[2], v.shape[-1]
+    rows = b * heads
+    acc = compute_dtype(q.dtype)
+    mask = None if key_mask is None else key_mask.to(acc).contiguous()
+    rate = decay.to(acc).contiguous()
+    walk = _Walk.of(lq, lk, offset, horizon, causal)
+    if states.numel() == 0:
         states, norms = _walk_states(k, v, mask, rate, walk, heads, lq, offset, horizon, causal, dot)
-        out = q.new_empty(b, lq, heads, dv).transpose(1, 2)
-        shift, den = (q.new_empty(b * heads, lq, dtype=acc) for _ in range(2))
-        _forward[(walk.nq, b * heads)](
-            q, k, v, k if mask is None else mask, q if table is None else table, rate, states, norms, out, shift, den,
-            lq, lk, heads, b * heads, offset, walk.nq, walk.n_states, *walk.starts, d, dv, *_strides(q, k, v, out),
-            1.0 / math.sqrt(d), HORIZON=horizon, CAUSAL=causal, HAS_MASK=mask is not None, HAS_TABLE=table is not None,
-            DOT=dot, **_sizes(horizon, d, dv), **LAUNCH["_forward"])
-        ctx.save_for_backward(q, k, v, table, rate, mask, out, shift, den,
-                              *((states, norms) if KEEP_STATES else (None, None)))
-        ctx.call = (causal, offset, horizon, dot, walk, decay.dtype)
-        return out
+    delta = torch.empty_like(den)
+    sizes = _sizes(horizon, d, dv)
+    mask_arg = k if mask is None else mask
+    common = dict(HORIZON=horizon, HAS_MASK=mask is not None, DOT=dot, BLOCK=BLOCK, BLOCK_D=sizes["BLOCK_D"],
+                  BLOCK_V=sizes["BLOCK_V"])
+    adjoints, adjoint_norms, scales, grad_rate_walk = _walk_adjoints(q, lk, rate, states, norms, g, out, shift, den,
+                                                                     delta, walk, heads, offset, common)
+    dq, dk, dv_, grad_table, grad_rate = _gradient_buffers(q, k, v, table, horizon)
+    dtable = None if table is None else den.new_empty(rows, walk.nq, 2 * horizon + 1, d)
+    grad_rate_queries = den.new_empty(rows, walk.nq)
+    scale = 1.0 / math.sqrt(d)
+    _backward_queries[(walk.nq, rows)](
+        q, k, v, mask_arg, q if table is None else table, rate, states, norms, g, shift, den, delta, dq,
+        den if dtable is None else dtable, grad_rate_queries, lq, lk, heads, rows, offset, walk.nq, walk.n_states,
+        *walk.starts, d, dv, *_strides(q, k, v, g, dq), scale, CAUSAL=causal, HAS_TABLE=table is not None, **sizes,
+        **{key: common[key] for key in ("HORIZON", "HAS_MASK", "DOT")}, **LAUNCH["_backward_queries"])
+    key_blocks = triton.cdiv(lk, KEY_BLOCK)
+    grad_rate_keys = den.new_empty(rows, key_blocks)
+    _backward_keys[(key_blocks, rows)](
+        q, k, v, mask_arg, q if table is None else table, rate, adjoints, adjoint_norms, scales, g, shift, den,
+        delta, dk, dv_, grad_rate_keys, lq, lk, heads, rows, offset, walk.nq, walk.n_states, *walk.starts, d, dv,
+        *_strides(q, k, v, g, dk, dv_), scale, CAUSAL=causal, HAS_TABLE=table is not None, BLOCK_K=KEY_BLOCK,
+        BLOCK_R=sizes["BLOCK_R"], **common, **LAUNCH["_backward_keys"])
+    torch.sum((grad_rate_walk.flatten(2).sum(2).sum(0) + grad_rate_queries.sum(1)
+               + grad_rate_keys.sum(1)).view(b, heads), 0, out=grad_rate)
+    if dtable is not None:
+        torch.sum(dtable.sum(1).view(b, heads, -1, d), 0, out=grad_table)
+    return dq, dk, dv_, grad_table, grad_rate
 
-    @staticmethod
-    def backward(ctx, grad_out):
-        q, k, v, table, rate, mask, out, shift, den, states, norms = ctx.saved_tensors
-        causal, offset, horizon, dot, walk, decay_dtype = ctx.call
-        g = grad_out if grad_out.stride(-1) == 1 else grad_out.contiguous()
-        b, heads, lq, d = q.shape
-        lk, dv = k.shape[2], v.shape[-1]
-        rows = b * heads
-        if states is None:
-            states, norms = _walk_states(k, v, mask, rate, walk, heads, lq, offset, horizon, causal, dot)
-        delta = torch.empty_like(den)
-        sizes = _sizes(horizon, d, dv)
-        mask_arg = k if mask is None else mask
-        common = dict(HORIZON=horizon, HAS_MASK=mask is not None, DOT=dot, BLOCK=BLOCK, BLOCK_D=sizes["BLOCK_D"],
-                      BLOCK_V=sizes["BLOCK_V"])
-        adjoints, adjoint_norms, scales, grad_rate_walk = _walk_adjoints(q, lk, rate, states, norms, g, out, shift,
-                                                                         den, delta, walk, heads, offset, common)
-        # the gradients written with strides of their own: empty_like keeps an input's layout where it is dense, and
-        # is contiguous where the input is a slice of a larger tensor or expanded over heads (stride 0)
-        dq = torch.empty_like(q)
-        dtable = None if table is None else den.new_empty(rows, walk.nq, 2 * horizon + 1, d)
-        grad_rate_queries = den.new_empty(rows, walk.nq)
-        scale = 1.0 / math.sqrt(d)
-        _backward_queries[(walk.nq, rows)](
-            q, k, v, mask_arg, q if table is None else table, rate, states, norms, g, shift, den, delta, dq,
-            den if dtable is None else dtable, grad_rate_queries, lq, lk, heads, rows, offset, walk.nq, walk.n_states,
-            *walk.starts, d, dv, *_strides(q, k, v, g, dq), scale, CAUSAL=causal, HAS_TABLE=table is not None, **sizes,
-            **{key: common[key] for key in ("HORIZON", "HAS_MASK", "DOT")}, **LAUNCH["_backward_queries"])
-        dk, dv_ = torch.empty_like(k), torch.empty_like(v)
-        key_blocks = triton.cdiv(lk, KEY_BLOCK)
-        grad_rate_keys = den.new_empty(rows, key_blocks)
-        _backward_keys[(key_blocks, rows)](
-            q, k, v, mask_arg, q if table is None else table, rate, adjoints, adjoint_norms, scales, g, shift, den,
-            delta, dk, dv_, grad_rate_keys, lq, lk, heads, rows, offset, walk.nq, walk.n_states, *walk.starts, d, dv,
-            *_strides(q, k, v, g, dk, dv_), scale, CAUSAL=causal, HAS_TABLE=table is not None, BLOCK_K=KEY_BLOCK,
-            BLOCK_R=sizes["BLOCK_R"], **common, **LAUNCH["_backward_keys"])
-        grad_rate = (grad_rate_walk.flatten(2).sum(2).sum(0) + grad_rate_queries.sum(1)
-                     + grad_rate_keys.sum(1)).view(b, heads).sum(0).to(decay_dtype)
-        grad_table = None if table is None else dtable.sum(1).view(b, heads, -1, d).sum(0).to(table.dtype)
-        return dq, dk, dv_, grad_table, grad_rate, None, None, None, None, None
+
+@_backward_op.register_fake
+def _(grad_out, q, k, v, table, decay, key_mask, out, shift, den, states, norms, causal, offset, horizon, dot):
+    return _gradient_buffers(q, k, v, table, horizon)
+
+
+def _save_for_backward(ctx, inputs, output):
+    q, k, v, table, decay, key_mask, causal, offset, horizon, dot = inputs
+    out, shift, den, states, norms = output
+    ctx.save_for_backward(q, k, v, table, decay, key_mask, out, shift, den, states, norms)
+    ctx.call = (causal, offset, horizon, dot)
+
+
+def _backward(ctx, grad_out, *_):
+    q, k, v, table, decay, key_mask, out, shift, den, states, norms = ctx.saved_tensors
+    dq, dk, dv, grad_table, grad_rate = _backward_op(grad_out, q, k, v, table, decay, key_mask, out, shift, den,
+                                                     states, norms, *ctx.call)
+    grad_table = None if table is None else grad_table.to(table.dtype)
+    return dq, dk, dv, grad_table, grad_rate.to(decay.dtype), None, None, None, None, None
+
+
+_forward_op.register_autograd(_backward, setup_context=_save_for_backward)
 
 
 def _walk_adjoints(q, lk: int, rate, states, norms, g, out, shift, den, delta, walk: _Walk, heads: int, offset: int,
@@ -988,7 +1067,7 @@ def _walk_states(k, v, mask, rate, walk: _Walk, heads: int, lq: int, offset: int
 def local_softmax_decay(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, table: torch.Tensor | None,
                         decay: torch.Tensor, *, causal: bool, key_mask: torch.Tensor | None, query_offset: int,
                         horizon: int) -> torch.Tensor:
-    """The linear path of `ops_local_softmax.local_softmax_decay_attention` on CUDA (`TritonLocalSoftmaxDecay`), for
+    """The linear path of `ops_local_softmax.local_softmax_decay_attention` on CUDA (`_forward_op`), for
     inputs that `fits` takes; `table` is the per-head table (H, 2h+1, D) in q's dtype or None."""
     if not fits(horizon, q.shape[-1], v.shape[-1]):
         raise ValueError(f"the Triton kernels take h <= {MAX_HORIZON} and D, Dv <= {MAX_DIM}, got h={horizon}, "
@@ -996,7 +1075,7 @@ def local_softmax_decay(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, table
     acc = compute_dtype(q.dtype)
     dot = dot_precision(acc, half_inputs=acc != q.dtype)
     table = None if table is None else table.contiguous()
-    return TritonLocalSoftmaxDecay.apply(q, k, v, table, decay, key_mask, causal, query_offset, horizon, dot)
+    return _forward_op(q, k, v, table, decay, key_mask, causal, query_offset, horizon, dot)[0]
 
 
 @triton.jit
@@ -1155,4 +1234,4 @@ def cross_decode(q, keys, values, table, rate, query_offset: int, horizon: int):
     return out
 
 
-__all__ = ["TritonLocalSoftmaxDecay", "cross_decode", "decode_step", "fits", "local_softmax_decay"]
+__all__ = ["cross_decode", "decode_step", "fits", "local_softmax_decay"]

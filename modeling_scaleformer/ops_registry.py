@@ -45,6 +45,7 @@ from .ops_decay import (
 from .ops_local_softmax import (
     local_softmax_decay_attention,
     local_softmax_decay_cross_step,
+    local_softmax_decay_is_operator,
     local_softmax_decay_prefill_state,
     local_softmax_decay_step,
 )
@@ -131,6 +132,10 @@ class AttentionVariant(NamedTuple):
             puts a per-head RMSNorm and a SiLU output gate on its output.
         feature_maps: the feature maps phi of its kernelized scores that `config.feature_map` may choose
             (keys of `ops_common.FEATURE_MAPS`); the first is the default.
+        traced: `(device, parameter specs, head_dim) -> bool`, whether `attention` (linear or auto mode, no
+            generation state) runs as `torch.library` operators there, which torch.compile traces the model
+            around; elsewhere (None: everywhere) `ScaleformerAttention` keeps the op from torch.compile, which
+            would compile its Python loops over blocks and chunks once per shape.
     """
 
     parameters: Callable[[int, int, int, bool], dict[str, ParameterSpec]]
@@ -147,6 +152,7 @@ class AttentionVariant(NamedTuple):
     cross_attention_rpe: bool
     normalised: bool = True
     feature_maps: tuple[str, ...] = ("elu",)
+    traced: Callable[[torch.device, dict[str, ParameterSpec], int], bool] | None = None
 
 
 # `config.attention_mode` -> the ops' `mode`: the linear variants have both algorithms, the softmax
@@ -385,6 +391,11 @@ def local_softmax_decay_forward(q, k, v, params, *, causal, key_mask, query_offs
     )
 
 
+def local_softmax_decay_traced(device: torch.device, specs: dict[str, ParameterSpec], head_dim: int) -> bool:
+    """Whether the attention is the Triton kernels' operators on `device` (CUDA, sizes they take)."""
+    return local_softmax_decay_is_operator(device, (specs["rel"].shape[1] - 1) // 2, head_dim, head_dim)
+
+
 def local_softmax_decay_prefill(k, v, params, *, key_mask):
     return local_softmax_decay_prefill_state(k, v, _decay_rates(params), horizon=horizon_of(_rel(params)), key_mask=key_mask)
 
@@ -403,7 +414,7 @@ LOCAL_SOFTMAX_DECAY = AttentionVariant(
     softmax=False, modes=LINEAR_MODES, constant_state=True, rpe_shareable=True, cross_attention_rpe=True,
     parameters=decay_parameters, attention=local_softmax_decay_forward, prefill_state=local_softmax_decay_prefill,
     step=local_softmax_decay_decode, cross_summary=kernelized_decay_cross_prefill,
-    cross_step=local_softmax_decay_cross_decode,
+    cross_step=local_softmax_decay_cross_decode, traced=local_softmax_decay_traced,
 )
 
 

@@ -175,14 +175,19 @@ def test_classifier_starts_from_an_encoder_decoder_checkpoint(tiny_config, batch
 
 
 def test_torch_compile_matches_eager_and_leaves_the_ops_alone(tiny_config, batch, monkeypatch):
-    """`torch.compile(model)` (not fullgraph) gives eager's logits and loss, and runs the attention ops eagerly
-    rather than tracing them (their Python loops over blocks and chunks would be compiled once per shape)."""
+    """`torch.compile(model)` (not fullgraph) gives eager's logits and loss, and runs the attention ops eagerly on
+    CPU rather than tracing them (their Python loops over blocks and chunks would be compiled once per shape; on
+    CUDA the default attention's kernels are operators that it traces to, tests/models/test_triton_paths.py)."""
     from modeling_scaleformer import ops_local_softmax
 
     compiling = []
-    choose = ops_local_softmax._attention_function
-    monkeypatch.setattr(ops_local_softmax, "_attention_function",
-                        lambda *args: compiling.append(torch.compiler.is_compiling()) or choose(*args))
+    chunk = ops_local_softmax.chunk_local_softmax_decay_attention
+
+    def recorded(*args, **kwargs):
+        compiling.append(torch.compiler.is_compiling())
+        return chunk(*args, **kwargs)
+
+    monkeypatch.setattr(ops_local_softmax, "chunk_local_softmax_decay_attention", recorded)
     model = build(tiny_config, ScaleformerForConditionalGeneration, attention_mode="linear").eval()
     inputs = inputs_for(batch, ScaleformerForConditionalGeneration, labels=True)
     eager = model(**inputs)

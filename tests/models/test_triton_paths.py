@@ -54,3 +54,34 @@ def test_generate_on_triton_paths(kwargs, tiny_config, batch, triton_paths):
     got = model.generate(src, attention_mask=mask, max_new_tokens=6, **kwargs)
     assert used >= {"decode_step", "cross_decode"}
     assert torch.equal(got, expected)
+
+
+def test_torch_compile_traces_the_kernels_operators(tiny_config, batch, triton_paths, monkeypatch):
+    """`torch.compile(model)` traces the default attention's layers down to the kernels' operators, the count block's
+    attention (another type, the PyTorch path) runs outside the graph, and the compiled loss and every gradient equal
+    eager's (AOT autograd, so that the operators' autograd and fake implementations are traced)."""
+    from modeling_scaleformer.layers import ScaleformerAttention
+
+    model = models(tiny_config)
+    src, mask = batch(b=3, ls=50, padding="right")
+    labels, _ = batch(b=3, ls=16, seed=5)
+    triton_paths()
+    eager_calls = []
+    attend_eagerly = ScaleformerAttention._attend_eagerly
+    monkeypatch.setattr(ScaleformerAttention, "_attend_eagerly", torch.compiler.disable(
+        lambda self, *args: eager_calls.append(self.attention_type) or attend_eagerly(self, *args)))
+    results = []
+    for compiled in (False, True):
+        model.zero_grad()
+        torch._dynamo.reset()
+        out = (torch.compile(model, backend="aot_eager") if compiled else model)(
+            input_ids=src, attention_mask=mask, labels=labels)
+        out.loss.backward()
+        results.append((out.loss.detach(), {name: p.grad.clone() for name, p in model.named_parameters()}))
+    count_block = [m.attention_type for m in model.modules()
+                   if isinstance(m, ScaleformerAttention) and m.attention_type != "local_softmax_decay"]
+    assert count_block and sorted(eager_calls) == sorted(count_block * 2)  # each run: the count block only
+    (loss, grads), (expected_loss, expected_grads) = results[1], results[0]
+    torch.testing.assert_close(loss, expected_loss, rtol=1e-12, atol=1e-12)
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, expected_grads[name], rtol=1e-10, atol=1e-12, msg=lambda m: f"{name}: {m}")
