@@ -3,6 +3,8 @@ at small shapes (float64, against the quadratic reference and the PyTorch paths,
 CUDA at real shapes (`gpu` marker, skipped without a device)."""
 
 import os
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -125,6 +127,28 @@ def test_kernels_operator_passes_opcheck(case, monkeypatch, triton_paths):
     inputs = [x.requires_grad_() if x is not None else None for x in (q, k, v, table, decay)]
     args = (*inputs, key_mask, case["causal"], 5, 3, "ieee")
     assert set(torch.library.opcheck(kernels._forward_op, args).values()) == {"SUCCESS"}
+
+
+def test_a_copy_of_the_module_registers_operators_of_its_own():
+    """The kernels' module loaded a second time under another name, as `trust_remote_code=True` loads a saved
+    folder's copy beside the installed package, registers its operators in a namespace of its own (the same names
+    twice would fail at import), and they run. The copy stays imported: its operators stay registered."""
+    import importlib
+    import types
+
+    from modeling_scaleformer import ops_local_softmax_triton as installed
+
+    folder = types.ModuleType("remote_copy_of_scaleformer")
+    folder.__path__ = [str(Path(installed.__file__).parent)]
+    sys.modules.setdefault(folder.__name__, folder)
+    copy = importlib.import_module(f"{folder.__name__}.ops_local_softmax_triton")
+    assert copy.LIBRARY != installed.LIBRARY and copy._forward_op is not installed._forward_op
+    q = torch.randn(1, 2, 20, 4, dtype=F64)
+    rate = torch.tensor([0.1, 0.5], dtype=F64)
+    got = copy.local_softmax_decay(q, q, q, None, rate, causal=True, key_mask=None, query_offset=0, horizon=2)
+    expected = installed.local_softmax_decay(q, q, q, None, rate, causal=True, key_mask=None, query_offset=0,
+                                             horizon=2)
+    assert torch.equal(got, expected)
 
 
 def test_few_rows_take_the_parallel_walks(monkeypatch):
