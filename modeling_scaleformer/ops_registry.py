@@ -41,6 +41,7 @@ from .ops_decay import (
     kernelized_sum_attention,
     kernelized_sum_cross_step,
     kernelized_sum_cross_summary,
+    prefix_sums_fit,
 )
 from .ops_local_softmax import (
     local_softmax_decay_attention,
@@ -132,10 +133,10 @@ class AttentionVariant(NamedTuple):
             puts a per-head RMSNorm and a SiLU output gate on its output.
         feature_maps: the feature maps phi of its kernelized scores that `config.feature_map` may choose
             (keys of `ops_common.FEATURE_MAPS`); the first is the default.
-        traced: `(device, parameter specs, head_dim) -> bool`, whether `attention` (linear or auto mode, no
-            generation state) runs as `torch.library` operators there, which torch.compile traces the model
-            around; elsewhere (None: everywhere) `ScaleformerAttention` keeps the op from torch.compile, which
-            would compile its Python loops over blocks and chunks once per shape.
+        traced: `(device, parameter specs, head_dim, causal) -> bool`, whether `attention` (linear or auto mode,
+            no generation state) is there what torch.compile may trace: `torch.library` operators (the Triton
+            kernels) or a few tensor operations; elsewhere (None: everywhere) `ScaleformerAttention` keeps the op
+            from torch.compile, which would compile its Python loops over blocks and chunks once per shape.
     """
 
     parameters: Callable[[int, int, int, bool], dict[str, ParameterSpec]]
@@ -152,7 +153,7 @@ class AttentionVariant(NamedTuple):
     cross_attention_rpe: bool
     normalised: bool = True
     feature_maps: tuple[str, ...] = ("elu",)
-    traced: Callable[[torch.device, dict[str, ParameterSpec], int], bool] | None = None
+    traced: Callable[[torch.device, dict[str, ParameterSpec], int, bool], bool] | None = None
 
 
 # `config.attention_mode` -> the ops' `mode`: the linear variants have both algorithms, the softmax
@@ -351,6 +352,12 @@ def kernelized_sum_forward(q, k, v, params, *, causal, key_mask, query_offset, m
     )
 
 
+def kernelized_sum_traced(device: torch.device, specs: dict[str, ParameterSpec], head_dim: int, causal: bool) -> bool:
+    """Whether the attention is a few tensor operations (the keys' sums, or their running sums where those fit, or
+    the quadratic scores), not the chunked path's loops: on any device."""
+    return not causal or prefix_sums_fit(head_dim, head_dim)
+
+
 def kernelized_sum_prefill(k, v, params, *, key_mask):
     return kernelized_decay_prefill_state(
         k, v, no_decay(k), horizon=0, key_mask=key_mask, feature_map=_feature_map(params),
@@ -374,7 +381,7 @@ def kernelized_sum_cross_decode(q, params, summary, *, query_offset):
 KERNELIZED_SUM = KERNELIZED_DECAY_GATED._replace(
     description="phi(q_i).phi(k_j), no row normaliser (per-head RMSNorm and output gate) and no position "
     "information: sums that keep every key's weight at any distance, linear",
-    rpe_shareable=False, parameters=no_parameters, attention=kernelized_sum_forward,
+    rpe_shareable=False, parameters=no_parameters, attention=kernelized_sum_forward, traced=kernelized_sum_traced,
     prefill_state=kernelized_sum_prefill, step=kernelized_sum_decode, cross_summary=kernelized_sum_cross_prefill,
     cross_step=kernelized_sum_cross_decode,
 )
@@ -391,7 +398,8 @@ def local_softmax_decay_forward(q, k, v, params, *, causal, key_mask, query_offs
     )
 
 
-def local_softmax_decay_traced(device: torch.device, specs: dict[str, ParameterSpec], head_dim: int) -> bool:
+def local_softmax_decay_traced(device: torch.device, specs: dict[str, ParameterSpec], head_dim: int,
+                               causal: bool) -> bool:
     """Whether the attention is the Triton kernels' operators on `device` (CUDA, sizes they take)."""
     return local_softmax_decay_is_operator(device, (specs["rel"].shape[1] - 1) // 2, head_dim, head_dim)
 
