@@ -4,8 +4,9 @@
 #
 #     bash benchmarks/run_gpu.sh OUT_DIR [STEP ...]
 #
-# STEP is any of env, compile, attention, attention_variants, attention_small_batch, attention_block32, tune, tests,
-# train, train_compiled, train_graphs, generate (default: env, attention, tests, train, generate, in that order):
+# STEP is any of env, compile, attention, attention_variants, attention_small_batch, attention_rows, attention_block32,
+# tune, tests, accelerate, train, train_compiled, train_graphs, generate (default: env, attention, tests, train,
+# generate, in that order):
 #   compile               checks, and so compiles, the default kernels and each variant's in parallel processes, so
 #                         that a later attention_variants finds them compiled;
 #   attention_variants    times the op as it is beside other settings of its kernels in one process: windows in one
@@ -13,8 +14,12 @@
 #                         H=16 the op takes the sequential walks), forward's states recomputed in backward;
 #   attention_small_batch the op (its parallel passes at this shape) beside the parallel passes and the sequential
 #                         walks, at the small model's training shape (batch 1, 8 heads);
+#   attention_rows        the parallel passes beside the sequential walks at 16 and 32 batch*head rows, between the
+#                         8 and 64 of the steps above, where the op switches from one to the other (PARALLEL_WALK_ROWS);
 #   attention_block32     the op with the kernels' blocks of 32;
 #   tune                  bench_attention_gpu.py --tune: each kernel's warps and pipeline stages, one at a time;
+#   accelerate            examples/train_accelerate.py under `accelerate launch` on the device, 30 bf16 steps of the
+#                         small model on the shipped verses, then its evaluation (loss, greedy chrF and BLEU);
 #   train_compiled        bench_train.py under torch.compile; train_graphs, in its reduce-overhead mode (CUDA graphs).
 # Each step writes its log (and its JSON) under OUT_DIR and runs under its own time limit (seconds, e.g.
 # LIMIT_tests=300; at the limit the step gets SIGINT, so that pytest still reports what ran), so that a failing or slow
@@ -48,7 +53,7 @@ step() {  # step NAME COMMAND...: runs COMMAND under LIMIT_<NAME> seconds, its o
 : "${LIMIT_train_compiled:=240}" "${LIMIT_attention_block32:=120}" \
     "${LIMIT_attention_variants:=240}" "${LIMIT_compile:=180}" \
     "${LIMIT_attention_small_batch:=120}" "${LIMIT_train_graphs:=240}" \
-    "${LIMIT_tune:=240}"
+    "${LIMIT_tune:=240}" "${LIMIT_attention_rows:=120}" "${LIMIT_accelerate:=240}"
 launch=()
 launch_from() {  # the steps' --launch option, once the tune report at LAUNCH_FROM exists
     launch=()
@@ -62,6 +67,16 @@ for name in $steps; do
 print(torch.__version__, triton.__version__, transformers.__version__, torch.cuda.get_device_name())"' ;;
         attention) step attention python3 benchmarks/bench_attention_gpu.py --profile 16384 "${launch[@]}" \
             --json "$out/bench_attention_gpu.json" ;;
+        attention_rows) step attention_rows bash -c 'out=$1; shift; for shape in 2x8 4x8; do
+                python3 benchmarks/bench_attention_gpu.py --batch "${shape%x*}" --heads "${shape#*x}" "$@" \
+                    --variants parallel_walks sequential_walks --lengths 16384 65536 \
+                    --json "$out/bench_attention_gpu_rows_$shape.json" || exit
+            done' attention_rows "$out" "${launch[@]}" ;;
+        accelerate) step accelerate python3 -m accelerate.commands.launch --num_processes 1 --num_machines 1 \
+            --mixed_precision bf16 --dynamo_backend no examples/train_accelerate.py \
+            --model_config configs/scaleformer-small.json --mixed_precision bf16 --max_steps 30 \
+            --per_device_batch_size 16 --max_train_examples 2000 --eval_steps 30 --eval_examples 64 \
+            --logging_steps 10 --output_dir "$out/accelerate" ;;
         attention_block32) step attention_block32 python3 benchmarks/bench_attention_gpu.py --kernel-block 32 \
             "${launch[@]}" --lengths 4096 16384 65536 --json "$out/bench_attention_gpu_block32.json" ;;
         compile) step compile bash -c 'variants=(wide_tiles parallel_walks sequential_walks recomputed_states)
@@ -90,8 +105,8 @@ print(torch.__version__, triton.__version__, transformers.__version__, torch.cud
             --positions ${POSITIONS:-128 1024 4096 8192} --models scaleformer bart \
             --json "$out/bench_generate_gpu.json" ;;
         *) echo "unknown step: $name (expected env, compile, attention, attention_variants, attention_small_batch," \
-                "attention_block32, tune, tests, train, train_compiled, train_graphs, generate)" \
-                >&2
+                "attention_rows, attention_block32, tune, tests, accelerate, train, train_compiled, train_graphs," \
+                "generate)" >&2
            exit 64 ;;
     esac
 done
