@@ -941,9 +941,9 @@ def _backward_op(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
                  shift: torch.Tensor, den: torch.Tensor, states: torch.Tensor, norms: torch.Tensor, causal: bool,
                  offset: int, horizon: int,
                  dot: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The kernels' backward, an operator of its own: dq, dk, dv, the table's gradient (empty
-    without a table) and the decay rates' (in float32, or float64), from forward's inputs and outputs (its states
-    recomputed where they were not kept, `states` empty)."""
+    """The kernels' backward, an operator of its own: dq, dk, dv, the table's gradient (empty without a table) and
+    the decay rates' (in float32, or float64), from forward's inputs and outputs (its states recomputed where they
+    were not kept, `states` empty)."""
     q, k, v = _layouts(q, k, v)
     g = grad_out if grad_out.stride(-1) == 1 else grad_out.contiguous()
     b, heads, lq, d = q.shape
