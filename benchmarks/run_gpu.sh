@@ -34,6 +34,7 @@ shift
 steps=${*:-env attention tests train generate}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
+[ -n "${LAUNCH_FROM:-}" ] && LAUNCH_FROM=$(realpath -m "$LAUNCH_FROM")  # before the cd below
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 failed=0

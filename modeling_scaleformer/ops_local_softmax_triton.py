@@ -995,10 +995,14 @@ def _save_for_backward(ctx, inputs, output):
     out, shift, den, states, norms = output
     ctx.save_for_backward(q, k, v, table, decay, key_mask, out, shift, den, states, norms)
     ctx.call = (causal, offset, horizon, dot)
+    # the outputs but `out` take no gradient: None for them, not zeros as large as the kept states
+    ctx.set_materialize_grads(False)
 
 
 def _backward(ctx, grad_out, *_):
     q, k, v, table, decay, key_mask, out, shift, den, states, norms = ctx.saved_tensors
+    if grad_out is None:
+        return (None,) * 10
     dq, dk, dv, grad_table, grad_rate = _backward_op(grad_out, q, k, v, table, decay, key_mask, out, shift, den,
                                                      states, norms, *ctx.call)
     grad_table = None if table is None else grad_table.to(table.dtype)

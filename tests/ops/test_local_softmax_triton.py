@@ -103,8 +103,9 @@ def test_parallel_walks_equal_the_sequential_walks(case, monkeypatch, triton_pat
 
 
 @pytest.mark.parametrize("case", [
-    dict(causal=False, keep=True, table=True, mask=True), dict(causal=True, keep=False, table=False, mask=False),
-], ids=["bidirectional-kept-states", "causal-recomputed-states"])
+    dict(causal=False, keep=True, table=True, mask=True), dict(causal=True, keep=True, table=True, mask=False),
+    dict(causal=True, keep=False, table=False, mask=False),
+], ids=["bidirectional-kept-states", "causal-kept-states", "causal-recomputed-states"])
 def test_kernels_operator_passes_opcheck(case, monkeypatch, triton_paths):
     """The kernels' forward operator (and, through its autograd, the backward one) by `torch.library.opcheck`:
     schema, autograd registration, fake implementations against the real outputs (shapes, strides, dtypes), and
@@ -151,14 +152,27 @@ def test_a_copy_of_the_module_registers_operators_of_its_own():
     assert torch.equal(got, expected)
 
 
-def test_few_rows_take_the_parallel_walks(monkeypatch):
+def test_few_rows_take_the_parallel_walks(decay_inputs, monkeypatch, triton_paths):
     """`PARALLEL_WALKS = None` (the default): the parallel passes for at most PARALLEL_WALK_ROWS batch*head rows,
-    where few programs would walk, the sequential walks beyond; True and False take one path at every size."""
+    where few programs would walk, the sequential walks beyond, in forward and in backward alike (the kernels the op
+    launches, at 6 rows); True and False take one path at every size."""
     from modeling_scaleformer import ops_local_softmax_triton as kernels
 
+    triton_paths(16)
     monkeypatch.setattr(kernels, "PARALLEL_WALKS", None)
     rows = kernels.PARALLEL_WALK_ROWS
     assert kernels._parallel_walks(1) and kernels._parallel_walks(rows) and not kernels._parallel_walks(rows + 1)
+    launched = []
+    for name in ("_states", "_states_backward", "_chunk_sums", "_query_sums"):
+        kernel = getattr(kernels, name)
+        monkeypatch.setattr(kernels, name, type(name, (), {"__getitem__": lambda self, grid, name=name, kernel=kernel:
+                                                          launched.append(name) or kernel[grid]})())
+    inputs = decay_inputs(b=2, h=3, lq=40, lk=40, d=4, dv=4, mask="padding")
+    for walk_rows, expected in ((6, ["_chunk_sums", "_query_sums"]), (5, ["_states", "_states_backward"])):
+        monkeypatch.setattr(kernels, "PARALLEL_WALK_ROWS", walk_rows)
+        launched.clear()
+        output_and_gradients(inputs[:5], causal=True, key_mask=inputs[5], query_offset=0)
+        assert launched == expected, (walk_rows, launched)
     for setting in (True, False):
         monkeypatch.setattr(kernels, "PARALLEL_WALKS", setting)
         assert kernels._parallel_walks(1) is kernels._parallel_walks(4 * rows) is setting
