@@ -873,6 +873,14 @@ def _layouts(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.T
     return tuple(x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
 
 
+def _state_buffers(rate: torch.Tensor, causal: bool, rows: int, n_states: int, d: int,
+                   dv: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Empty states (directions, rows, n_states, D, Dv) and their normalisers (directions, rows, n_states, D) in
+    rate's dtype (none, n_states 0, where forward does not keep them for backward)."""
+    directions = 1 if causal else 2
+    return rate.new_empty(directions, rows, n_states, d, dv), rate.new_empty(directions, rows, n_states, d)
+
+
 def _output_buffers(q: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The forward op's outputs but the states, empty: out (B, H, Lq, Dv) in q's dtype, stored as (B, Lq, H, Dv) (so
     that merging the heads is a view), and the row shift and normaliser (B*H, Lq)."""
@@ -903,7 +911,7 @@ def _forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, table: torch.
         1.0 / math.sqrt(d), HORIZON=horizon, CAUSAL=causal, HAS_MASK=mask is not None, HAS_TABLE=table is not None,
         DOT=dot, **_sizes(horizon, d, dv), **LAUNCH["_forward"])
     if not KEEP_STATES:
-        return out, shift, den, q.new_empty(0, dtype=acc), q.new_empty(0, dtype=acc)
+        return out, shift, den, *_state_buffers(rate, causal, b * heads, 0, d, dv)
     for direction, start in enumerate(walk.starts[:states.shape[0]]):
         if walk.nq - start < walk.n_states:  # the slots this direction's walk leaves: zeros, not what memory held
             states[direction, :, walk.nq - start:] = 0
@@ -915,12 +923,9 @@ def _forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, table: torch.
 def _(q, k, v, table, decay, key_mask, causal, offset, horizon, dot):
     q, k, v = _layouts(q, k, v)
     b, heads, lq, d = q.shape
-    acc = compute_dtype(q.dtype)
-    if not KEEP_STATES:
-        return *_output_buffers(q, v), q.new_empty(0, dtype=acc), q.new_empty(0, dtype=acc)
-    n_states, directions = _Walk.of(lq, k.shape[2], offset, horizon, causal).n_states, 1 if causal else 2
-    return (*_output_buffers(q, v), q.new_empty(directions, b * heads, n_states, d, v.shape[-1], dtype=acc),
-            q.new_empty(directions, b * heads, n_states, d, dtype=acc))
+    n_states = _Walk.of(lq, k.shape[2], offset, horizon, causal).n_states if KEEP_STATES else 0
+    return (*_output_buffers(q, v),
+            *_state_buffers(decay.to(compute_dtype(q.dtype)), causal, b * heads, n_states, d, v.shape[-1]))
 
 
 def _gradient_buffers(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, table: torch.Tensor | None,
@@ -1049,9 +1054,9 @@ def _walk_states(k, v, mask, rate, walk: _Walk, heads: int, lq: int, offset: int
     `_scan_sums` (`PARALLEL_WALKS`), or `_states`' sequential walk."""
     b, _, lk, d = k.shape
     dv = v.shape[-1]
-    rows, directions = b * heads, 1 if causal else 2
-    states = rate.new_empty(directions, rows, walk.n_states, d, dv)
-    norms = rate.new_empty(directions, rows, walk.n_states, d)
+    rows = b * heads
+    states, norms = _state_buffers(rate, causal, rows, walk.n_states, d, dv)
+    directions = states.shape[0]
     sizes = _sizes(horizon, d, dv)
     args = (k, v, k if mask is None else mask, rate, states, norms, lq, lk, heads, rows, offset, walk.nq,
             walk.n_states, *walk.starts, d, dv, *_strides(k, v))
