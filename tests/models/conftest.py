@@ -38,3 +38,16 @@ def tiny_config():
 def batch():
     """`batch(vocab, b, ls, padding, seed)`: random ids and their attention mask, two rows padded."""
     return make_batch
+
+
+@pytest.fixture
+def attention_outside_the_graph(monkeypatch):
+    """The list that collects the attention type of every call `ScaleformerAttention` keeps from torch.compile
+    (`_attend_eagerly`, run outside the graph)."""
+    from modeling_scaleformer.layers import ScaleformerAttention
+
+    calls = []
+    attend_eagerly = ScaleformerAttention._attend_eagerly
+    monkeypatch.setattr(ScaleformerAttention, "_attend_eagerly", torch.compiler.disable(
+        lambda self, *args: calls.append(self.attention_type) or attend_eagerly(self, *args)))
+    return calls

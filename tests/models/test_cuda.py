@@ -101,27 +101,22 @@ def test_training_step_never_waits_for_the_device(tiny_config, batch):
 
 
 @pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
-def test_torch_compile_matches_eager(mode, tiny_config, batch, monkeypatch):
+def test_torch_compile_matches_eager(mode, tiny_config, batch, attention_outside_the_graph):
     """`torch.compile(model)` (graph breaks allowed; in reduce-overhead mode, replayed as CUDA graphs) gives eager's
     logits, loss and every gradient over three training-mode steps, and traces every attention layer: the default
     attention through its kernels' operators, the count block's running sums as tensor operations; none runs
     outside the graph."""
-    from modeling_scaleformer.layers import ScaleformerAttention
-
     _, device = model_pair(tiny_config)
     device.train()
     src, mask, labels = (x.to(DEVICE) for x in inputs(batch))
     eager = device(input_ids=src, attention_mask=mask, labels=labels)
     expected = torch.autograd.grad(eager.loss, list(device.parameters()))
-    outside = []
-    attend_eagerly = ScaleformerAttention._attend_eagerly
-    monkeypatch.setattr(ScaleformerAttention, "_attend_eagerly", torch.compiler.disable(
-        lambda self, *args: outside.append(self.attention_type) or attend_eagerly(self, *args)))
+    attention_outside_the_graph.clear()  # the compiled calls only
     compiled_model = torch.compile(device, mode=mode)
     for _ in range(3):  # reduce-overhead records its graphs in the second call and replays them from the third
         compiled = compiled_model(input_ids=src, attention_mask=mask, labels=labels)
         grads = torch.autograd.grad(compiled.loss, list(device.parameters()))
-    assert not outside, outside
+    assert not attention_outside_the_graph, attention_outside_the_graph
     torch.testing.assert_close(compiled.logits, eager.logits, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(compiled.loss, eager.loss, rtol=1e-5, atol=1e-5)
     for (name, _), got, e in zip(device.named_parameters(), grads, expected):

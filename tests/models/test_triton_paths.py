@@ -56,7 +56,7 @@ def test_generate_on_triton_paths(kwargs, tiny_config, batch, triton_paths):
     assert torch.equal(got, expected)
 
 
-def test_torch_compile_traces_the_kernels_operators(tiny_config, batch, triton_paths, monkeypatch):
+def test_torch_compile_traces_the_kernels_operators(tiny_config, batch, triton_paths, attention_outside_the_graph):
     """`torch.compile(model)` traces every attention layer: the default attention's down to the kernels' operators,
     the count block's (running key sums) as tensor operations; none runs outside the graph, and the compiled loss
     and every gradient equal eager's (AOT autograd, so that the operators' autograd and fake implementations are
@@ -67,10 +67,6 @@ def test_torch_compile_traces_the_kernels_operators(tiny_config, batch, triton_p
     src, mask = batch(b=3, ls=50, padding="right")
     labels, _ = batch(b=3, ls=16, seed=5)
     triton_paths()
-    eager_calls = []
-    attend_eagerly = ScaleformerAttention._attend_eagerly
-    monkeypatch.setattr(ScaleformerAttention, "_attend_eagerly", torch.compiler.disable(
-        lambda self, *args: eager_calls.append(self.attention_type) or attend_eagerly(self, *args)))
     results = []
     for compiled in (False, True):
         model.zero_grad()
@@ -80,7 +76,7 @@ def test_torch_compile_traces_the_kernels_operators(tiny_config, batch, triton_p
         out.loss.backward()
         results.append((out.loss.detach(), {name: p.grad.clone() for name, p in model.named_parameters()}))
     types = {m.attention_type for m in model.modules() if isinstance(m, ScaleformerAttention)}
-    assert types == {"local_softmax_decay", "kernelized_sum"} and not eager_calls
+    assert types == {"local_softmax_decay", "kernelized_sum"} and not attention_outside_the_graph
     (loss, grads), (expected_loss, expected_grads) = results[1], results[0]
     torch.testing.assert_close(loss, expected_loss, rtol=1e-12, atol=1e-12)
     for name, grad in grads.items():
