@@ -28,7 +28,7 @@ one that fails is not timed. The end gives the best setting of each kernel as a 
     python benchmarks/bench_attention_gpu.py --kernel-block 32 --lengths 16384   # the kernels' blocks of 32
     python benchmarks/bench_attention_gpu.py --parallel-walks --lengths 16384  # the walks' parallel passes
     python benchmarks/bench_attention_gpu.py --key-tile 128 --key-block 64 --lengths 16384  # windows in one tile
-    python benchmarks/bench_attention_gpu.py --variants wide_tiles parallel_walks recomputed_states  # beside the kernels
+    python benchmarks/bench_attention_gpu.py --variants wide_tiles recomputed_states  # beside the kernels
     python benchmarks/bench_attention_gpu.py --tune --tune-kernels _backward_keys --warps 2 4 8 16 --stages 1 2 3
     python benchmarks/bench_attention_gpu.py --device cpu --quick
 """

@@ -150,9 +150,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "kernels (CPU ops on CPU) with the most self time, and how many kernels the device ran")
     parser.add_argument("--compile", nargs="?", const="default", choices=COMPILE_MODES, metavar="MODE",
                         help="every model under torch.compile (not fullgraph; where the Triton kernels run, "
-                             "Scaleformer's default attention is traced through their operators, other attention ops "
-                             "run eagerly inside it) in MODE, one of " + ", ".join(COMPILE_MODES) + " (default: default; "
-                             "reduce-overhead replays the compiled parts as CUDA graphs); the warm-up round compiles")
+                             "Scaleformer's default attention is traced through their operators, the count block's "
+                             "sums everywhere, other attention ops run eagerly inside it) in MODE, one of "
+                             + ", ".join(COMPILE_MODES) + " (default: default; reduce-overhead replays the compiled "
+                             "parts as CUDA graphs); the warm-up round compiles")
     parser.add_argument("--seed", type=int, default=0, help="seed of the weights and the inputs (default: 0)")
     parser.add_argument("--json", type=Path, metavar="PATH", help="write every raw figure to PATH")
     parser.add_argument("--plot", type=Path, metavar="PATH",

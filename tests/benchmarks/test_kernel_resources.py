@@ -14,7 +14,8 @@ def test_kernel_resources_reports_ptxas_figures(run_command):
     assert (kernels.LAUNCH["_states"].get("num_warps", 4), kernels.LAUNCH["_states"].get("num_stages", 3)) != (
         warps, stages)
     result = run_command(["benchmarks/kernel_resources.py", "--kernels", "_states", "_forward", "--blocks", "64",
-                          "--warps", str(warps), "--stages", str(stages), "--tiles", str(kernels.KEY_TILE), str(other_tile)])
+                          "--warps", str(warps), "--stages", str(stages),
+                          "--tiles", str(kernels.KEY_TILE), str(other_tile)])
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     rows = [line for line in result.stdout.splitlines() if line.startswith("| _")]
     assert len(rows) == 3
