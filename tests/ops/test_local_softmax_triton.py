@@ -106,7 +106,7 @@ def test_parallel_walks_equal_the_sequential_walks(case, monkeypatch, triton_pat
     dict(causal=False, keep=True, table=True, mask=True), dict(causal=True, keep=True, table=True, mask=False),
     dict(causal=True, keep=False, table=False, mask=False),
 ], ids=["bidirectional-kept-states", "causal-kept-states", "causal-recomputed-states"])
-def test_kernels_operator_passes_opcheck(case, monkeypatch, triton_paths):
+def test_kernels_operator_passes_opcheck(case, decay_inputs, monkeypatch, triton_paths):
     """The kernels' forward operator (and, through its autograd, the backward one) by `torch.library.opcheck`:
     schema, autograd registration, fake implementations against the real outputs (shapes, strides, dtypes), and
     AOT dispatch with dynamic shapes, whose outputs and gradients must equal eager's: what torch.compile relies on
@@ -115,18 +115,10 @@ def test_kernels_operator_passes_opcheck(case, monkeypatch, triton_paths):
 
     triton_paths(16)
     monkeypatch.setattr(kernels, "KEEP_STATES", case["keep"])
-    gen = torch.Generator().manual_seed(0)
-    q = torch.randn(2, 3, 40, 4, dtype=F64, generator=gen)
-    k = torch.randn(2, 3, 50, 4, dtype=F64, generator=gen)
-    v = torch.randn(2, 3, 50, 5, dtype=F64, generator=gen)
-    table = torch.randn(3, 7, 4, dtype=F64, generator=gen) if case["table"] else None
-    decay = torch.tensor([0.1, 0.3, 0.6], dtype=F64)
-    key_mask = None
-    if case["mask"]:
-        key_mask = torch.ones(2, 50, dtype=F64)
-        key_mask[1, -5:] = 0
-    inputs = [x.requires_grad_() if x is not None else None for x in (q, k, v, table, decay)]
-    args = (*inputs, key_mask, case["causal"], 5, 3, "ieee")
+    *inputs, key_mask, horizon = decay_inputs(b=2, h=3, lq=40, lk=50, d=4, dv=5, no_rel=not case["table"],
+                                              mask="padding" if case["mask"] else None)
+    inputs = [x.requires_grad_() if x is not None else None for x in inputs]
+    args = (*inputs, key_mask, case["causal"], 5, horizon, "ieee")
     assert set(torch.library.opcheck(kernels._forward_op, args).values()) == {"SUCCESS"}
 
 
