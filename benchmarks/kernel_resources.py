@@ -2,16 +2,17 @@
 
 Each kernel of `ops_local_softmax_triton` is compiled by Triton for the target (sm90 by default: an H100) with the
 host's block sizes for the given horizon, head dimensions and dtype, then assembled by the ptxas Triton uses for
-that target (`ptxas -v`), for every block size, key tile, warp count and pipeline depth asked for. No GPU is needed. The table
-gives what ptxas reports: registers per thread (255 at most), bytes spilled to local memory (stores / loads) and
-the shared memory Triton allocates; `*` marks the launch options the op uses (`LAUNCH`) at the block size it uses
-(`BLOCK`). This is not a timing: a kernel that spills is slower than the same kernel without spills, and one that
-asks for more shared memory than a multiprocessor holds does not launch, but which options are fastest only a GPU
-can say (`bench_attention_gpu.py --kernel-block`). Run from the repository root with the package and Triton installed
-(`pip install -e ".[gpu]"`):
+that target (`ptxas -v`), for every block size, key tile (or, for `_scan_sums`, rows and slots a step), warp count
+and pipeline depth asked for. No GPU is needed. The table gives what ptxas reports: registers per thread (255 at
+most), bytes spilled to local memory (stores / loads) and the shared memory Triton allocates; `*` marks the launch
+options the op uses (`LAUNCH`) at the block size it uses (`BLOCK`). This is not a timing: a kernel that spills is
+slower than the same kernel without spills, and one that asks for more shared memory than a multiprocessor holds
+does not launch, but which options are fastest only a GPU can say (`bench_attention_gpu.py --kernel-block`). Run
+from the repository root with the package and Triton installed (`pip install -e ".[gpu]"`):
 
     python benchmarks/kernel_resources.py                      # blocks of 32 and 64, 4 and 8 warps, 1-3 stages
     python benchmarks/kernel_resources.py --blocks 64 --warps 8 --stages 2 --kernels _forward
+    python benchmarks/kernel_resources.py --blocks 64 --kernels _scan_sums --scans 4x8 2x16   # rows x slots a step
 """
 
 from __future__ import annotations
@@ -44,6 +45,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--tiles", type=int, nargs="+", metavar="N",
                         help="keys per tile of `_forward`'s and `_backward_queries`' windows and per program of "
                              "`_backward_keys` (KEY_TILE and KEY_BLOCK, powers of two >= 16; default: theirs)")
+    parser.add_argument("--scans", nargs="+", metavar="ROWSxSLOTS",
+                        help="`_scan_sums`' rows of the states per program and chunks' slots per step, e.g. 4x16 16x1 "
+                             "(SCAN_ROWS and SCAN_SLOTS; default: theirs)")
     parser.add_argument("--warps", type=int, nargs="+", default=[4, 8], help="num_warps (default: 4 8)")
     parser.add_argument("--stages", type=int, nargs="+", default=[1, 2, 3], help="num_stages (default: 1 2 3)")
     parser.add_argument("--horizon", type=int, default=16)
@@ -67,7 +71,8 @@ def constexprs(kernels, name: str, args: argparse.Namespace) -> dict:
     if name in ("_states", "_chunk_sums"):
         return walk
     if name == "_scan_sums":
-        return dict(BLOCK=sizes["BLOCK"], BLOCK_SD=kernels.SCAN_ROWS, BLOCK_V=sizes["BLOCK_V"], REVERSE=True)
+        return dict(BLOCK=sizes["BLOCK"], BLOCK_SD=kernels.SCAN_ROWS, BLOCK_V=sizes["BLOCK_V"],
+                    SLOTS=kernels.SCAN_SLOTS, REVERSE=True)
     if name in ("_query_sums", "_states_backward"):
         return {key: walk[key] for key in ("BLOCK", "BLOCK_D", "BLOCK_V", "DOT")}
     if name == "_backward_keys":
@@ -110,19 +115,25 @@ def main(argv: list[str] | None = None) -> int:
     from modeling_scaleformer import ops_local_softmax_triton as kernels
 
     chosen = kernels.BLOCK, kernels.KEY_TILE, kernels.KEY_BLOCK
+    chosen_scan = f"{kernels.SCAN_ROWS}x{kernels.SCAN_SLOTS}"
     direction = "causal" if args.causal else "bidirectional"
     import triton
 
     print(f"# Triton kernels of the default attention: Triton {triton.__version__}, ptxas {ptxas(args.arch).version} "
           f"-v for sm_{args.arch}, {args.dtype}, {direction}, h={args.horizon}, D={args.dim}, Dv={args.value_dim}\n")
-    print("| kernel | BLOCK | key tile | warps | stages | registers | spill stores / loads (bytes) | shared (bytes) |")
+    print("| kernel | BLOCK | key tile or scan | warps | stages | registers | spill stores / loads (bytes) "
+          "| shared (bytes) |")
     print("|:---|---:|---:|---:|---:|---:|---:|---:|")
     tiles = args.tiles or [kernels.KEY_TILE]
+    scans = args.scans or [chosen_scan]
     try:
         for name in args.kernels:
-            for block, tile in itertools.product(args.blocks, tiles if name in TILED else [None]):
+            for block, tile in itertools.product(args.blocks, tiles if name in TILED else
+                                                 scans if name == "_scan_sums" else [None]):
                 kernels.BLOCK = block
-                if tile is not None:
+                if name == "_scan_sums":
+                    kernels.SCAN_ROWS, kernels.SCAN_SLOTS = map(int, tile.split("x"))
+                elif tile is not None:
                     kernels.KEY_TILE = kernels.KEY_BLOCK = tile
                 fixed = constexprs(kernels, name, args)
                 for warps in args.warps:
@@ -131,13 +142,15 @@ def main(argv: list[str] | None = None) -> int:
                         registers, stores, loads, shared = resources(getattr(kernels, name), DTYPES[args.dtype],
                                                                      fixed, options, args.arch)
                         launch = {"num_warps": 4, "num_stages": 3, **kernels.LAUNCH[name]}
-                        chosen_tile = chosen[2] if name == "_backward_keys" else chosen[1]
+                        chosen_tile = (chosen[2] if name == "_backward_keys" else chosen_scan if name == "_scan_sums"
+                                       else chosen[1])
                         used = block == chosen[0] and tile in (None, chosen_tile)
                         mark = " *" if used and launch == options else ""
                         print(f"| {name}{mark} | {block} | {tile or '-'} | {warps} | {stages} | {registers} | "
                               f"{stores} / {loads} | {shared:,} |", flush=True)
     finally:
         kernels.BLOCK, kernels.KEY_TILE, kernels.KEY_BLOCK = chosen
+        kernels.SCAN_ROWS, kernels.SCAN_SLOTS = map(int, chosen_scan.split("x"))
     return 0
 
 

@@ -12,8 +12,8 @@
 #   attention_variants    times the op as it is beside other settings of its kernels in one process: windows in one
 #                         tile of 128 keys and 64 keys per backward program, the walks' parallel passes (at B=4,
 #                         H=16 the op takes the sequential walks), forward's states recomputed in backward;
-#   attention_small_batch the op (its parallel passes at this shape) beside the parallel passes and the sequential
-#                         walks, at the small model's training shape (batch 1, 8 heads);
+#   attention_small_batch the op (its parallel passes at this shape) beside the sequential walks and the passes
+#                         with their scan one chunk a step, at the small model's training shape (batch 1, 8 heads);
 #   attention_rows        the parallel passes beside the sequential walks at 16 and 32 batch*head rows, between the
 #                         8 and 64 of the steps above, where the op switches from one to the other (PARALLEL_WALK_ROWS);
 #   attention_block32     the op with the kernels' blocks of 32;
@@ -88,7 +88,7 @@ print(torch.__version__, triton.__version__, transformers.__version__, torch.cud
             parallel_walks recomputed_states "${launch[@]}" --lengths 4096 16384 65536 \
             --profile 16384 --json "$out/bench_attention_gpu_variants.json" ;;
         attention_small_batch) step attention_small_batch python3 benchmarks/bench_attention_gpu.py --batch 1 \
-            --heads 8 "${launch[@]}" --variants parallel_walks sequential_walks --lengths 4096 16384 65536 \
+            --heads 8 "${launch[@]}" --variants scan_by_slot sequential_walks --lengths 4096 16384 65536 \
             --json "$out/bench_attention_gpu_small_batch.json" ;;
         tests) workers=()  # pytest-xdist, where installed, spreads the tests (and their compiles) over processes
             python3 -c "import xdist" 2> /dev/null && workers=(-n "${TEST_WORKERS:-8}")

@@ -19,7 +19,7 @@ kernels, laid out like flash-linear-attention's chunk kernels:
   for backward, or recomputed there without `KEEP_STATES`). `_states` walks the chunks with one program per row and
   direction, reading each chunk's keys in sequence; `_chunk_sums` stores what each chunk of BLOCK keys adds, every
   chunk at once, and `_scan_sums` sums them up in place, a sequential pass of elementwise work per batch*head row,
-  direction and SCAN_ROWS rows of the state;
+  direction and SCAN_ROWS rows of the state, SCAN_SLOTS chunks a step;
 - `_forward`: one program per query block and row: the window's logits and kernel weights by tiles of KEY_TILE
   keys (the band's weights summed under their running largest logit, as flash attention sums them, those beyond
   the band under their running largest weight), both states, the row shift m, out, and m and the normaliser for
@@ -259,7 +259,7 @@ def _scaled(p, nu):
 @triton.jit
 def _scan_sums(
     RATE, S, Z, MU, NU, L, LZ, CARRIED, heads, rows, nq, n_states, start0, start1, d, dv, parts,
-    REVERSE: tl.constexpr, BLOCK: tl.constexpr, BLOCK_SD: tl.constexpr, BLOCK_V: tl.constexpr,
+    REVERSE: tl.constexpr, BLOCK: tl.constexpr, BLOCK_SD: tl.constexpr, BLOCK_V: tl.constexpr, SLOTS: tl.constexpr,
 ):
     """The parallel walks' sequential pass: one program per batch*head row, direction and BLOCK_SD rows of (D, Dv)
     sums x_c (and their (D,) normalisers) in the slots of chunks c = start .. nq - 1 replaces them in place by
@@ -268,45 +268,85 @@ def _scan_sums(
     MU): the states' gradients G_{c+1} from the blocks' sums (`_query_sums`), each as exp(nu) G' (G' into the slot,
     nu into NU, apart from MU, which the row's other parts still read); REVERSE also stores its rows' part of
     lambda's gradient through the carries, -BLOCK exp(-lambda BLOCK) sum_c G_{c+1} . L_c with the states L (`L`,
-    `LZ`), in CARRIED (directions, rows, parts). Elementwise work, where the walks also read every chunk's keys or
-    queries. A slot is read, then written in place: a barrier between the two keeps the program's threads from
-    writing a slot that another of them, which holds a copy of the same values (the normalisers), has not read yet."""
+    `LZ`), in CARRIED (directions, rows, parts).
+
+    The pass takes SLOTS slots a step: it reads them all, then writes each the carried sum decayed to it plus the
+    decayed sums of the slots before it in the step, y_t = exp(-lambda BLOCK t) y_0 + sum_{u < t}
+    exp(-lambda BLOCK (t - 1 - u)) x_u (t, u the step's positions in the pass's order), and carries y_SLOTS on, so
+    that the pass waits on memory once per SLOTS slots rather than once per slot: elementwise work, where the walks
+    also read every chunk's keys or queries. In REVERSE each y_t gets its own exponent nu_t, the largest of its
+    terms', so that no factor exceeds 1. A step's slots are read, then written in place: a barrier between the two
+    keeps the program's threads from writing a slot that another of them, which holds a copy of the same values (the
+    normalisers), has not read yet."""
     row, direction, part = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     acc = S.dtype.element_ty
     rate = tl.load(RATE + row % heads).to(acc)
-    carry = tl.exp(-rate * BLOCK)
+    carry_log = rate * BLOCK
     dd = part * BLOCK_SD + tl.arange(0, BLOCK_SD)
     vv = tl.arange(0, BLOCK_V)
     at = (direction * rows + row).to(tl.int64) * n_states * d + dd
     s_ptr, z_ptr = S + at[:, None] * dv + vv[None, :], Z + at
     s_mask, z_mask = (dd[:, None] < d) & (vv[None, :] < dv), dd < d
     row_slots = (direction * rows + row).to(tl.int64) * n_states
-    total = tl.zeros((BLOCK_SD, BLOCK_V), dtype=acc)
+    t = tl.arange(0, SLOTS)
+    total = tl.zeros((BLOCK_SD, BLOCK_V), dtype=acc)  # y at the step's first slot, as exp(nu) total
     total_norm = tl.zeros((BLOCK_SD,), dtype=acc)
-    nu = tl.max(tl.full((BLOCK_SD,), float("-inf"), dtype=acc), 0)  # the exponent of the gradient in `total`
+    if REVERSE:
+        nu = tl.max(tl.full((BLOCK_SD,), float("-inf"), dtype=acc), 0)  # the exponent of the sums in `total`
+    else:
+        nu = tl.sum(tl.zeros((BLOCK_SD,), dtype=acc), 0)
     carried = tl.sum(tl.zeros((BLOCK_SD,), dtype=acc), 0)
     slots = nq - tl.where(direction == 1, start1, start0)
-    for step in range(0, slots):
-        index = slots - 1 - step if REVERSE else step
-        x = tl.load(s_ptr + index * d * dv, mask=s_mask, other=0.0)
-        x_norm = tl.load(z_ptr + index * d, mask=z_mask, other=0.0)
-        tl.debug_barrier()
-        tl.store(s_ptr + index * d * dv, total, mask=s_mask)
-        tl.store(z_ptr + index * d, total_norm, mask=z_mask)
+    for first in range(0, slots, SLOTS):
+        pos = first + t
+        valid = pos < slots
+        index = slots - 1 - pos if REVERSE else pos
+        # y_t's exponent: the largest of nu - lambda BLOCK t and mu_u - lambda BLOCK (t - 1 - u), u < t (0 forward,
+        # where nothing is scaled); the exponent after the step likewise at t = SLOTS
         if REVERSE:
-            mu = tl.load(MU + row_slots + index)
-            tl.store(NU + row_slots + index, nu, mask=part == 0)
-            state = tl.load(L + (at[:, None] + index * d) * dv + vv[None, :], mask=s_mask, other=0.0)
-            norm = tl.load(LZ + at + index * d, mask=z_mask, other=0.0)
-            carried += _scaled(tl.sum(tl.sum(total * state, 1) + total_norm * norm, 0), nu)
-            nu, old, new = _scaled_step(nu, mu, rate * BLOCK)
-            total = total * old + x * new
-            total_norm = total_norm * old + x_norm * new
+            mu = tl.load(MU + row_slots + index, mask=valid, other=float("-inf"))
+            terms = tl.where(t[None, :] < t[:, None], mu[None, :] + (t[None, :] + 1 - t[:, None]).to(acc) * carry_log,
+                             float("-inf"))
+            exponents = tl.maximum(nu - t.to(acc) * carry_log, tl.max(terms, 1))
+            after = tl.maximum(nu - SLOTS * carry_log, tl.max(mu + (t + 1 - SLOTS).to(acc) * carry_log, 0))
         else:
-            total = total * carry + x
-            total_norm = total_norm * carry + x_norm
+            exponents = tl.zeros((SLOTS,), dtype=acc)
+            after = nu
+        bases = tl.where(exponents > float("-inf"), exponents, 0.0)  # exp(-inf - base) = 0 for an empty sum
+        base_after = tl.where(after > float("-inf"), after, 0.0)
+        ys = tl.exp(nu - t.to(acc) * carry_log - bases)[:, None, None] * total[None, :, :]
+        ys_norm = tl.exp(nu - t.to(acc) * carry_log - bases)[:, None] * total_norm[None, :]
+        total = tl.exp(nu - SLOTS * carry_log - base_after) * total
+        total_norm = tl.exp(nu - SLOTS * carry_log - base_after) * total_norm
+        for u in tl.static_range(SLOTS):
+            inside = first + u < slots
+            slot = slots - 1 - first - u if REVERSE else first + u
+            present = tl.where(inside, d, 0)  # the slot's rows, none past the last slot
+            x = tl.load(s_ptr + slot * d * dv, mask=(dd[:, None] < present) & (vv[None, :] < dv), other=0.0)
+            x_norm = tl.load(z_ptr + slot * d, mask=dd < present, other=0.0)
+            if REVERSE:
+                mu_u = tl.load(MU + row_slots + slot, mask=inside, other=float("-inf"))
+            else:
+                mu_u = 0.0
+            weights = tl.where(t > u, tl.exp(mu_u + (u + 1 - t).to(acc) * carry_log - bases), 0.0)
+            ys += weights[:, None, None] * x[None, :, :]
+            ys_norm += weights[:, None] * x_norm[None, :]
+            to_after = tl.exp(mu_u + (u + 1 - SLOTS) * carry_log - base_after)
+            total += to_after * x
+            total_norm += to_after * x_norm
+        if REVERSE:
+            states = tl.load(L + (at[None, :, None] + index[:, None, None] * d) * dv + vv[None, None, :],
+                             mask=valid[:, None, None] & s_mask[None, :, :], other=0.0)
+            norms = tl.load(LZ + at[None, :] + index[:, None] * d, mask=valid[:, None] & z_mask[None, :], other=0.0)
+            products = tl.sum(tl.sum(ys * states, 2), 1) + tl.sum(ys_norm * norms, 1)
+            carried += tl.sum(tl.where(valid, _scaled(products, exponents), 0.0), 0)
+            tl.store(NU + row_slots + index, exponents, mask=pos < tl.where(part == 0, slots, 0))  # part 0 writes
+        tl.debug_barrier()
+        tl.store(s_ptr[None, :, :] + index[:, None, None] * d * dv, ys, mask=valid[:, None, None] & s_mask[None, :, :])
+        tl.store(z_ptr[None, :] + index[:, None] * d, ys_norm, mask=valid[:, None] & z_mask[None, :])
+        nu = after
     if REVERSE:
-        tl.store(CARRIED + (direction * rows + row).to(tl.int64) * parts + part, -BLOCK * carry * carried)
+        tl.store(CARRIED + (direction * rows + row).to(tl.int64) * parts + part, -BLOCK * tl.exp(-carry_log) * carried)
 
 
 @triton.jit
@@ -805,7 +845,7 @@ MAX_DIM = 64
 # `bench_attention_gpu.py --tune` (4 and 8 warps, 1 to 3 stages; B=4, H=16, L=16384, D = Dv = 64, h = 16, bf16, on an
 # H200: 0.93, 0.93 and 0.85 of the time with 8 warps, benchmarks/README.md), the others those with the fewest register
 # spills that ptxas reports for sm90 (benchmarks/kernel_resources.py), where the timings did not tell them apart
-LAUNCH = {"_states": dict(num_warps=8), "_chunk_sums": dict(num_warps=8), "_scan_sums": dict(num_warps=4),
+LAUNCH = {"_states": dict(num_warps=8), "_chunk_sums": dict(num_warps=8), "_scan_sums": dict(num_warps=8),
           "_query_sums": dict(num_warps=8),
           "_states_backward": dict(num_warps=8, num_stages=2),
           "_forward": dict(num_warps=4, num_stages=1), "_backward_queries": dict(num_warps=4, num_stages=1),
@@ -820,7 +860,12 @@ LAUNCH = {"_states": dict(num_warps=8), "_chunk_sums": dict(num_warps=8), "_scan
 # B=1, H=8 (8 rows) and 1.08-1.31 at B=4, H=16 (64 rows); on an H100, 1.15-1.26 at B=4, H=16
 PARALLEL_WALKS = None
 PARALLEL_WALK_ROWS = 8
-SCAN_ROWS = 16
+# `_scan_sums`' programs: SCAN_ROWS rows of the states each, SCAN_SLOTS chunks' slots a step. Slot by slot, the pass
+# waited on memory at every slot: 335 us a call at 16k on an H100, 38% of the device time of the small model's
+# training step (benchmarks/README.md). 4 rows by 8 slots with 8 warps is the widest step without register spills
+# for sm90 (`benchmarks/kernel_resources.py --kernels _scan_sums --scans ...`)
+SCAN_ROWS = 4
+SCAN_SLOTS = 8
 # the states L_b of forward kept for backward, (directions, B*H, Lq / BLOCK, D, Dv + 1) float32 held from one to the
 # other, instead of recomputed there: one walk fewer, 7-13% less time on an H200 at B=4, H=16 (benchmarks/README.md)
 KEEP_STATES = True
@@ -1044,7 +1089,7 @@ def _walk_adjoints(q, lk: int, rate, states, norms, g, out, shift, den, delta, w
     _scan_sums[(rows, directions, parts)](
         rate, adjoints, adjoint_norms, block_scales, scales, states, norms, carried, heads, rows, walk.nq, slots,
         *walk.starts, d, dv, parts, REVERSE=True, BLOCK=BLOCK, BLOCK_SD=SCAN_ROWS, BLOCK_V=common["BLOCK_V"],
-        **LAUNCH["_scan_sums"])
+        SLOTS=SCAN_SLOTS, **LAUNCH["_scan_sums"])
     return adjoints, adjoint_norms, scales, carried
 
 
@@ -1069,7 +1114,8 @@ def _walk_states(k, v, mask, rate, walk: _Walk, heads: int, lq: int, offset: int
     parts = triton.cdiv(d, SCAN_ROWS)
     _scan_sums[(rows, directions, parts)](
         rate, states, norms, rate, rate, states, norms, rate, heads, rows, walk.nq, walk.n_states, *walk.starts, d,
-        dv, parts, REVERSE=False, BLOCK=BLOCK, BLOCK_SD=SCAN_ROWS, BLOCK_V=sizes["BLOCK_V"], **LAUNCH["_scan_sums"])
+        dv, parts, REVERSE=False, BLOCK=BLOCK, BLOCK_SD=SCAN_ROWS, BLOCK_V=sizes["BLOCK_V"], SLOTS=SCAN_SLOTS,
+        **LAUNCH["_scan_sums"])
     return states, norms
 
 

@@ -51,8 +51,10 @@ def triton_paths(monkeypatch):
         monkeypatch.setattr(ops_local_softmax_triton, "BLOCK", chunk)
         for name in ("KEY_TILE", "KEY_BLOCK"):
             monkeypatch.setattr(ops_local_softmax_triton, name, min(chunk, getattr(ops_local_softmax_triton, name)))
-        # the parallel walks' scan in parts of 2 rows of the states, so that small head dimensions take several
+        # the parallel walks' scan in parts of 2 rows of the states and steps of 2 chunks, so that small head
+        # dimensions take several parts and short inputs several steps
         monkeypatch.setattr(ops_local_softmax_triton, "SCAN_ROWS", 2)
+        monkeypatch.setattr(ops_local_softmax_triton, "SCAN_SLOTS", 2)
         # the sequential walks, which the op takes beyond PARALLEL_WALK_ROWS batch*head rows, at the tests' few rows
         # too (test_parallel_walks_equal_the_sequential_walks holds the parallel passes to them)
         monkeypatch.setattr(ops_local_softmax_triton, "PARALLEL_WALKS", False)

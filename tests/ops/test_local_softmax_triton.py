@@ -62,18 +62,21 @@ def test_triton_attention_over_blocks(case, causal, decay_inputs, split_case, ch
 
 
 @pytest.mark.parametrize("case", [
-    dict(lq=40, lk=23, offset=5, causal=False), dict(lq=5, lk=40, offset=100, causal=False),
-    dict(lq=70, lk=30, offset=0, causal=False), dict(lq=37, lk=37, offset=0, causal=True),
-], ids=["offset-5", "queries-past-the-keys", "lq>lk", "causal"])
+    dict(lq=40, lk=23, offset=5, causal=False, slots=2), dict(lq=5, lk=40, offset=100, causal=False, slots=16),
+    dict(lq=70, lk=30, offset=0, causal=False, slots=4), dict(lq=37, lk=37, offset=0, causal=True, slots=1),
+    dict(lq=150, lk=150, offset=0, causal=False, slots=4),
+], ids=["offset-5", "queries-past-the-keys", "lq>lk", "causal", "ten-chunks"])
 def test_parallel_walks_equal_the_sequential_walks(case, monkeypatch, triton_paths):
     """The states of every query block by `_chunk_sums` and `_scan_sums` (`PARALLEL_WALKS`) equal those of
     `_states`' sequential walk, in both directions, and the op's gradients through `_query_sums` and `_scan_sums` (in
     reverse) equal those through `_states_backward` (blocks of 16, padded keys; the scan in parts of 2 of the 4 rows
-    of the states, as the 16 rows of a part split D = 64 on a GPU)."""
+    of the states, as the 4 rows of a part split D = 64 on a GPU, and in steps of 1 to 16 chunks: steps that the
+    chunks fill, and a last one that they do not)."""
     from modeling_scaleformer import ops_local_softmax_triton as kernels
 
     monkeypatch.setattr(kernels, "BLOCK", 16)
     monkeypatch.setattr(kernels, "SCAN_ROWS", 2)
+    monkeypatch.setattr(kernels, "SCAN_SLOTS", case["slots"])
     gen = torch.Generator().manual_seed(0)
     lq, lk, offset, causal = case["lq"], case["lk"], case["offset"], case["causal"]
     k, v = (torch.randn(2, 3, lk, dim, dtype=F64, generator=gen) for dim in (4, 5))
@@ -91,6 +94,7 @@ def test_parallel_walks_equal_the_sequential_walks(case, monkeypatch, triton_pat
             torch.testing.assert_close(got[direction, :, :used], expected[direction, :, :used], rtol=1e-13,
                                        atol=1e-15)
     triton_paths(16)
+    monkeypatch.setattr(kernels, "SCAN_SLOTS", case["slots"])
     q = torch.randn(2, 3, lq, 4, dtype=F64, generator=gen)
     rel = torch.randn(3, 5, 4, dtype=F64, generator=gen)
     grads = []

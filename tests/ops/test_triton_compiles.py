@@ -109,7 +109,7 @@ def test_attention_kernels_lower(shape, options, causal, dtype):
                   BLOCK_V=sizes["BLOCK_V"], DOT=ops_decay_triton.dot_precision(kernel_dtype, half_inputs=half))
     lower(kernels._states, kernel_dtype, operands, operand_names=INPUTS, **common)
     lower(kernels._chunk_sums, kernel_dtype, operands, operand_names=INPUTS, **common)
-    scan = dict(BLOCK=sizes["BLOCK"], BLOCK_SD=kernels.SCAN_ROWS, BLOCK_V=sizes["BLOCK_V"])
+    scan = dict(BLOCK=sizes["BLOCK"], BLOCK_SD=kernels.SCAN_ROWS, BLOCK_V=sizes["BLOCK_V"], SLOTS=kernels.SCAN_SLOTS)
     for reverse in (False, True):
         lower(kernels._scan_sums, kernel_dtype, REVERSE=reverse, **scan)
     lower(kernels._query_sums, kernel_dtype, operands, operand_names=INPUTS,
@@ -136,7 +136,7 @@ def test_attention_kernels_assemble_for_sm90(causal):
     walk = dict(HORIZON=16, HAS_MASK=True, BLOCK=sizes["BLOCK"], BLOCK_D=sizes["BLOCK_D"], BLOCK_V=sizes["BLOCK_V"],
                 DOT="tf32")
     tiles = dict(sizes, HORIZON=16, CAUSAL=causal, HAS_MASK=True, HAS_TABLE=True, DOT="tf32")
-    scan = dict(BLOCK=sizes["BLOCK"], BLOCK_SD=kernels.SCAN_ROWS, BLOCK_V=sizes["BLOCK_V"])
+    scan = dict(BLOCK=sizes["BLOCK"], BLOCK_SD=kernels.SCAN_ROWS, BLOCK_V=sizes["BLOCK_V"], SLOTS=kernels.SCAN_SLOTS)
     queries = {key: walk[key] for key in ("BLOCK", "BLOCK_D", "BLOCK_V", "DOT")}
     for name, constexprs in (("_states", walk), ("_chunk_sums", walk), ("_scan_sums", dict(scan, REVERSE=True)),
                              ("_query_sums", queries), ("_states_backward", queries), ("_forward", tiles),
