@@ -64,9 +64,16 @@ def dot_precision(dtype: torch.dtype, half_inputs: bool) -> str:
     use three TF32 products (about float32's accuracy), and float64 ones are exact."""
     if dtype == torch.float64:
         return "ieee"
-    if half_inputs or torch.get_float32_matmul_precision() != "highest":
+    if half_inputs or _float32_matmul_precision() != "highest":
         return "tf32"
     return "tf32x3"
+
+
+@torch.compiler.assume_constant_result
+def _float32_matmul_precision() -> str:
+    """`torch.get_float32_matmul_precision()`, read by torch.compile when it traces a call and kept in the graph as
+    a constant: a function that returns a string would otherwise end the graph at every attention layer."""
+    return torch.get_float32_matmul_precision()
 
 
 @triton.jit

@@ -123,6 +123,25 @@ def test_torch_compile_matches_eager(mode, tiny_config, batch, attention_outside
         torch.testing.assert_close(got, e, rtol=1e-3, atol=1e-4, msg=lambda m: f"{name}: {m}")
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bf16-autocast"])
+def test_training_forward_compiles_into_one_graph(dtype, tiny_config, batch):
+    """A training-mode forward with labels is one graph for torch.compile on the device, in float32 and under bf16
+    autocast: no value check reads the device back, the count block embeds every position, and the kernels'
+    operators and their products' precision are traced, so that reduce-overhead replays one CUDA graph a step
+    instead of one between each two breaks."""
+    _, device = model_pair(tiny_config)
+    device.train()
+    src, mask, labels = (x.to(DEVICE) for x in inputs(batch))
+
+    def forward():
+        with torch.autocast(DEVICE, dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
+            return device(input_ids=src, attention_mask=mask, labels=labels).loss
+
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(forward)()
+    assert explained.graph_break_count == 0, [reason.reason for reason in explained.break_reasons]
+
+
 def test_seq2seq_trainer_bf16(tmp_path, tiny_config):
     """`Seq2SeqTrainer(bf16=True)` on the device learns to copy 200-token inputs: the loss goes down."""
     from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments

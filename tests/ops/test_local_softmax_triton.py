@@ -126,6 +126,25 @@ def test_kernels_operator_passes_opcheck(case, decay_inputs, monkeypatch, triton
     assert set(torch.library.opcheck(kernels._forward_op, args).values()) == {"SUCCESS"}
 
 
+def test_kernels_compile_into_one_graph_in_float32(decay_inputs, triton_paths):
+    """torch.compile(fullgraph=True) traces the kernels' entry with float32 inputs, whose products' precision comes
+    from `torch.get_float32_matmul_precision()` (a string: read as a call, it would end the graph at every attention
+    layer), and gives eager's output."""
+    from modeling_scaleformer import ops_local_softmax_triton as kernels
+
+    triton_paths(16)
+    *inputs, key_mask, horizon = decay_inputs(b=1, h=2, lq=20, lk=20, d=4, dv=4, mask="padding")
+    inputs = [x.float() for x in inputs]
+
+    def attend(q, k, v, table, decay):
+        return kernels.local_softmax_decay(q, k, v, table, decay, causal=True, key_mask=key_mask, query_offset=0,
+                                           horizon=horizon)
+
+    torch._dynamo.reset()
+    got = torch.compile(attend, fullgraph=True, backend="aot_eager")(*inputs)
+    torch.testing.assert_close(got, attend(*inputs), rtol=0, atol=0)
+
+
 def test_a_copy_of_the_module_registers_operators_of_its_own():
     """The kernels' module loaded a second time under another name, as `trust_remote_code=True` loads a saved
     folder's copy beside the installed package, registers its operators in a namespace of its own (the same names
