@@ -30,10 +30,10 @@ absolute positions, so its `max_position_embeddings` is set to the largest sourc
 (the header says which value was used); its position tables then hold more parameters than the
 default 1024 would.
 
-How: for each length, every model takes one warm-up step and forward pass, then `--repeats` rounds of one
-step and one forward pass each, rotating which model goes first; the median wall time is reported, with user
-and system CPU time and minor page faults. Peak memory is measured in a fresh subprocess per (model, length), run before
-the timed steps of that length: the subprocess builds the model and its optimizer, takes one step at
+How: for each length, every model takes one warm-up step and forward pass (two under --compile), then `--repeats`
+rounds of one step and one forward pass each, rotating which model goes first; the median wall time is reported,
+with user and system CPU time and minor page faults. Peak memory is measured in a fresh subprocess per (model,
+length), run before the timed steps of that length: the subprocess builds the model and its optimizer, takes one step at
 source length 128 (so that AdamW's state exists and every code path is loaded), builds the inputs,
 reads its resident memory from /proc/self/statm as the baseline, takes one step at length L and
 reports the high-water mark `ru_maxrss` minus that baseline as the peak extra. A model that raises
@@ -133,7 +133,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         f"{QUICK_SIZE.d_model}, {QUICK_SIZE.layers}+{QUICK_SIZE.layers} layers, {QUICK_SIZE.heads} "
                         f"heads, FFN {QUICK_SIZE.ffn_dim}, vocabulary {QUICK_SIZE.vocab_size})")
     parser.add_argument("--repeats", type=int, default=3,
-                        help="timed steps per model and length after one warm-up; the median is reported (default: 3)")
+                        help="timed steps per model and length after the warm-up; the median is reported (default: 3)")
     parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads (default: 2)")
     parser.add_argument("--max-bart-length", type=int, metavar="L",
                         help="skip BART above source length L (default: run it at every length)")
@@ -153,7 +153,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "Scaleformer's default attention is traced through their operators, the count block's "
                              "sums everywhere, other attention ops run eagerly inside it) in MODE, one of "
                              + ", ".join(COMPILE_MODES) + " (default: default; reduce-overhead replays the compiled "
-                             "parts as CUDA graphs); the warm-up round compiles")
+                             "parts as CUDA graphs); two warm-up rounds compile and record")
     parser.add_argument("--seed", type=int, default=0, help="seed of the weights and the inputs (default: 0)")
     parser.add_argument("--json", type=Path, metavar="PATH", help="write every raw figure to PATH")
     parser.add_argument("--plot", type=Path, metavar="PATH",
@@ -261,13 +261,14 @@ def forward_pass(trainer: Trainer, input_ids: Tensor, labels: Tensor, args: argp
 
 
 def profile_steps(length: int, args: argparse.Namespace, top: int = 20) -> dict:
-    """One training step of each model at `length` under torch.profiler, after one unprofiled step
+    """One training step of each model at `length` under torch.profiler, after one unprofiled step, or three under
+    --compile, so that reduce-overhead's CUDA graphs are recorded and the profiled step replays them
     (`common.profile_call`): the `top` kernels (CPU ops on CPU) by self time, and the number of device kernels."""
     input_ids, labels = make_batch(length, args.size.vocab_size, args.seed, args.device)
     profiles = {}
     for name in args.models:
         step = functools.partial(train_step, build_trainer(name, args), input_ids, labels, args)
-        table, kernels = profile_call(step, args.device, top)
+        table, kernels = profile_call(step, args.device, top, warmup=warmup_rounds(args))
         profiles[name] = {"length": length, "device_kernels": kernels, "table": table}
         print(f"## Profile: {name}, one training step at source length {length}"
               + (f", {kernels:,} device kernels" if kernels is not None else "") + "\n")
@@ -311,11 +312,17 @@ def measure_memory(name: str, length: int, args: argparse.Namespace) -> dict:
 
 
 Samples = dict[tuple[str, int], list[Sample]]
+def warmup_rounds(args: argparse.Namespace) -> int:
+    """Untimed rounds before the timed ones: one, or two under --compile (the first compiles, the second records
+    reduce-overhead's CUDA graphs, which the timed rounds replay)."""
+    return 2 if args.compile else 1
+
+
 def run_benchmark(args: argparse.Namespace) -> tuple[Samples, Samples, dict[tuple[str, int], dict],
                                                       dict[tuple[str, int], Skip], dict[tuple[str, int], float]]:
-    """Per length: memory subprocesses, then one warm-up and `--repeats` interleaved rounds of a timed step and a
-    timed forward pass per model. A model that fails is dropped, its trainer freed, and skipped at the longer
-    lengths. Returns (steps, forward passes, memory, skipped, device peaks)."""
+    """Per length: memory subprocesses, then warm-up rounds (`warmup_rounds`) and `--repeats` interleaved rounds of
+    a timed step and a timed forward pass per model. A model that fails is dropped, its trainer freed, and skipped
+    at the longer lengths. Returns (steps, forward passes, memory, skipped, device peaks)."""
     trainers = {name: build_trainer(name, args) for name in args.models}
     samples: Samples = {}
     forwards: Samples = {}
@@ -346,14 +353,15 @@ def run_benchmark(args: argparse.Namespace) -> tuple[Samples, Samples, dict[tupl
             running.append(name)
         input_ids, labels = make_batch(length, args.size.vocab_size, args.seed, args.device)
         start = time.perf_counter()
-        for round_index in range(args.repeats + 1):  # round 0 is the warm-up
+        warmups = warmup_rounds(args)
+        for round_index in range(warmups + args.repeats):
             for name in rotated(running, round_index):
                 if name not in running:
                     continue
                 try:
                     sample = train_step(trainers[name], input_ids, labels, args)
                     forward = forward_pass(trainers[name], input_ids, labels, args)
-                    if round_index == args.repeats and args.device.type == "cuda":
+                    if round_index == warmups + args.repeats - 1 and args.device.type == "cuda":
                         cuda_peaks[(name, length)] = cuda_peak_extra_mib(
                             lambda: train_step(trainers[name], input_ids, labels, args), args.device)
                 except (MemoryError, RuntimeError) as error:
@@ -366,11 +374,11 @@ def run_benchmark(args: argparse.Namespace) -> tuple[Samples, Samples, dict[tupl
                     del trainers[name]
                     gc.collect()
                     continue
-                if round_index > 0:
+                if round_index >= warmups:
                     samples.setdefault((name, length), []).append(sample)
                     forwards.setdefault((name, length), []).append(forward)
-        print(f"[time] L={length}: {len(running)} model(s) x (1 warm-up + {args.repeats}) steps and forward passes "
-              f"in {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
+        print(f"[time] L={length}: {len(running)} model(s) x ({warmups} warm-up + {args.repeats}) steps and forward "
+              f"passes in {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
     return samples, forwards, memory, skipped, cuda_peaks
 
 
@@ -569,8 +577,9 @@ def print_header(info: dict, args: argparse.Namespace) -> None:
           + (f" ({torch.cuda.get_device_name(args.device)})" if args.device.type == "cuda" else ""))
     for description in descriptions:
         print(f"- {description}")
-    print(f"- source lengths {', '.join(map(str, args.lengths))}, target {TARGET_LENGTH}; 1 warm-up + {args.repeats} "
-          "timed step(s) and forward pass(es) per model and length, the models taking turns to go first; median")
+    print(f"- source lengths {', '.join(map(str, args.lengths))}, target {TARGET_LENGTH}; {warmup_rounds(args)} "
+          f"warm-up + {args.repeats} timed step(s) and forward pass(es) per model and length, the models taking turns "
+          "to go first; median")
     print()
 
 

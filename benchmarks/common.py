@@ -277,14 +277,15 @@ def cuda_peak_extra_mib(call, device: torch.device) -> float:
     return (torch.cuda.max_memory_allocated(device) - held) / 2**20
 
 
-def profile_call(call, device: torch.device, top: int) -> tuple[str, int | None]:
-    """`call()` once, then once more under torch.profiler: the table of the `top` kernels by self device time
-    (CPU ops by self CPU time on CPU), as torch.profiler prints it, and the number of kernels a CUDA `device`
+def profile_call(call, device: torch.device, top: int, warmup: int = 1) -> tuple[str, int | None]:
+    """`call()` `warmup` times, then once more under torch.profiler: the table of the `top` kernels by self device
+    time (CPU ops by self CPU time on CPU), as torch.profiler prints it, and the number of kernels a CUDA `device`
     ran (None on CPU)."""
     from torch.profiler import ProfilerActivity, profile
 
     cuda = device.type == "cuda"
-    call()
+    for _ in range(warmup):
+        call()
     synchronize(device)
     with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
         call()

@@ -49,6 +49,8 @@ def test_bench_train_compile(run_report, monkeypatch):
     assert report["settings"]["compile"] == "default"
     assert [t["model"] for t in report["timings"] if t["median_s"] > 0] == ["scaleformer"]
     assert "fp32, torch.compile," in stdout
+    assert "target 128; 2 warm-up + 1 timed step(s)" in stdout  # one compiles, one records CUDA graphs
+    assert [len(t["wall_s"]) for t in report["timings"] if t["model"] == "scaleformer"] == [1]
     stdout, report = run_report(["benchmarks/bench_train.py", "--quick", "--lengths", "64", "--repeats", "1",
                                  "--no-memory", "--models", "scaleformer", "--compile", "reduce-overhead"])
     assert report["settings"]["compile"] == "reduce-overhead"
