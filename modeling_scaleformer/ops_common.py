@@ -148,6 +148,14 @@ def row_shift(band_logits: Tensor, tail_sum: Tensor) -> Tensor:
     return torch.where(torch.isfinite(m), m, torch.zeros_like(m)).detach()
 
 
+def normal_tails(tail: Tensor, tail_sum: Tensor) -> Tensor:
+    """`tail`, 0 on the rows whose weight beyond the band `tail_sum` is below the smallest normal number of its dtype
+    (subnormal or 0). Such a row's shift m is its log, and exp(-m) (`shift_scale`), which makes its largest weight
+    1, passes the dtype's largest number (float32: e^88): the gradients it scales overflow to inf and NaN. The row
+    then has no weight beyond the band, as it has none when the weights underflow to 0 outright."""
+    return torch.where(tail_sum >= torch.finfo(tail.dtype).tiny, tail, torch.zeros_like(tail))
+
+
 def shift_scale(m: Tensor) -> Tensor:
     """exp(-m) for the weights outside the band, capped at the largest finite value: a row whose shift m is
     below -709 (float64) has no weight outside the band, and 0 times the cap stays 0 instead of NaN."""

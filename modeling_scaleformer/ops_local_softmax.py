@@ -15,7 +15,10 @@ exp(0) = 1) rather than D times more. Every weight is positive and the row norma
 
 Each row is computed with all its weights multiplied by exp(-m_i), m_i the larger of the row's largest band
 logit and the log of its weight beyond the band (`ops_common.row_shift`): the ratio is unchanged, no term
-exceeds 1 and the largest is 1, so that rows neither overflow nor vanish.
+exceeds 1 and the largest is 1, so that rows neither overflow nor vanish. A row whose weight beyond the band falls
+below the smallest normal number of the compute dtype (hundreds of positions from every visible key, at a fast
+decay: a target far longer than its source, in cross attention) has none there (`ops_common.normal_tails`): its
+exp(-m) would pass the dtype's range and make the gradients inf and NaN.
 
 The algorithm is linear in length: the band is a local softmax over 2h+1 keys per query, by blocks of
 queries; the tail is `ops_decay.decayed_tails` (a decayed linear attention by chunks, anticausal by reversal),
@@ -47,6 +50,7 @@ from .ops_common import (
     elu_feature_map,
     grouped_rows,
     head_table,
+    normal_tails,
     row_shift,
     row_table,
     shift_scale,
@@ -254,6 +258,7 @@ def chunk_local_softmax_decay_attention(
     # the tails and the band take q and k as they are and compute in `dtype`
     rows = [x.reshape(b * heads, 1, x.shape[2], x.shape[3]) for x in (q, k, vm)]
     tail = grouped_rows(tails, max(lq, lk) * (chunk + d + vm.shape[-1]), *rows, decay.to(dtype).repeat(b))
+    tail = normal_tails(tail, tail[..., -1:])
     band = _band(lq, h, query_offset, causal, chunk, q.device)
     out = _LocalSoftmaxBand.apply(q.reshape(b * heads, lq, d), k.reshape(b * heads, -1, d),
                                   vm.reshape(b * heads, -1, vm.shape[-1]), row_table(rel, b, heads, dtype),

@@ -30,11 +30,11 @@ from .ops_common import (
     get_feature_map,
     guarded_normalise,
     horizon_of,
+    normal_tails,
     normalise,
     relative_index,
     row_shift,
     rows_by_distance,
-    shift_scale,
     token_positions,
     visible_keys,
 )
@@ -201,14 +201,20 @@ def naive_local_softmax_decay_weights(
     distance = (pq[:, None] - pk[None, :]).abs()
     band = distance <= h
     keep = visible_keys(lq, lk, causal=causal, key_mask=key_mask, query_offset=query_offset, device=q.device)
-    linear = (elu_feature_map(qc) @ elu_feature_map(kc).transpose(-1, -2)) / q.shape[-1] * torch.exp(
-        -decay.to(dtype)[:, None, None] * (distance - h).clamp(min=0).to(dtype)
-    )
-    linear = linear * (keep & ~band).to(dtype)
+    kernel = (elu_feature_map(qc) @ elu_feature_map(kc).transpose(-1, -2)) / q.shape[-1]
+    exponent = -decay.to(dtype)[:, None, None] * (distance - h).clamp(min=0).to(dtype)
+    beyond = (keep & ~band).to(dtype)
+    tail_sum = (kernel * torch.exp(exponent) * beyond).sum(-1, keepdim=True)
+    # a row whose weight beyond the band underflows to a subnormal number has none there
+    beyond, tail_sum = normal_tails(beyond, tail_sum), normal_tails(tail_sum, tail_sum)
     in_band = band & keep
-    m = row_shift(torch.where(in_band, logits, torch.full_like(logits, float("-inf"))), linear.sum(-1, keepdim=True))
-    # hidden keys get the exponent 0, so that no exponential overflows before the mask zeroes them
-    weights = torch.where(in_band, torch.exp(torch.where(in_band, logits, m) - m), linear * shift_scale(m))
+    m = row_shift(torch.where(in_band, logits, torch.full_like(logits, float("-inf"))), tail_sum)
+    # exp(-m) meets the decay inside the exponential, where the two cancel, rather than scaling the product of the
+    # kernel and a decay that may be tiny (exp(-m) up to e^88 in float32 would push that product's gradient past
+    # float32's range); keys outside `beyond`, and hidden keys in the band, get the exponents -inf and 0, so that no
+    # exponential overflows before the masks zero them
+    far = kernel * torch.exp(torch.where(beyond > 0, exponent - m, float("-inf")))
+    weights = torch.where(in_band, torch.exp(torch.where(in_band, logits, m) - m), far)
     return weights * keep.to(dtype)
 
 

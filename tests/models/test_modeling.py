@@ -321,6 +321,19 @@ def test_bf16_forward_and_backward(tiny_config, batch):
     assert out.logits.dtype == torch.bfloat16 and torch.isfinite(out.loss)
 
 
+@pytest.mark.parametrize("mode", ["auto", "linear"])
+def test_target_far_longer_than_the_source_trains(mode, tiny_config):
+    """A 20-token source and a 600-token target, float32: the decoder's late positions lie hundreds of positions from
+    every source token, where the cross attention's decayed weights fall below float32's range; every gradient stays
+    finite (those weights' row scale had made them inf and NaN), on the quadratic path and the linear one."""
+    torch.manual_seed(0)
+    model = ScaleformerForConditionalGeneration(tiny_config(attention_mode=mode))
+    g = torch.Generator().manual_seed(0)
+    src, labels = torch.randint(3, 60, (1, 20), generator=g), torch.randint(3, 60, (1, 600), generator=g)
+    model(input_ids=src, labels=labels).loss.backward()
+    assert all(bool(torch.isfinite(p.grad).all()) for p in model.parameters() if p.grad is not None)
+
+
 def test_config_rejects_bad_values(tiny_config):
     with pytest.raises(Exception, match="encoder_attention_heads"):
         tiny_config(encoder_attention_heads=3)

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from modeling_scaleformer import ops_common, ops_local_softmax
+from modeling_scaleformer import ops_common, ops_local_softmax, ops_naive
 from modeling_scaleformer.ops_decay import kernelized_decay_cross_summary
 from modeling_scaleformer.ops_local_softmax import (
     LocalSoftmaxDecayState,
@@ -63,6 +63,31 @@ def test_large_logits_stay_finite(decay_inputs, check_decay_op):
         assert bool(torch.isfinite(out).all())
         fn = functools.partial(chunk_local_softmax_decay_attention, chunk_size=4)
         check_decay_op(fn, naive_local_softmax_decay_attention, inputs, False, 0)
+
+
+@pytest.mark.parametrize("mode", ["naive", "linear"])
+@pytest.mark.parametrize("lk, visible", [(20, 20), (600, 20)], ids=["short-source", "keys-hidden-after-20"])
+def test_rows_whose_weights_underflow_get_finite_gradients(mode, lk, visible):
+    """float32 attention of 600 queries whose visible keys are the first 20 (cross attention on a short source, and
+    keys hidden by the mask; rate 0.25): the weights of most rows fall below float32's range, through its subnormal
+    numbers, where exp(-m) would reach the largest float32 and the gradients it scales inf and NaN. Those rows count
+    as having no visible key (output 0), every gradient stays finite with gradient on every row, and the rows near
+    the keys keep the float64 reference's output."""
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 2, 600, 8, dtype=F64, generator=gen)
+    k, v = (torch.randn(1, 2, lk, 8, dtype=F64, generator=gen) for _ in range(2))
+    rel, decay = 0.1 * torch.randn(2, 7, 8, dtype=F64, generator=gen), torch.tensor([0.25, 0.02], dtype=F64)
+    key_mask = (torch.arange(lk) < visible).long()[None]
+    args = [x.float().requires_grad_() for x in (q, k, v, rel, decay)]
+    got = local_softmax_decay_attention(*args, key_mask=key_mask, mode=mode)
+    grads = torch.autograd.grad(got, args, torch.randn(got.shape, generator=gen))
+    assert all(bool(torch.isfinite(g).all()) for g in grads)
+    weights = ops_naive.naive_local_softmax_decay_weights(args[0], args[1], args[3], args[4], key_mask=key_mask)
+    lost = weights[0, 0].sum(-1) == 0  # rows of the fast head whose float32 weights all underflow (times exp(-m))
+    assert 100 < int(lost.sum()) < 600 and not bool(lost[:100].any())
+    assert torch.equal(got[0, 0][lost], torch.zeros_like(got[0, 0][lost]))
+    expected = naive_local_softmax_decay_attention(q, k, v, rel, decay, key_mask=key_mask)
+    torch.testing.assert_close(got[:, :, :100].double(), expected[:, :, :100], rtol=1e-4, atol=1e-5)
 
 
 def test_softmax_rows_are_shift_invariant(decay_inputs):
