@@ -129,11 +129,14 @@ def normalise(num: Tensor, den: Tensor, visible: Tensor | None = None) -> Tensor
     """out = num / den row by row, 0 on rows with no visible key; with augmented sums a = [num, den],
     num = a[..., :-1] and den = a[..., -1:].
 
-    `visible` (broadcastable to den) says which rows see a key; by default den > 0, right whenever
-    every score is positive.
+    `visible` (broadcastable to den) says which rows see a key; by default den >= the smallest normal number of
+    den's dtype over its epsilon (float32: 1e-31), right whenever every score is positive: a smaller sum is made
+    of weights that underflowed (keys far beyond a fast decay), and its reciprocal would take the gradients past
+    the dtype's range.
     """
     if visible is None:
-        visible = den > 0
+        info = torch.finfo(den.dtype)
+        visible = den >= info.tiny / info.eps
     return torch.where(visible, num / torch.where(visible, den, torch.ones_like(den)), torch.zeros_like(num))
 
 

@@ -322,12 +322,14 @@ def test_bf16_forward_and_backward(tiny_config, batch):
 
 
 @pytest.mark.parametrize("mode", ["auto", "linear"])
-def test_target_far_longer_than_the_source_trains(mode, tiny_config):
+@pytest.mark.parametrize("attention_type", ["local_softmax_decay", "kernelized_decay"])
+def test_target_far_longer_than_the_source_trains(attention_type, mode, tiny_config):
     """A 20-token source and a 600-token target, float32: the decoder's late positions lie hundreds of positions from
     every source token, where the cross attention's decayed weights fall below float32's range; every gradient stays
-    finite (those weights' row scale had made them inf and NaN), on the quadratic path and the linear one."""
+    finite (the default attention's row scale, and the decayed kernel's row sum, had made them inf and NaN), on the
+    quadratic path and the linear one."""
     torch.manual_seed(0)
-    model = ScaleformerForConditionalGeneration(tiny_config(attention_mode=mode))
+    model = ScaleformerForConditionalGeneration(tiny_config(attention_type=attention_type, attention_mode=mode))
     g = torch.Generator().manual_seed(0)
     src, labels = torch.randint(3, 60, (1, 20), generator=g), torch.randint(3, 60, (1, 600), generator=g)
     model(input_ids=src, labels=labels).loss.backward()
