@@ -204,7 +204,7 @@ def naive_local_softmax_decay_weights(
     kernel = (elu_feature_map(qc) @ elu_feature_map(kc).transpose(-1, -2)) / q.shape[-1]
     exponent = -decay.to(dtype)[:, None, None] * (distance - h).clamp(min=0).to(dtype)
     beyond = (keep & ~band).to(dtype)
-    tail_sum = (kernel * torch.exp(exponent) * beyond).sum(-1, keepdim=True)
+    tail_sum = (kernel.detach() * torch.exp(exponent.detach()) * beyond).sum(-1, keepdim=True)  # for m: no gradient
     # a row whose weight beyond the band underflows to a subnormal number has none there
     beyond, tail_sum = normal_tails(beyond, tail_sum), normal_tails(tail_sum, tail_sum)
     in_band = band & keep
