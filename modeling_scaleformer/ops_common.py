@@ -147,7 +147,13 @@ def row_shift(band_logits: Tensor, tail_sum: Tensor) -> Tensor:
     other keys (>= 0). exp(l - m) and tail_sum exp(-m) are then at most 1, and at least one of them is 1:
     a row of softmax weights mixed with other positive weights neither overflows nor underflows to 0/0.
     """
-    m = torch.maximum(band_logits.amax(-1, keepdim=True), torch.log(tail_sum))
+    return row_shift_of_log(band_logits, torch.log(tail_sum))
+
+
+def row_shift_of_log(band_logits: Tensor, log_tail_sum: Tensor) -> Tensor:
+    """`row_shift` from the log of the rows' weight beyond the band, for a weight that may lie below the dtype's
+    range while its log does not."""
+    m = torch.maximum(band_logits.amax(-1, keepdim=True), log_tail_sum)
     return torch.where(torch.isfinite(m), m, torch.zeros_like(m)).detach()
 
 

@@ -15,10 +15,12 @@ exp(0) = 1) rather than D times more. Every weight is positive and the row norma
 
 Each row is computed with all its weights multiplied by exp(-m_i), m_i the larger of the row's largest band
 logit and the log of its weight beyond the band (`ops_common.row_shift`): the ratio is unchanged, no term
-exceeds 1 and the largest is 1, so that rows neither overflow nor vanish. A row whose weight beyond the band falls
-below the smallest normal number of the compute dtype (hundreds of positions from every visible key, at a fast
-decay: a target far longer than its source, in cross attention) has none there (`ops_common.normal_tails`): its
-exp(-m) would pass the dtype's range and make the gradients inf and NaN.
+exceeds 1 and the largest is 1, so that rows neither overflow nor vanish. Hundreds of positions from every visible
+key, at a fast decay (a target far longer than its source, in cross attention), each weight beyond the band falls
+below the compute dtype's range while the row, a ratio, does not: the quadratic path and the decoding steps sum
+those weights relative to the row's largest decay and keep them; the chunked path, whose decayed sums underflow,
+gives a row whose sum beyond the band is below the dtype's smallest normal number none there
+(`ops_common.normal_tails`), where exp(-m) would pass the dtype's range and make the gradients inf and NaN.
 
 The algorithm is linear in length: the band is a local softmax over 2h+1 keys per query, by blocks of
 queries; the tail is `ops_decay.decayed_tails` (a decayed linear attention by chunks, anticausal by reversal),

@@ -49,7 +49,8 @@ Generation has two more kernels, without backward, each one launch per layer and
 forty to fifty small operations: `_decode_step` (`decode_step`), the self-attention step of one token on the
 recurrent state (window of the last h keys, relative table, decayed tail, row shift, normaliser, and the state's
 update), and `_cross_decode` (`cross_decode`), a query on the encoder's keys (its band, then every key beyond it
-by blocks); their inputs are in the compute dtype (`ops_common.compute_dtype`). The module imports Triton, which is
+by blocks, summed relative to the nearest one's decay, so that a query however far past the keys keeps its
+weights); their inputs are in the compute dtype (`ops_common.compute_dtype`). The module imports Triton, which is
 an optional dependency: it is loaded only for CUDA tensors (or by tests under TRITON_INTERPRET=1).
 """
 
@@ -1150,15 +1151,16 @@ def _window_logits(q, keys, values, TAB, row, heads, w, inside, d, dd, d_in, vv,
 
 
 @triton.jit
-def _merge(logits, values, far, vv, dv1):
+def _merge(logits, values, far, far_log, vv, dv1):
     """One query's output from its band logits (W,) on the window's [m v, m] `values` (W, V) and its sum beyond the
-    band `far` (V,): exp(l - m) values + exp(-m) far, m the larger of the largest logit and log(far's last
-    channel) (0 for a row with neither), normalised by the last channel (0 for a row with no visible key)."""
+    band exp(far_log) `far` (V,): exp(l - m) values + exp(far_log - m) far, m the larger of the largest logit and
+    far_log + log(far's last channel) (0 for a row with neither), normalised by the last channel (0 for a row with
+    no visible key)."""
     far_sum = tl.sum(tl.where(vv == dv1 - 1, far, 0.0), 0)
-    m = tl.maximum(tl.max(logits, 0), tl.where(far_sum > 0, tl.log(tl.where(far_sum > 0, far_sum, 1.0)),
+    m = tl.maximum(tl.max(logits, 0), tl.where(far_sum > 0, far_log + tl.log(tl.where(far_sum > 0, far_sum, 1.0)),
                                                 float("-inf")))
     m = tl.where(m > float("-inf"), m, 0.0)
-    sums = tl.sum(tl.exp(logits - m)[:, None] * values, 0) + _shift_scale(m) * far
+    sums = tl.sum(tl.exp(logits - m)[:, None] * values, 0) + _shift_scale(m - far_log) * far
     den = tl.sum(tl.where(vv == dv1 - 1, sums, 0.0), 0)
     return tl.where(den > 0, sums / tl.where(den > 0, den, 1.0), 0.0)
 
@@ -1190,7 +1192,7 @@ def _decode_step(
     tail = gamma * tl.load(TAIL + (row * d + dd[:, None]) * dv1 + vv[None, :], mask=d_in[:, None] & v_in[None, :],
                            other=0.0)
     far = tl.sum(_elu_features(q, d_in)[:, None] * tail, 0) / d
-    out = _merge(logits, values, far, vv, dv1)
+    out = _merge(logits, values, far, 0.0, vv, dv1)
     tl.store(OUT + row * (dv1 - 1) + vv, out, mask=vv < dv1 - 1)
     # the oldest window key moves to the tail; the others move down one slot
     first = w == 0
@@ -1253,7 +1255,10 @@ def _cross_decode(
                      other=0.0)
     logits = _window_logits(q, keys, values, TAB, row, heads, w, window, d, dd, d_in, vv, dv1, scale, HORIZON,
                             HAS_TABLE)
-    # beyond it: phi(q).phi(k_j) / D exp(-lambda (|p - j| - h)), by blocks of keys (hidden keys hold [0, 0])
+    # beyond it: phi(q).phi(k_j) / D exp(-lambda (|p - j| - h)), by blocks of keys (hidden keys hold [0, 0]), summed
+    # as exp(-lambda (nearest - h)) times the weights' ratios to that decay, nearest the distance of the nearest
+    # key beyond the band: a query however far past the keys keeps its weights, which would underflow one by one
+    nearest = tl.where(p - HORIZON - 1 < lk, HORIZON + 1, p - lk + 1)
     far = tl.zeros((BLOCK_V,), dtype=OUT.dtype.element_ty)
     for j0 in range(0, lk, BLOCK_N):
         jj = j0 + tl.arange(0, BLOCK_N)
@@ -1264,9 +1269,9 @@ def _cross_decode(
         vm = tl.load(VALUES + (row * lk + jj[:, None]) * dv1 + vv[None, :], mask=beyond[:, None] & v_in[None, :],
                      other=0.0)
         k_features = _elu_features(k, d_in[None, :])
-        weight = tl.sum(k_features * q_features[None, :], 1) / d * tl.exp(-rate * (distance - HORIZON).to(rate.dtype))
+        weight = tl.sum(k_features * q_features[None, :], 1) / d * tl.exp(-rate * (distance - nearest).to(rate.dtype))
         far += tl.sum(tl.where(beyond, weight, 0.0)[:, None] * vm, 0)
-    out = _merge(logits, values, far, vv, dv1)
+    out = _merge(logits, values, far, -rate * (nearest - HORIZON).to(rate.dtype), vv, dv1)
     tl.store(OUT + (row * n + i) * (dv1 - 1) + vv, out, mask=vv < dv1 - 1)
 
 

@@ -30,10 +30,9 @@ from .ops_common import (
     get_feature_map,
     guarded_normalise,
     horizon_of,
-    normal_tails,
     normalise,
     relative_index,
-    row_shift,
+    row_shift_of_log,
     rows_by_distance,
     token_positions,
     visible_keys,
@@ -185,7 +184,9 @@ def naive_local_softmax_decay_weights(
     W_ij = exp(q_i.(k_j + rel[r(i, j)]) / sqrt(D)) for |p_i - j| <= h, W_ij = phi(q_i).phi(k_j) / D
     exp(-lambda (|p_i - j| - h)) beyond; m_i = max(max of row i's visible band logits, log of the sum of its
     weights beyond the band) (`ops_common.row_shift`), so that every weight is at most 1 and the largest
-    part is 1 (the attention, a ratio of sums over the row, does not depend on m).
+    part is 1 (the attention, a ratio of sums over the row, does not depend on m). That log is taken around the
+    row's largest decay exponent, so that rows however far from their keys keep their weights (where the chunked
+    path's decayed sums underflow, `ops_common.normal_tails`).
     """
     dtype = compute_dtype(q.dtype)
     h = horizon_of(rel) if horizon is None else horizon
@@ -203,17 +204,21 @@ def naive_local_softmax_decay_weights(
     keep = visible_keys(lq, lk, causal=causal, key_mask=key_mask, query_offset=query_offset, device=q.device)
     kernel = (elu_feature_map(qc) @ elu_feature_map(kc).transpose(-1, -2)) / q.shape[-1]
     exponent = -decay.to(dtype)[:, None, None] * (distance - h).clamp(min=0).to(dtype)
-    beyond = (keep & ~band).to(dtype)
-    tail_sum = (kernel.detach() * torch.exp(exponent.detach()) * beyond).sum(-1, keepdim=True)  # for m: no gradient
-    # a row whose weight beyond the band underflows to a subnormal number has none there
-    beyond, tail_sum = normal_tails(beyond, tail_sum), normal_tails(tail_sum, tail_sum)
+    beyond = keep & ~band
     in_band = band & keep
-    m = row_shift(torch.where(in_band, logits, torch.full_like(logits, float("-inf"))), tail_sum)
-    # exp(-m) meets the decay inside the exponential, where the two cancel, rather than scaling the product of the
-    # kernel and a decay that may be tiny (exp(-m) up to e^88 in float32 would push that product's gradient past
-    # float32's range); keys outside `beyond`, and hidden keys in the band, get the exponents -inf and 0, so that no
-    # exponential overflows before the masks zero them
-    far = kernel * torch.exp(torch.where(beyond > 0, exponent - m, float("-inf")))
+    # the log of each row's weight beyond the band, summed around its largest decay exponent, so that it neither
+    # underflows nor loses its digits however far the row lies from its keys (no gradient: it only gives m)
+    top = torch.where(beyond, exponent, float("-inf")).amax(-1, keepdim=True)
+    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+    around = torch.exp(torch.where(beyond, exponent - top, float("-inf")))
+    log_tail = top + torch.log((kernel.detach() * around).sum(-1, keepdim=True))
+    m = row_shift_of_log(torch.where(in_band, logits, torch.full_like(logits, float("-inf"))), log_tail)
+    # exp(-m) meets the decay inside the exponential, where the two cancel, rather than scaling a product of the
+    # kernel and a decay that may underflow; the exponent is capped below the dtype's largest so that a kernel that
+    # is 0 cannot meet an infinite factor, and keys outside `beyond`, and hidden keys in the band, get the exponents
+    # -inf and 0, so that no exponential overflows before the masks zero them
+    cap = math.log(torch.finfo(dtype).max) - 1
+    far = kernel * torch.exp(torch.where(beyond, (exponent - m).clamp(max=cap), float("-inf")))
     weights = torch.where(in_band, torch.exp(torch.where(in_band, logits, m) - m), far)
     return weights * keep.to(dtype)
 

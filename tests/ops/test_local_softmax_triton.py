@@ -609,6 +609,31 @@ def test_parallel_walks_on_cuda(monkeypatch):
                                    msg=lambda m: f"{name}: {m}")
 
 
+def test_cross_decode_far_past_the_keys(monkeypatch):
+    """float32 queries 100 to 600 positions past a 20-key source (rates 0.25 and 0.02): each weight beyond the band
+    falls below float32's range from about 350 positions on, while the row, a ratio, does not; the kernel sums the
+    weights relative to the nearest key's decay and keeps the float64 PyTorch step's output, as that step now does
+    in float32 (`naive_local_softmax_decay_weights`)."""
+    from modeling_scaleformer.ops_decay import kernelized_decay_cross_summary
+    from modeling_scaleformer.ops_local_softmax import local_softmax_decay_cross_step
+    from modeling_scaleformer.ops_local_softmax_triton import cross_decode
+
+    gen = torch.Generator().manual_seed(0)
+    k, v = (torch.randn(1, 2, 20, 8, dtype=F64, generator=gen) for _ in range(2))
+    rel, decay = 0.1 * torch.randn(2, 7, 8, dtype=F64, generator=gen), torch.tensor([0.25, 0.02], dtype=F64)
+    for offset in (100, 380, 600):
+        q = torch.randn(1, 2, 2, 8, dtype=F64, generator=gen)
+        expected = local_softmax_decay_cross_step(q, rel, decay, kernelized_decay_cross_summary(k, v),
+                                                  query_offset=offset, horizon=3)
+        for kernel in (cross_decode, None):
+            monkeypatch.setattr(ops_local_softmax, "_cross_decode_function", lambda device: kernel)
+            got = local_softmax_decay_cross_step(q.float(), rel.float(), decay.float(),
+                                                 kernelized_decay_cross_summary(k.float(), v.float()),
+                                                 query_offset=offset, horizon=3)
+            torch.testing.assert_close(got.double(), expected, rtol=1e-4, atol=1e-5,
+                                       msg=lambda m: f"offset {offset}, {'kernel' if kernel else 'pytorch'}: {m}")
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_decode_step_on_cuda(monkeypatch):
