@@ -203,22 +203,24 @@ def naive_local_softmax_decay_weights(
     band = distance <= h
     keep = visible_keys(lq, lk, causal=causal, key_mask=key_mask, query_offset=query_offset, device=q.device)
     kernel = (elu_feature_map(qc) @ elu_feature_map(kc).transpose(-1, -2)) / q.shape[-1]
-    exponent = -decay.to(dtype)[:, None, None] * (distance - h).clamp(min=0).to(dtype)
+    rate = decay.to(dtype)[:, None, None]
+    exponent = -rate * (distance - h).clamp(min=0).to(dtype)  # (H, Lq, Lk)
     beyond = keep & ~band
     in_band = band & keep
-    # the log of each row's weight beyond the band, summed around its largest decay exponent, so that it neither
-    # underflows nor loses its digits however far the row lies from its keys (no gradient: it only gives m)
-    top = torch.where(beyond, exponent, float("-inf")).amax(-1, keepdim=True)
-    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
-    around = torch.exp(torch.where(beyond, exponent - top, float("-inf")))
-    log_tail = top + torch.log((kernel.detach() * around).sum(-1, keepdim=True))
+    # each row's nearest visible key beyond the band has its largest decay exponent, top; its weights beyond the
+    # band are taken relative to that decay, so that their sum neither underflows nor loses its digits however far
+    # the row lies from its keys, and exp(-m) meets the decay as exp(top - m), where the two cancel
+    nearest = torch.where(beyond, distance.to(dtype), float("inf")).amin(-1, keepdim=True)
+    nearest = torch.where(torch.isfinite(nearest), nearest, torch.full_like(nearest, h))  # top 0 for a row with none
+    top = -rate * (nearest - h).clamp(min=0)
+    relative = kernel * torch.exp((exponent - top).clamp(max=0)) * beyond.to(dtype)
+    log_tail = top + torch.log(relative.detach().sum(-1, keepdim=True))  # -inf for a row with none
     m = row_shift_of_log(torch.where(in_band, logits, torch.full_like(logits, float("-inf"))), log_tail)
-    # exp(-m) meets the decay inside the exponential, where the two cancel, rather than scaling a product of the
-    # kernel and a decay that may underflow; the exponent is capped below the dtype's largest so that a kernel that
-    # is 0 cannot meet an infinite factor, and keys outside `beyond`, and hidden keys in the band, get the exponents
-    # -inf and 0, so that no exponential overflows before the masks zero them
+    # exp(top - m) is capped below the dtype's largest, so that a row whose kernel sum is 0 cannot meet an infinite
+    # factor; hidden keys in the band get the exponent 0, so that no exponential overflows before the mask zeroes
+    # them
     cap = math.log(torch.finfo(dtype).max) - 1
-    far = kernel * torch.exp(torch.where(beyond, (exponent - m).clamp(max=cap), float("-inf")))
+    far = relative * torch.exp((top - m).clamp(max=cap))
     weights = torch.where(in_band, torch.exp(torch.where(in_band, logits, m) - m), far)
     return weights * keep.to(dtype)
 
