@@ -315,10 +315,12 @@ def _scan_sums(
             after = nu
         bases = tl.where(exponents > float("-inf"), exponents, 0.0)  # exp(-inf - base) = 0 for an empty sum
         base_after = tl.where(after > float("-inf"), after, 0.0)
-        ys = tl.exp(nu - t.to(acc) * carry_log - bases)[:, None, None] * total[None, :, :]
-        ys_norm = tl.exp(nu - t.to(acc) * carry_log - bases)[:, None] * total_norm[None, :]
-        total = tl.exp(nu - SLOTS * carry_log - base_after) * total
-        total_norm = tl.exp(nu - SLOTS * carry_log - base_after) * total_norm
+        to_slots = tl.exp(nu - t.to(acc) * carry_log - bases)  # the carried sum's factor at each slot of the step
+        ys = to_slots[:, None, None] * total[None, :, :]
+        ys_norm = to_slots[:, None] * total_norm[None, :]
+        carried_on = tl.exp(nu - SLOTS * carry_log - base_after)  # and after the step
+        total = carried_on * total
+        total_norm = carried_on * total_norm
         for u in tl.static_range(SLOTS):
             inside = first + u < slots
             slot = slots - 1 - first - u if REVERSE else first + u
