@@ -261,9 +261,9 @@ def forward_pass(trainer: Trainer, input_ids: Tensor, labels: Tensor, args: argp
 
 
 def profile_steps(length: int, args: argparse.Namespace, top: int = 20) -> dict:
-    """One training step of each model at `length` under torch.profiler, after one unprofiled step, or three under
-    --compile, so that reduce-overhead's CUDA graphs are recorded and the profiled step replays them
-    (`common.profile_call`): the `top` kernels (CPU ops on CPU) by self time, and the number of device kernels."""
+    """One training step of each model at `length` under torch.profiler, after `warmup_rounds` unprofiled steps (two
+    under --compile, so that reduce-overhead's CUDA graphs are recorded and the profiled step replays them;
+    `common.profile_call`): the `top` kernels (CPU ops on CPU) by self time, and the number of device kernels."""
     input_ids, labels = make_batch(length, args.size.vocab_size, args.seed, args.device)
     profiles = {}
     for name in args.models:
@@ -311,13 +311,13 @@ def measure_memory(name: str, length: int, args: argparse.Namespace) -> dict:
     return {"model": name, "length": length, **measure_in_fresh_process(__file__, arguments, f"{name} L={length}")}
 
 
-Samples = dict[tuple[str, int], list[Sample]]
 def warmup_rounds(args: argparse.Namespace) -> int:
     """Untimed rounds before the timed ones: one, or two under --compile (the first compiles, the second records
     reduce-overhead's CUDA graphs, which the timed rounds replay)."""
     return 2 if args.compile else 1
 
 
+Samples = dict[tuple[str, int], list[Sample]]
 def run_benchmark(args: argparse.Namespace) -> tuple[Samples, Samples, dict[tuple[str, int], dict],
                                                       dict[tuple[str, int], Skip], dict[tuple[str, int], float]]:
     """Per length: memory subprocesses, then warm-up rounds (`warmup_rounds`) and `--repeats` interleaved rounds of

@@ -115,7 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     from modeling_scaleformer import ops_local_softmax_triton as kernels
 
     chosen = kernels.BLOCK, kernels.KEY_TILE, kernels.KEY_BLOCK
-    chosen_scan = f"{kernels.SCAN_ROWS}x{kernels.SCAN_SLOTS}"
+    chosen_scan = kernels.SCAN_ROWS, kernels.SCAN_SLOTS
+    chosen_scan_name = "{}x{}".format(*chosen_scan)
     direction = "causal" if args.causal else "bidirectional"
     import triton
 
@@ -125,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
           "| shared (bytes) |")
     print("|:---|---:|---:|---:|---:|---:|---:|---:|")
     tiles = args.tiles or [kernels.KEY_TILE]
-    scans = args.scans or [chosen_scan]
+    scans = args.scans or [chosen_scan_name]
     try:
         for name in args.kernels:
             for block, tile in itertools.product(args.blocks, tiles if name in TILED else
@@ -142,15 +143,15 @@ def main(argv: list[str] | None = None) -> int:
                         registers, stores, loads, shared = resources(getattr(kernels, name), DTYPES[args.dtype],
                                                                      fixed, options, args.arch)
                         launch = {"num_warps": 4, "num_stages": 3, **kernels.LAUNCH[name]}
-                        chosen_tile = (chosen[2] if name == "_backward_keys" else chosen_scan if name == "_scan_sums"
-                                       else chosen[1])
+                        chosen_tile = (chosen[2] if name == "_backward_keys" else chosen_scan_name
+                                       if name == "_scan_sums" else chosen[1])
                         used = block == chosen[0] and tile in (None, chosen_tile)
                         mark = " *" if used and launch == options else ""
                         print(f"| {name}{mark} | {block} | {tile or '-'} | {warps} | {stages} | {registers} | "
                               f"{stores} / {loads} | {shared:,} |", flush=True)
     finally:
         kernels.BLOCK, kernels.KEY_TILE, kernels.KEY_BLOCK = chosen
-        kernels.SCAN_ROWS, kernels.SCAN_SLOTS = map(int, chosen_scan.split("x"))
+        kernels.SCAN_ROWS, kernels.SCAN_SLOTS = chosen_scan
     return 0
 
 
