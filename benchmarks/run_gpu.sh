@@ -11,11 +11,11 @@
 #                         that a later attention_variants finds them compiled;
 #   attention_variants    times the op as it is beside other settings of its kernels in one process: windows in one
 #                         tile of 128 keys and 64 keys per backward program, the walks' parallel passes (at B=4,
-#                         H=16 the op takes the sequential walks), forward's states recomputed in backward;
+#                         H=16 the op takes them causal, the sequential walks bidirectional), forward's states recomputed in backward;
 #   attention_small_batch the op (its parallel passes at this shape) beside the sequential walks and the passes
 #                         with their scan one chunk a step, at the small model's training shape (batch 1, 8 heads);
 #   attention_rows        the parallel passes beside the sequential walks at 16 and 32 batch*head rows, between the
-#                         8 and 64 of the steps above, where the op switches from one to the other (PARALLEL_WALK_ROWS);
+#                         8 and 64 of the steps above (the op switches at PARALLEL_WALK_PROGRAMS walks' programs);
 #   attention_block32     the op with the kernels' blocks of 32;
 #   tune                  bench_attention_gpu.py --tune: each kernel's warps and pipeline stages, one at a time;
 #   accelerate            examples/train_accelerate.py under `accelerate launch` on the device, 30 bf16 steps of the

@@ -858,11 +858,12 @@ LAUNCH = {"_states": dict(num_warps=8), "_chunk_sums": dict(num_warps=8), "_scan
 # the states by `_chunk_sums` (every chunk at once) and `_scan_sums` (a sequential pass of elementwise work, rows of
 # the states in slices of SCAN_ROWS), and their gradient by `_query_sums` and `_scan_sums`, instead of the walks of
 # `_states` and `_states_backward`, which read every chunk or query block in sequence with one program per
-# batch*head row and direction: True, False, or None for the parallel passes at most PARALLEL_WALK_ROWS rows (few
-# programs walk then). On an H200 (benchmarks/README.md) the parallel passes took 0.52-0.66 of the walks' time at
-# B=1, H=8 (8 rows) and 1.08-1.31 at B=4, H=16 (64 rows); on an H100, 1.15-1.26 at B=4, H=16
+# batch*head row and direction: True, False, or None for the parallel passes where the walks would have at most
+# PARALLEL_WALK_PROGRAMS programs (rows times directions), too few to fill the device. On an H200 (132 SMs,
+# benchmarks/README.md), with the scan 8 chunks a step, the parallel passes took 0.77-0.85 of the walks' time at
+# B=1, H=8 (8 and 16 programs), 0.90-0.92 at B=4, H=16 causal (64 programs) and 1.07-1.11 bidirectional (128)
 PARALLEL_WALKS = None
-PARALLEL_WALK_ROWS = 8
+PARALLEL_WALK_PROGRAMS = 64
 # `_scan_sums`' programs: SCAN_ROWS rows of the states each, SCAN_SLOTS chunks' slots a step. Slot by slot, the pass
 # waited on memory at every slot: 335 us a call at 16k on an H100, 38% of the device time of the small model's
 # training step (benchmarks/README.md). 4 rows by 8 slots with 8 warps is the widest step without register spills
@@ -879,9 +880,10 @@ def fits(horizon: int, dim: int, value_dim: int) -> bool:
     return horizon <= MAX_HORIZON and dim <= MAX_DIM and value_dim <= MAX_DIM
 
 
-def _parallel_walks(rows: int) -> bool:
-    """Whether the states of `rows` batch*head rows, and their gradient, take the parallel passes (`PARALLEL_WALKS`)."""
-    return rows <= PARALLEL_WALK_ROWS if PARALLEL_WALKS is None else PARALLEL_WALKS
+def _parallel_walks(rows: int, directions: int) -> bool:
+    """Whether the states of `rows` batch*head rows walked in `directions` directions, and their gradient, take the
+    parallel passes (`PARALLEL_WALKS`)."""
+    return rows * directions <= PARALLEL_WALK_PROGRAMS if PARALLEL_WALKS is None else PARALLEL_WALKS
 
 
 def _sizes(horizon: int, d: int, dv: int) -> dict:
@@ -1076,7 +1078,7 @@ def _walk_adjoints(q, lk: int, rate, states, norms, g, out, shift, den, delta, w
     adjoints, adjoint_norms = states.new_empty(states.shape), norms.new_empty(norms.shape)
     scales = den.new_empty(directions, rows, slots)
     sizes = dict(BLOCK=BLOCK, BLOCK_D=common["BLOCK_D"], BLOCK_V=common["BLOCK_V"])
-    if not _parallel_walks(rows):
+    if not _parallel_walks(rows, directions):
         carried = den.new_empty(directions, rows, 1)
         _states_backward[(rows, directions)](
             q, rate, states, norms, adjoints, adjoint_norms, scales, g, out, shift, den, delta, carried, lq, lk, heads,
@@ -1110,7 +1112,7 @@ def _walk_states(k, v, mask, rate, walk: _Walk, heads: int, lq: int, offset: int
             walk.n_states, *walk.starts, d, dv, *_strides(k, v))
     walk_sizes = dict(HORIZON=horizon, HAS_MASK=mask is not None, BLOCK=BLOCK, BLOCK_D=sizes["BLOCK_D"],
                       BLOCK_V=sizes["BLOCK_V"], DOT=dot)
-    if not _parallel_walks(rows):
+    if not _parallel_walks(rows, directions):
         _states[(rows, directions)](*args, **walk_sizes, **LAUNCH["_states"])
         return states, norms
     _chunk_sums[(walk.n_states, rows, directions)](*args, **walk_sizes, **LAUNCH["_chunk_sums"])

@@ -55,7 +55,7 @@ def triton_paths(monkeypatch):
         # dimensions take several parts and short inputs several steps
         monkeypatch.setattr(ops_local_softmax_triton, "SCAN_ROWS", 2)
         monkeypatch.setattr(ops_local_softmax_triton, "SCAN_SLOTS", 2)
-        # the sequential walks, which the op takes beyond PARALLEL_WALK_ROWS batch*head rows, at the tests' few rows
+        # the sequential walks, which the op takes beyond PARALLEL_WALK_PROGRAMS programs, at the tests' few rows
         # too (test_parallel_walks_equal_the_sequential_walks holds the parallel passes to them)
         monkeypatch.setattr(ops_local_softmax_triton, "PARALLEL_WALKS", False)
         return used

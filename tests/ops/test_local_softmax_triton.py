@@ -167,30 +167,35 @@ def test_a_copy_of_the_module_registers_operators_of_its_own():
     assert torch.equal(got, expected)
 
 
-def test_few_rows_take_the_parallel_walks(decay_inputs, monkeypatch, triton_paths):
-    """`PARALLEL_WALKS = None` (the default): the parallel passes for at most PARALLEL_WALK_ROWS batch*head rows,
-    where few programs would walk, the sequential walks beyond, in forward and in backward alike (the kernels the op
-    launches, at 6 rows); True and False take one path at every size."""
+def test_few_programs_take_the_parallel_walks(decay_inputs, monkeypatch, triton_paths):
+    """`PARALLEL_WALKS = None` (the default): the parallel passes where the walks would have at most
+    PARALLEL_WALK_PROGRAMS programs (batch*head rows times directions), the sequential walks beyond, in forward and in
+    backward alike (the kernels the op launches, at 6 rows: 6 programs causal, 12 bidirectional); True and False take
+    one path at every size."""
     from modeling_scaleformer import ops_local_softmax_triton as kernels
 
     triton_paths(16)
     monkeypatch.setattr(kernels, "PARALLEL_WALKS", None)
-    rows = kernels.PARALLEL_WALK_ROWS
-    assert kernels._parallel_walks(1) and kernels._parallel_walks(rows) and not kernels._parallel_walks(rows + 1)
+    programs = kernels.PARALLEL_WALK_PROGRAMS
+    assert kernels._parallel_walks(1, 1) and kernels._parallel_walks(programs, 1)
+    assert kernels._parallel_walks(programs // 2, 2) and not kernels._parallel_walks(programs // 2 + 1, 2)
+    assert not kernels._parallel_walks(programs + 1, 1)
     launched = []
     for name in ("_states", "_states_backward", "_chunk_sums", "_query_sums"):
         kernel = getattr(kernels, name)
         monkeypatch.setattr(kernels, name, type(name, (), {"__getitem__": lambda self, grid, name=name, kernel=kernel:
                                                           launched.append(name) or kernel[grid]})())
     inputs = decay_inputs(b=2, h=3, lq=40, lk=40, d=4, dv=4, mask="padding")
-    for walk_rows, expected in ((6, ["_chunk_sums", "_query_sums"]), (5, ["_states", "_states_backward"])):
-        monkeypatch.setattr(kernels, "PARALLEL_WALK_ROWS", walk_rows)
+    passes, walks = ["_chunk_sums", "_query_sums"], ["_states", "_states_backward"]
+    for causal, walk_programs, expected in ((True, 6, passes), (True, 5, walks), (False, 12, passes),
+                                            (False, 11, walks), (False, 6, walks)):
+        monkeypatch.setattr(kernels, "PARALLEL_WALK_PROGRAMS", walk_programs)
         launched.clear()
-        output_and_gradients(inputs[:5], causal=True, key_mask=inputs[5], query_offset=0)
-        assert launched == expected, (walk_rows, launched)
+        output_and_gradients(inputs[:5], causal=causal, key_mask=inputs[5], query_offset=0)
+        assert launched == expected, (causal, walk_programs, launched)
     for setting in (True, False):
         monkeypatch.setattr(kernels, "PARALLEL_WALKS", setting)
-        assert kernels._parallel_walks(1) is kernels._parallel_walks(4 * rows) is setting
+        assert kernels._parallel_walks(1, 1) is kernels._parallel_walks(4 * programs, 2) is setting
 
 
 @CAUSAL
@@ -549,10 +554,11 @@ def test_triton_attention_shapes_on_cuda(case):
 @pytest.mark.parametrize("case", [
     dict(lq=200, lk=200, d=128, h=16), dict(lq=200, lk=200, d=128, h=16, causal=True),
 ], ids=["d128", "d128-causal"])
+@pytest.mark.xfail(strict=True, reason="D = 128 asks the kernels for more shared memory than sm90 has (MAX_DIM 64)")
 def test_triton_attention_beyond_fits_on_cuda(case, monkeypatch):
     """The size `fits` does not take yet, D = 128, with its limit lifted: as `test_triton_attention_shapes_on_cuda`,
     the check that raising MAX_DIM waits for (on an H200, `_states` asked for 262,656 bytes of shared memory, more
-    than the 232,448 there are)."""
+    than the 232,448 there are). Expected to fail until then (strict: once it passes, MAX_DIM can go up)."""
     from modeling_scaleformer import ops_local_softmax_triton
 
     monkeypatch.setattr(ops_local_softmax_triton, "MAX_DIM", 128)
