@@ -11,7 +11,8 @@
 #                         that a later attention_variants finds them compiled;
 #   attention_variants    times the op as it is beside other settings of its kernels in one process: windows in one
 #                         tile of 128 keys and 64 keys per backward program, the walks' parallel passes (at B=4,
-#                         H=16 the op takes them causal, the sequential walks bidirectional), forward's states recomputed in backward;
+#                         H=16 the op takes them causal, the sequential walks bidirectional), forward's states
+#                         recomputed in backward;
 #   attention_small_batch the op (its parallel passes at this shape) beside the sequential walks and the passes
 #                         with their scan one chunk a step, at the small model's training shape (batch 1, 8 heads);
 #   attention_rows        the parallel passes beside the sequential walks at 16 and 32 batch*head rows, between the
