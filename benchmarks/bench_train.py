@@ -154,6 +154,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "sums everywhere, other attention ops run eagerly inside it) in MODE, one of "
                              + ", ".join(COMPILE_MODES) + " (default: default; reduce-overhead replays the compiled "
                              "parts as CUDA graphs); two warm-up rounds compile and record")
+    parser.add_argument("--steps-only", action="store_true",
+                        help="time the training steps only, not the forward passes: under --compile one graph to "
+                             "compile and record per model instead of two")
     parser.add_argument("--seed", type=int, default=0, help="seed of the weights and the inputs (default: 0)")
     parser.add_argument("--json", type=Path, metavar="PATH", help="write every raw figure to PATH")
     parser.add_argument("--plot", type=Path, metavar="PATH",
@@ -360,7 +363,7 @@ def run_benchmark(args: argparse.Namespace) -> tuple[Samples, Samples, dict[tupl
                     continue
                 try:
                     sample = train_step(trainers[name], input_ids, labels, args)
-                    forward = forward_pass(trainers[name], input_ids, labels, args)
+                    forward = None if args.steps_only else forward_pass(trainers[name], input_ids, labels, args)
                     if round_index == warmups + args.repeats - 1 and args.device.type == "cuda":
                         cuda_peaks[(name, length)] = cuda_peak_extra_mib(
                             lambda: train_step(trainers[name], input_ids, labels, args), args.device)
@@ -376,9 +379,11 @@ def run_benchmark(args: argparse.Namespace) -> tuple[Samples, Samples, dict[tupl
                     continue
                 if round_index >= warmups:
                     samples.setdefault((name, length), []).append(sample)
-                    forwards.setdefault((name, length), []).append(forward)
-        print(f"[time] L={length}: {len(running)} model(s) x ({warmups} warm-up + {args.repeats}) steps and forward "
-              f"passes in {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
+                    if forward is not None:
+                        forwards.setdefault((name, length), []).append(forward)
+        passes = "steps" if args.steps_only else "steps and forward passes"
+        print(f"[time] L={length}: {len(running)} model(s) x ({warmups} warm-up + {args.repeats}) {passes} in "
+              f"{time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
     return samples, forwards, memory, skipped, cuda_peaks
 
 
@@ -426,10 +431,11 @@ def print_tables(samples: Samples, forwards: Samples, memory: dict[tuple[str, in
           f"{args.repeats} step(s)")
     print()
     print_time_table(samples, memory, skipped, args)
-    print(f"## One forward pass (eval mode, inference_mode, with labels), target {TARGET_LENGTH} tokens: median wall "
-          f"time of {args.repeats} pass(es)")
-    print()
-    print_time_table(forwards, None, skipped, args)
+    if not args.steps_only:
+        print(f"## One forward pass (eval mode, inference_mode, with labels), target {TARGET_LENGTH} tokens: median "
+              f"wall time of {args.repeats} pass(es)")
+        print()
+        print_time_table(forwards, None, skipped, args)
     print("| source L | model | pass | wall s | user CPU s | system CPU s | minor page faults |")
     print("|---:|:---|:---|---:|---:|---:|---:|")
     for length in args.lengths:
@@ -449,6 +455,8 @@ def print_tables(samples: Samples, forwards: Samples, memory: dict[tuple[str, in
     if others:
         notes.insert(0, f"MODEL / {ref}: the model's step time over {ref}'s at the same L (above 1: {ref} is "
                         "faster).")
+    if args.steps_only:
+        notes.append("Forward passes were not timed (--steps-only).")
     if args.no_memory:
         notes.append("Memory was not measured (--no-memory).")
     else:
@@ -578,8 +586,8 @@ def print_header(info: dict, args: argparse.Namespace) -> None:
     for description in descriptions:
         print(f"- {description}")
     print(f"- source lengths {', '.join(map(str, args.lengths))}, target {TARGET_LENGTH}; {warmup_rounds(args)} "
-          f"warm-up + {args.repeats} timed step(s) and forward pass(es) per model and length, the models taking turns "
-          "to go first; median")
+          f"warm-up + {args.repeats} timed step(s){'' if args.steps_only else ' and forward pass(es)'} per model and "
+          "length, the models taking turns to go first; median")
     print()
 
 
@@ -601,8 +609,9 @@ def main(argv: list[str] | None = None) -> int:
         for (name, length), mib in cuda_peaks.items():
             print(f"| {length} | {name} | {mib:,.0f} |")
         print()
-    slopes = (compute_slopes(samples, args.lengths, args.models, "step")
-              + compute_slopes(forwards, args.lengths, args.models, "forward"))
+    slopes = compute_slopes(samples, args.lengths, args.models, "step")
+    if not args.steps_only:
+        slopes += compute_slopes(forwards, args.lengths, args.models, "forward")
     print_slope_table(slopes, args.lengths)
     targets = evaluate_targets(samples, slopes, memory, skipped, args)
     print_targets(targets)
@@ -618,7 +627,7 @@ def main(argv: list[str] | None = None) -> int:
                          "max_quadratic_length": args.max_quadratic_length,
                          "models": args.models, "bart_max_position_embeddings": bart_max_positions(args),
                          "device": str(args.device), "bf16": args.bf16,
-                         "compile": args.compile},
+                         "compile": args.compile, "steps_only": args.steps_only},
             "cuda_peak_extra_mib": [{"model": name, "length": length, "mib": mib}
                                     for (name, length), mib in cuda_peaks.items()],
             "timings": [{"model": name, "length": length, **sample_record(runs)}

@@ -21,7 +21,8 @@
 #   tune                  bench_attention_gpu.py --tune: each kernel's warps and pipeline stages, one at a time;
 #   accelerate            examples/train_accelerate.py under `accelerate launch` on the device, 30 bf16 steps of the
 #                         small model on the shipped verses, then its evaluation (loss, greedy chrF and BLEU);
-#   train_compiled        bench_train.py under torch.compile; train_graphs, in its reduce-overhead mode (CUDA graphs).
+#   train_compiled        bench_train.py under torch.compile, training steps at 16k (one graph to compile per model,
+#                         `--steps-only`); train_graphs, the same in its reduce-overhead mode (CUDA graphs).
 # Each step writes its log (and its JSON) under OUT_DIR and runs under its own time limit (seconds, e.g.
 # LIMIT_tests=300; at the limit the step gets SIGINT, so that pytest still reports what ran), so that a failing or slow
 # step leaves the others' figures; the exit status is the number of steps that failed. TEST_PATHS (default: tests/ops
@@ -54,7 +55,7 @@ step() {  # step NAME COMMAND...: runs COMMAND under LIMIT_<NAME> seconds, its o
 : "${LIMIT_env:=60}" "${LIMIT_attention:=150}" "${LIMIT_tests:=240}" "${LIMIT_train:=150}" "${LIMIT_generate:=180}"
 : "${LIMIT_train_compiled:=240}" "${LIMIT_attention_block32:=120}" \
     "${LIMIT_attention_variants:=240}" "${LIMIT_compile:=180}" \
-    "${LIMIT_attention_small_batch:=120}" "${LIMIT_train_graphs:=240}" \
+    "${LIMIT_attention_small_batch:=120}" "${LIMIT_train_graphs:=360}" \
     "${LIMIT_tune:=240}" "${LIMIT_attention_rows:=120}" "${LIMIT_accelerate:=240}"
 launch=()
 launch_from() {  # the steps' --launch option, once the tune report at LAUNCH_FROM exists
@@ -99,10 +100,10 @@ print(torch.__version__, triton.__version__, transformers.__version__, torch.cud
             --models scaleformer bart led --profile 16384 --json "$out/bench_train_gpu.json" ;;
         tune) step tune python3 benchmarks/bench_attention_gpu.py --tune --json "$out/bench_attention_gpu_tune.json" ;;
         train_graphs) step train_graphs python3 benchmarks/bench_train.py --device cuda --bf16 \
-            --compile reduce-overhead --lengths 4096 16384 --models scaleformer bart \
+            --compile reduce-overhead --steps-only --lengths 16384 --models scaleformer bart \
             --json "$out/bench_train_gpu_graphs.json" ;;
         train_compiled) step train_compiled python3 benchmarks/bench_train.py --device cuda --bf16 --compile \
-            --lengths 4096 16384 --models scaleformer bart led --json "$out/bench_train_gpu_compiled.json" ;;
+            --steps-only --lengths 16384 --models scaleformer bart led --json "$out/bench_train_gpu_compiled.json" ;;
         generate) step generate python3 benchmarks/bench_generate.py --device cuda --new-tokens "${NEW_TOKENS:-8192}" \
             --positions ${POSITIONS:-128 1024 4096 8192} --models scaleformer bart \
             --json "$out/bench_generate_gpu.json" ;;

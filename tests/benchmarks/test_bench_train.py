@@ -39,6 +39,17 @@ def test_bench_train_profile(run_report):
     assert "## Profile: scaleformer, one training step at source length 64" in stdout
 
 
+def test_bench_train_steps_only(run_report):
+    """`--steps-only`: training steps timed, no forward pass (no forward table, slopes or figures in the JSON)."""
+    stdout, report = run_report(["benchmarks/bench_train.py", "--quick", "--lengths", "64", "128", "--repeats", "1",
+                                 "--no-memory", "--models", "scaleformer", "bart", "--steps-only"])
+    assert report["settings"]["steps_only"] is True
+    assert {t["model"] for t in report["timings"] if t["median_s"] > 0} == {"scaleformer", "bart"}
+    assert report["forward_timings"] == [] and {s["pass"] for s in report["slopes"]} == {"step"}
+    assert "## One forward pass" not in stdout and "Forward passes were not timed (--steps-only)." in stdout
+    assert "1 timed step(s) per model and length" in stdout
+
+
 def test_bench_train_compile(run_report, monkeypatch):
     """`--compile [MODE]`: the steps of a model under torch.compile, said in the header and recorded in the settings.
     Dynamo is switched off here (compiling on CPU takes a minute; test_conformance.py compiles a model and checks
