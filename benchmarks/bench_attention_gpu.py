@@ -289,19 +289,22 @@ def check(args: argparse.Namespace) -> dict:
 
 
 def measure(call, args: argparse.Namespace) -> dict:
-    """Median seconds of `repeats` calls after one warm-up, and the peak memory of one call over what was held
-    before it."""
+    """Median seconds of `repeats` calls after one warm-up, until the device finished (`median_s`) and until the
+    call returned to the host (`host_median_s`: the time to issue its work; near `median_s`, the host sets the
+    pace), and the peak memory of one call over what was held before it."""
     call()
     synchronize(args.device)
-    times = []
+    times, host_times = [], []
     for _ in range(args.repeats):
         synchronize(args.device)
         start = time.perf_counter()
         call()
+        host_times.append(time.perf_counter() - start)
         synchronize(args.device)
         times.append(time.perf_counter() - start)
     peak = cuda_peak_extra_mib(call, args.device) if args.device.type == "cuda" else None
-    return {"median_s": statistics.median(times), "times_s": times, "peak_extra_mib": peak}
+    return {"median_s": statistics.median(times), "times_s": times, "host_median_s": statistics.median(host_times),
+            "peak_extra_mib": peak}
 
 
 def skip_reason(method: str, causal: bool, length: int, args: argparse.Namespace, fla) -> str | None:
@@ -337,18 +340,18 @@ def run(args: argparse.Namespace, failed: set[str]) -> list[dict]:
     return rows
 
 
-def seconds(rows: list[dict], method: str, causal: bool, length: int) -> float | None:
+def seconds(rows: list[dict], method: str, causal: bool, length: int, field: str = "median_s") -> float | None:
     for r in rows:
-        if (r["method"], r["causal"], r["length"]) == (method, causal, length) and r.get("median_s") is not None:
-            return r["median_s"]
+        if (r["method"], r["causal"], r["length"]) == (method, causal, length) and r.get(field) is not None:
+            return r[field]
     return None
 
 
 def report(rows: list[dict], args: argparse.Namespace) -> list[dict]:
     """Print the tables and the targets; return the targets."""
     print("| L | direction | scaleformer ms | sdpa ms | fla (causal) ms | sdpa / scaleformer | scaleformer / fla |"
-          " scaleformer peak MiB | sdpa peak MiB |")
-    print("|---:|:---|---:|---:|---:|---:|---:|---:|---:|")
+          " scaleformer peak MiB | sdpa peak MiB | scaleformer host ms |")
+    print("|---:|:---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for length in args.lengths:
         for causal in (True, False):
             s, a = (seconds(rows, m, causal, length) for m in ("scaleformer", "sdpa"))
@@ -358,7 +361,12 @@ def report(rows: list[dict], args: argparse.Namespace) -> list[dict]:
             cells = [f"{1000 * x:.2f}" if x is not None else "–" for x in (s, a, f)]
             ratio = [f"{x / y:.2f}x" if x is not None and y is not None else "–" for x, y in ((a, s), (s, f))]
             mem = [f"{peaks[m]:.0f}" if peaks.get(m) is not None else "–" for m in ("scaleformer", "sdpa")]
+            host = seconds(rows, "scaleformer", causal, length, "host_median_s")
+            mem.append("–" if host is None else f"{1000 * host:.2f}")
             print(f"| {length} | {'causal' if causal else 'bidir'} | " + " | ".join(cells + ratio + mem) + " |")
+    print()
+    print("Host ms: until the call returned, its work issued but not finished; near the first column, the host sets "
+          "the pace.")
     print()
     targets = []
     for causal in (True, False):

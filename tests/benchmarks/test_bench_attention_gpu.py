@@ -27,6 +27,9 @@ def test_bench_attention_gpu_smoke(run_command, tmp_path):
         "fla does not import here", "causal only (its causal time is the ceiling of both)"}
     assert [t["status"] for t in report["targets"]] == ["N/A"] * 6
     assert "| 128 | causal |" in result.stdout
+    host = {(r["method"], r["causal"]): r["host_median_s"] for r in report["timings"] if "host_median_s" in r}
+    assert set(host) == timed and all(0 < t for t in host.values())
+    assert "scaleformer peak MiB | sdpa peak MiB | scaleformer host ms |" in result.stdout
     assert set(report["profiles"]) == {"causal", "bidir"}
     assert "## Profile: scaleformer bidir, L=64, forward + backward" in result.stdout
     assert "aten::bmm" in report["profiles"]["causal"]
