@@ -218,16 +218,15 @@ def build_trainer(name: str, args: argparse.Namespace) -> Trainer:
     return Trainer(torch.compile(model, mode=args.compile) if args.compile else model, optimizer)
 
 
-def on_device(work, args: argparse.Namespace):
-    """`work` under bfloat16 autocast with --bf16, finished on the device before it returns (so that the clocks
-    around it hold the device's time)."""
+def timed_on_device(work, args: argparse.Namespace) -> Sample:
+    """`work` under bfloat16 autocast with --bf16, timed until the device finished it (so that the clocks hold the
+    device's time), and until it returned to the host (`Sample.issued_s`)."""
 
     def run() -> None:
         with torch.autocast(args.device.type, dtype=torch.bfloat16, enabled=args.bf16):
             work()
-        synchronize(args.device)
 
-    return run
+    return timed(run, finish=lambda: synchronize(args.device))
 
 
 def make_batch(length: int, vocab_size: int, seed: int, device: torch.device | str = "cpu") -> tuple[Tensor, Tensor]:
@@ -246,7 +245,7 @@ def train_step(trainer: Trainer, input_ids: Tensor, labels: Tensor, args: argpar
         trainer.model(input_ids=input_ids, labels=labels, use_cache=False).loss.backward()
         trainer.optimizer.step()
 
-    return timed(on_device(step, args))
+    return timed_on_device(step, args)
 
 
 def forward_pass(trainer: Trainer, input_ids: Tensor, labels: Tensor, args: argparse.Namespace) -> Sample:
@@ -258,7 +257,7 @@ def forward_pass(trainer: Trainer, input_ids: Tensor, labels: Tensor, args: argp
 
     trainer.model.eval()
     try:
-        return timed(on_device(forward, args))
+        return timed_on_device(forward, args)
     finally:
         trainer.model.train()
 
@@ -436,8 +435,8 @@ def print_tables(samples: Samples, forwards: Samples, memory: dict[tuple[str, in
               f"wall time of {args.repeats} pass(es)")
         print()
         print_time_table(forwards, None, skipped, args)
-    print("| source L | model | pass | wall s | user CPU s | system CPU s | minor page faults |")
-    print("|---:|:---|:---|---:|---:|---:|---:|")
+    print("| source L | model | pass | wall s | issued s | user CPU s | system CPU s | minor page faults |")
+    print("|---:|:---|:---|---:|---:|---:|---:|---:|")
     for length in args.lengths:
         for name in args.models:
             for label, runs in (("step", samples), ("forward", forwards)):
@@ -445,6 +444,7 @@ def print_tables(samples: Samples, forwards: Samples, memory: dict[tuple[str, in
                     continue
                 faults = median_at(runs, name, length, "minor_faults")
                 print(f"| {length} | {name} | {label} | {fmt_s(median_at(runs, name, length))} | "
+                      f"{fmt_s(median_at(runs, name, length, 'issued_s'))} | "
                       f"{fmt_s(median_at(runs, name, length, 'user_s'))} | "
                       f"{fmt_s(median_at(runs, name, length, 'sys_s'))} | {faults:,.0f} |")
     print()
@@ -455,6 +455,8 @@ def print_tables(samples: Samples, forwards: Samples, memory: dict[tuple[str, in
     if others:
         notes.insert(0, f"MODEL / {ref}: the model's step time over {ref}'s at the same L (above 1: {ref} is "
                         "faster).")
+    notes.append("Issued s: the wall time until the step (or pass) returned to the host, its work issued to the device "
+                 "but not necessarily finished (on CPU, the whole of it); near the wall time, the host sets the pace.")
     if args.steps_only:
         notes.append("Forward passes were not timed (--steps-only).")
     if args.no_memory:

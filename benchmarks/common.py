@@ -89,27 +89,38 @@ class Sample(NamedTuple):
     user_s: float
     sys_s: float
     minor_faults: int
+    issued_s: float | None = None  # with `timed(..., finish=)`: until `work` returned, before `finish`
 
 
-def timed(work: Callable[[], object]) -> Sample:
-    """Run `work()` and return its wall time, user and system CPU time and minor page faults. What `work` returns
-    is freed after the clocks are read."""
+def timed(work: Callable[[], object], finish: Callable[[], object] | None = None) -> Sample:
+    """Run `work()`, then `finish()` if given (waiting for a device), and return the wall time of both, user and
+    system CPU time and minor page faults, and with `finish` the wall time until `work` returned (the host's time to
+    issue it). What `work` returns is freed after the clocks are read."""
     r0 = resource.getrusage(resource.RUSAGE_SELF)
     t0 = time.perf_counter()
     result = work()
+    issued = time.perf_counter() - t0
+    if finish is not None:
+        finish()
     wall = time.perf_counter() - t0
     r1 = resource.getrusage(resource.RUSAGE_SELF)
     del result
-    return Sample(wall, r1.ru_utime - r0.ru_utime, r1.ru_stime - r0.ru_stime, r1.ru_minflt - r0.ru_minflt)
+    return Sample(wall, r1.ru_utime - r0.ru_utime, r1.ru_stime - r0.ru_stime, r1.ru_minflt - r0.ru_minflt,
+                  None if finish is None else issued)
 
 
 def median_of(runs: list[Sample] | None, field: str = "wall_s") -> float | None:
-    return statistics.median(getattr(s, field) for s in runs) if runs else None
+    """The median of a field over the samples that have it (None where none has)."""
+    values = [value for s in runs or () if (value := getattr(s, field)) is not None]
+    return statistics.median(values) if values else None
 
 
 def sample_record(runs: list[Sample]) -> dict:
-    """The JSON fields of some samples: their median wall time and every figure of each."""
-    return {"median_s": median_of(runs), **{field: [getattr(s, field) for s in runs] for field in Sample._fields}}
+    """The JSON fields of some samples: their median wall time and every figure of each (but `issued_s` where
+    none has it)."""
+    fields = {field: [getattr(s, field) for s in runs] for field in Sample._fields}
+    return {"median_s": median_of(runs), **{field: values for field, values in fields.items()
+                                            if any(value is not None for value in values)}}
 
 
 def rotated(names: Sequence[str], turn: int) -> list[str]:

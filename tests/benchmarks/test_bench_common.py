@@ -73,6 +73,20 @@ def test_save_runs_merges_what_other_processes_wrote(tmp_path, import_benchmark)
 
 
 @pytest.mark.skipif(not Path("/proc/self/oom_score_adj").exists(), reason="needs Linux /proc")
+def test_timed_until_issued_and_until_finished(import_benchmark):
+    """`timed(work, finish=)`: the wall time covers `finish` (the device's wait), `issued_s` only `work`; without
+    `finish` there is no issued time, and the medians skip the samples without the field."""
+    import time
+
+    common = import_benchmark("common")
+    sample = common.timed(lambda: time.sleep(0.01), finish=lambda: time.sleep(0.05))
+    assert 0.01 <= sample.issued_s < 0.05 <= sample.wall_s
+    plain = common.timed(lambda: None)
+    assert plain.issued_s is None
+    assert common.median_of([plain, sample], "issued_s") == sample.issued_s
+    assert common.median_of([plain], "issued_s") is None and common.median_of([], "wall_s") is None
+
+
 def test_memory_launcher_volunteers_for_the_oom_killer_and_passes_on_its_exit(import_benchmark):
     launcher = import_benchmark("common").MEMORY_LAUNCHER
 

@@ -48,6 +48,9 @@ def test_bench_train_steps_only(run_report):
     assert report["forward_timings"] == [] and {s["pass"] for s in report["slopes"]} == {"step"}
     assert "## One forward pass" not in stdout and "Forward passes were not timed (--steps-only)." in stdout
     assert "1 timed step(s) per model and length" in stdout
+    # the time until each step returned, before the device finished it (on CPU, nearly its wall time)
+    assert all(0 < issued <= wall for t in report["timings"] for issued, wall in zip(t["issued_s"], t["wall_s"]))
+    assert "| wall s | issued s | user CPU s |" in stdout
 
 
 def test_bench_train_compile(run_report, monkeypatch):
