@@ -38,6 +38,7 @@ kernel each.
 from __future__ import annotations
 
 import math
+import warnings
 from typing import NamedTuple
 
 import torch
@@ -203,9 +204,34 @@ def _triton_entry(device: torch.device, name: str):
 def _attention_function(device: torch.device, horizon: int, dim: int, value_dim: int):
     """The linear path's Triton kernels for `device` (`ops_local_softmax_triton.local_softmax_decay`) on CUDA when
     Triton is installed and the kernels take the horizon and head dimensions, or None (the band then runs in
-    `_LocalSoftmaxBand` and the tails in `ops_decay.decayed_tails`)."""
+    `_LocalSoftmaxBand` and the tails in `ops_decay.decayed_tails`; on CUDA, with a warning the first time for each
+    reason)."""
+    if device.type != "cuda":
+        return None
     fits = _triton_entry(device, "fits")
-    return _triton_entry(device, "local_softmax_decay") if fits is not None and fits(horizon, dim, value_dim) else None
+    if fits is None:
+        _warn_pytorch_path(device, "Triton is not installed (`pip install triton`, or the package's `gpu` extra)")
+        return None
+    if not fits(horizon, dim, value_dim):
+        limits = _triton_entry(device, "MAX_HORIZON"), _triton_entry(device, "MAX_DIM")
+        _warn_pytorch_path(device, f"its Triton kernels take h <= {limits[0]} and head dimensions D, Dv <= "
+                                   f"{limits[1]}, got h={horizon}, D={dim}, Dv={value_dim}")
+        return None
+    return _triton_entry(device, "local_softmax_decay")
+
+
+_WARNED_PYTORCH_PATHS: set[str] = set()
+
+
+def _warn_pytorch_path(device: torch.device, reason: str) -> None:
+    """Warn, once per reason, that the default attention runs its PyTorch path on `device` (an accelerator), whose
+    loops over blocks of rows and chunks were written for CPU caches, instead of the Triton kernels; not while
+    torch.compile traces."""
+    if reason in _WARNED_PYTORCH_PATHS or torch.compiler.is_compiling():
+        return
+    _WARNED_PYTORCH_PATHS.add(reason)
+    warnings.warn(f"the default attention (local_softmax_decay) runs its PyTorch path on {device.type}, not its "
+                  f"Triton kernels: {reason}", stacklevel=3)
 
 
 def local_softmax_decay_is_operator(device: torch.device, horizon: int, dim: int, value_dim: int) -> bool:

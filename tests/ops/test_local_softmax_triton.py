@@ -4,6 +4,7 @@ CUDA at real shapes (`gpu` marker, skipped without a device)."""
 
 import os
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -165,6 +166,20 @@ def test_a_copy_of_the_module_registers_operators_of_its_own():
     expected = installed.local_softmax_decay(q, q, q, None, rate, causal=True, key_mask=None, query_offset=0,
                                              horizon=2)
     assert torch.equal(got, expected)
+
+
+def test_cuda_without_triton_says_it_runs_the_pytorch_path(monkeypatch):
+    """On CUDA without Triton the op runs its PyTorch path and warns once that Triton is missing; on CPU, where that
+    path is the one meant, nothing is said."""
+    monkeypatch.setattr(ops_local_softmax, "_WARNED_PYTORCH_PATHS", set())
+    monkeypatch.setattr(ops_local_softmax, "_triton_entry", lambda device, name: None)
+    with pytest.warns(UserWarning, match=r"runs its PyTorch path on cuda, not its Triton kernels: Triton is not "
+                                         r"installed \(`pip install triton`, or the package's `gpu` extra\)$"):
+        assert ops_local_softmax._attention_function(torch.device("cuda"), 16, 64, 64) is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert ops_local_softmax._attention_function(torch.device("cuda"), 16, 64, 64) is None
+        assert ops_local_softmax._attention_function(torch.device("cpu"), 16, 64, 64) is None
 
 
 def test_few_programs_take_the_parallel_walks(decay_inputs, monkeypatch, triton_paths):
@@ -356,16 +371,26 @@ def test_auto_mode_takes_the_kernels_at_any_length(causal, decay_inputs, triton_
                                                                         key_mask=key_mask), rtol=1e-10, atol=1e-12)
 
 
-def test_sizes_beyond_the_kernels_take_the_pytorch_path():
+def test_sizes_beyond_the_kernels_take_the_pytorch_path(monkeypatch):
     """The kernels take h <= 63 and D, Dv <= 64 (the tile sizes checked on a GPU); beyond, the op on CUDA picks the
-    PyTorch path, and the kernels' entry point refuses them by name."""
+    PyTorch path, saying so once per size, and the kernels' entry point refuses them by name."""
     from modeling_scaleformer.ops_local_softmax_triton import local_softmax_decay
 
+    monkeypatch.setattr(ops_local_softmax, "_WARNED_PYTORCH_PATHS", set())
     cuda = torch.device("cuda")
-    for sizes in ((63, 64, 64), (32, 64, 64)):  # the base configuration's horizon is 32
-        assert ops_local_softmax._attention_function(cuda, *sizes).__name__ == "local_softmax_decay"
-    for sizes in ((64, 64, 64), (16, 65, 64), (16, 64, 65)):
-        assert ops_local_softmax._attention_function(cuda, *sizes) is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the kernels' sizes: no warning
+        for sizes in ((63, 64, 64), (32, 64, 64)):  # the base configuration's horizon is 32
+            assert ops_local_softmax._attention_function(cuda, *sizes).__name__ == "local_softmax_decay"
+    for h, d, dv in ((64, 64, 64), (16, 65, 64), (16, 64, 65)):
+        expected = (r"the default attention \(local_softmax_decay\) runs its PyTorch path on cuda, not its Triton "
+                    rf"kernels: its Triton kernels take h <= 63 and head dimensions D, Dv <= 64, got h={h}, D={d}, "
+                    rf"Dv={dv}$")
+        with pytest.warns(UserWarning, match=expected):
+            assert ops_local_softmax._attention_function(cuda, h, d, dv) is None
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # once per size
+            assert ops_local_softmax._attention_function(cuda, h, d, dv) is None
     q = torch.zeros(1, 1, 4, 65)
     with pytest.raises(ValueError, match=r"h <= 63 and D, Dv <= 64, got h=3, D=65, Dv=65"):
         local_softmax_decay(q, q, q, None, torch.zeros(1), causal=True, key_mask=None, query_offset=0, horizon=3)
