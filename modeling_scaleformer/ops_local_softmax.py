@@ -227,7 +227,7 @@ def _warn_pytorch_path(device: torch.device, reason: str) -> None:
     """Warn, once per reason, that the default attention runs its PyTorch path on `device` (an accelerator), whose
     loops over blocks of rows and chunks were written for CPU caches, instead of the Triton kernels; not while
     torch.compile traces."""
-    if reason in _WARNED_PYTORCH_PATHS or torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or reason in _WARNED_PYTORCH_PATHS:
         return
     _WARNED_PYTORCH_PATHS.add(reason)
     warnings.warn(f"the default attention (local_softmax_decay) runs its PyTorch path on {device.type}, not its "
