@@ -38,8 +38,11 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import contextlib
+import cProfile
+import io
 import json
 import multiprocessing
+import pstats
 import statistics
 import sys
 import time
@@ -98,6 +101,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--profile", type=int, metavar="L",
                         help="also profile one scaleformer forward + backward per direction at length L and print "
                              "where its device time goes, by kernel")
+    parser.add_argument("--host-profile", type=int, metavar="L",
+                        help="also time, at length L (causal), how long the host takes to issue the op's forward and "
+                             "its backward, and profile the forward's Python calls (cProfile: the op's wrappers, "
+                             "Triton's launches, PyTorch's operators)")
     parser.add_argument("--kernel-block", type=int, metavar="N",
                         help="queries per block and keys per chunk of the default attention's Triton kernels "
                              "(ops_local_softmax_triton.BLOCK, a power of two >= 16; default: theirs)")
@@ -413,6 +420,56 @@ def profile(length: int, args: argparse.Namespace, top: int = 15) -> dict:
     return tables
 
 
+def host_profile(length: int, args: argparse.Namespace, calls: int = 20, top: int = 20) -> dict:
+    """How long the host takes to issue one scaleformer forward and its backward (causal, `length`; medians of
+    `calls`, the device waited for between calls) and where the forward's host time goes: Python's cProfile over
+    `calls` forwards with gradients, the `top` functions by their own time. The backward runs on autograd's device
+    thread on CUDA, which cProfile does not see: its issue time is given whole."""
+    g = torch.Generator(device=args.device).manual_seed(length)
+    shape = (args.batch, args.heads, length, args.dim)
+    q, k, v = (torch.randn(shape, generator=g, device=args.device).to(args.dtype).requires_grad_() for _ in range(3))
+    rel = (0.1 * torch.randn(args.heads, 2 * args.horizon + 1, args.dim, generator=g, device=args.device))
+    rel = rel.to(args.dtype).requires_grad_()
+    decay = torch.linspace(0.25, 1 / 256, args.heads, device=args.device).to(args.dtype).requires_grad_()
+    grad = torch.randn(shape, generator=g, device=args.device).to(args.dtype)
+
+    def forward():
+        return local_softmax_decay_attention(q, k, v, rel, decay, causal=True, mode="linear")
+
+    forward().backward(grad)
+    synchronize(args.device)
+    forward_s, backward_s = [], []
+    for _ in range(calls):
+        start = time.perf_counter()
+        out = forward()
+        issued = time.perf_counter()
+        out.backward(grad)
+        forward_s.append(issued - start)
+        backward_s.append(time.perf_counter() - issued)
+        synchronize(args.device)
+    profiler = cProfile.Profile()
+    outputs = []
+    profiler.enable()
+    for _ in range(calls):
+        outputs.append(forward())
+    profiler.disable()
+    synchronize(args.device)
+    del outputs
+    stream = io.StringIO()
+    pstats.Stats(profiler, stream=stream).strip_dirs().sort_stats("tottime").print_stats(top)
+    table = "\n".join(line for line in stream.getvalue().strip().splitlines() if line.strip())
+    result = {"length": length, "calls": calls, "forward_issue_s": statistics.median(forward_s),
+              "backward_issue_s": statistics.median(backward_s), "forward_table": table}
+    print(f"## Host: scaleformer causal, L={length}: the host issues a forward in "
+          f"{1000 * result['forward_issue_s']:.3f} ms and its backward in {1000 * result['backward_issue_s']:.3f} ms "
+          f"(medians of {calls}); the forward's Python calls by own time (cProfile, {calls} forwards):\n")
+    print("```")
+    print(table)
+    print("```")
+    print()
+    return result
+
+
 def target(name: str, value: float | None, ok) -> dict:
     return {"name": name, "value": value, "status": "N/A" if value is None else ("PASS" if ok(value) else "FAIL")}
 
@@ -459,19 +516,21 @@ def benchmark(args: argparse.Namespace) -> int:
             print(f"| {method} | {direction} | " + " | ".join(f"{e:.1e}" for e in errors.values()) + " |")
     print()
     failed = {method for method, result in checked.items() if not result["ok"]}
-    profiles, rows, targets = None, [], []
+    profiles, host, rows, targets = None, None, [], []
     if METHODS[0] in failed:
         print("check FAILED: not timed", flush=True)
     elif not args.check_only:
         if failed:
             print(f"check FAILED for {', '.join(sorted(failed))}: not timed", flush=True)
         profiles = profile(args.profile, args) if args.profile else None
+        host = host_profile(args.host_profile, args) if args.host_profile else None
         rows = run(args, failed)
         targets = report(rows, args)
     if args.json:
         write_json(args.json, {"benchmark": "bench_attention_gpu", "machine": {**info, "device": device_name},
                                "settings": {k: str(v) for k, v in vars(args).items() if k != "json"},
-                               "check": checked, "timings": rows, "targets": targets, "profiles": profiles})
+                               "check": checked, "timings": rows, "targets": targets, "profiles": profiles,
+                               "host_profile": host})
     return 1 if failed else 0
 
 

@@ -14,7 +14,8 @@
 #                         H=16 the op takes them causal, the sequential walks bidirectional), forward's states
 #                         recomputed in backward;
 #   attention_small_batch the op (its parallel passes at this shape) beside the sequential walks and the passes
-#                         with their scan one chunk a step, at the small model's training shape (batch 1, 8 heads);
+#                         with their scan one chunk a step, at the small model's training shape (batch 1, 8 heads),
+#                         and the host's time to issue the op at 4k (`--host-profile`);
 #   attention_rows        the parallel passes beside the sequential walks at 16 and 32 batch*head rows, between the
 #                         8 and 64 of the steps above (the op switches at PARALLEL_WALK_PROGRAMS walks' programs);
 #   attention_block32     the op with the kernels' blocks of 32;
@@ -91,6 +92,7 @@ print(torch.__version__, triton.__version__, transformers.__version__, torch.cud
             --profile 16384 --json "$out/bench_attention_gpu_variants.json" ;;
         attention_small_batch) step attention_small_batch python3 benchmarks/bench_attention_gpu.py --batch 1 \
             --heads 8 "${launch[@]}" --variants scan_by_slot sequential_walks --lengths 4096 16384 65536 \
+            --host-profile 4096 \
             --json "$out/bench_attention_gpu_small_batch.json" ;;
         tests) workers=()  # pytest-xdist, where installed, spreads the tests (and their compiles) over processes
             python3 -c "import xdist" 2> /dev/null && workers=(-n "${TEST_WORKERS:-8}")

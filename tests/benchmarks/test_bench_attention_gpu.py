@@ -16,7 +16,7 @@ def test_bench_attention_gpu_smoke(run_command, tmp_path):
     report_path = tmp_path / "report.json"
     result = run_command(["benchmarks/bench_attention_gpu.py", "--device", "cpu", "--quick", "--dtype", "float32",
                           "--lengths", "128", "--profile", "64", "--kernel-block", "32", "--parallel-walks",
-                          "--key-tile", "16", "--key-block", "64", "--variants", "wide_tiles", "--json",
+                          "--key-tile", "16", "--key-block", "64", "--variants", "wide_tiles", "--host-profile", "64", "--json",
                           str(report_path)])
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     report = json.loads(report_path.read_text())
@@ -33,6 +33,10 @@ def test_bench_attention_gpu_smoke(run_command, tmp_path):
     assert set(report["profiles"]) == {"causal", "bidir"}
     assert "## Profile: scaleformer bidir, L=64, forward + backward" in result.stdout
     assert "aten::bmm" in report["profiles"]["causal"]
+    host = report["host_profile"]
+    assert host["length"] == 64 and host["forward_issue_s"] > 0 and host["backward_issue_s"] > 0
+    assert "local_softmax_decay_attention" in host["forward_table"]
+    assert "## Host: scaleformer causal, L=64: the host issues a forward in" in result.stdout
     assert "kernel blocks of 32; key tiles of 16; 64 keys per backward program; parallel walks" in result.stdout
     assert set(report["check"]) == {"scaleformer", "scaleformer:wide_tiles"}
     for checked in report["check"].values():
