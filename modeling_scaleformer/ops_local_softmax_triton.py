@@ -21,9 +21,9 @@ kernels, laid out like flash-linear-attention's chunk kernels:
   chunk at once, and `_scan_sums` sums them up in place, a sequential pass of elementwise work per batch*head row,
   direction and SCAN_ROWS rows of the state, SCAN_SLOTS chunks a step;
 - `_forward`: one program per query block and row: the window's logits and kernel weights by tiles of KEY_TILE
-  keys (the band's weights summed under their running largest logit, as flash attention sums them, those beyond
-  the band under their running largest weight), both states, the row shift m, out, and m and the normaliser for
-  backward;
+  keys (the band's weights exp(l) and the kernel weights beyond the band in one sum, under the running largest of
+  the band logits and the kernel weights' logs, as flash attention sums its weights), both states, the row shift m,
+  out, and m and the normaliser for backward;
 - `_states_backward`, or `_query_sums` then `_scan_sums` (`PARALLEL_WALKS`): the states' gradient G_b = dL/dL_b
   (the block's queries add theirs, exp(-m_i) exp(-lambda a) phi(q_i) / D [gs_i, -delta_i], and
   G_b = exp(-lambda BLOCK) G_{b+1} + that), in the states' layout, with delta_i = g_i . out_i / den_i:
@@ -609,46 +609,46 @@ def _forward(
     tab = _table_tile(TAB, row, heads, d, HORIZON, HAS_TABLE, BLOCK_R, BLOCK_D)
     i, queries, q, features_q, qr = _block_queries(Q, tab, row, b, lq, heads, d, sqb, sqh, sql, HAS_TABLE, acc,
                                                    BLOCK, BLOCK_D, BLOCK_R, DOT)
-    # the window by tiles of keys, its band and the weights beyond the band summed apart: the band's weights under
-    # their running largest logit (as flash attention does), those beyond it under their running largest weight
-    band_max = tl.full((BLOCK,), float("-inf"), dtype=acc)
-    band_sums = tl.zeros((BLOCK, BLOCK_V), dtype=acc)
-    band_den = tl.zeros((BLOCK,), dtype=acc)
-    far_max = tl.zeros((BLOCK,), dtype=acc)
-    far_sums = tl.zeros((BLOCK, BLOCK_V), dtype=acc)
+    # the window by tiles of keys: the band's weights exp(l) and the kernel weights beyond the band in one running
+    # sum, under the running largest of the band logits and the logs of the kernel weights (as flash attention
+    # does with its logits): one product with the values per tile
+    run_max = tl.full((BLOCK,), float("-inf"), dtype=acc)
+    band_max = tl.full((BLOCK,), float("-inf"), dtype=acc)  # the largest band logit, for the row shift
+    window_sums = tl.zeros((BLOCK, BLOCK_V), dtype=acc)
+    band_den = tl.zeros((BLOCK,), dtype=acc)  # under run_max
     far_den = tl.zeros((BLOCK,), dtype=acc)  # not scaled
     start = b * BLOCK + offset - HORIZON
     for w0 in range(0, BLOCK + HORIZON + HORIZON * (1 - CAUSAL), TILE):
         _, _, v, mk, band, logits, _, _, _, kernel = _window_tile(
             K, V, MASK, row, heads, lk, start, w0, queries, q, features_q, qr, rate, scale, d, dv, skb, skh, skl,
             svb, svh, svl, HORIZON, CAUSAL, HAS_MASK, HAS_TABLE, BLOCK, TILE, BLOCK_D, BLOCK_V, BLOCK_R, DOT)
-        new_max = tl.maximum(band_max, tl.max(logits, 1))
+        tile_band_max = tl.max(logits, 1)
+        kernel_max = tl.max(kernel, 1)
+        new_max = tl.maximum(tl.maximum(run_max, tile_band_max),
+                             tl.where(kernel_max > 0, tl.log(tl.where(kernel_max > 0, kernel_max, 1.0)),
+                                      float("-inf")))
         shift = tl.where(new_max > float("-inf"), new_max, 0.0)
-        weights = tl.where(band, tl.exp(logits - shift[:, None]) * mk[None, :], 0.0)
-        rescale = tl.exp(band_max - shift)
-        band_sums = tl.dot(weights.to(op), v, band_sums * rescale[:, None], input_precision=DOT)
-        band_den = band_den * rescale + tl.sum(weights, 1)
-        band_max = new_max
-        new_max = tl.maximum(far_max, tl.max(kernel, 1))
-        positive = new_max > 0
-        divisor = tl.where(positive, new_max, 1.0)
-        far_sums = tl.dot((kernel / divisor[:, None]).to(op), v,
-                          far_sums * tl.where(positive, far_max / divisor, 0.0)[:, None], input_precision=DOT)
+        rescale = tl.exp(run_max - shift)
+        band_weights = tl.where(band, tl.exp(logits - shift[:, None]) * mk[None, :], 0.0)
+        weights = band_weights + kernel * _shift_scale(shift)[:, None]
+        window_sums = tl.dot(weights.to(op), v, window_sums * rescale[:, None], input_precision=DOT)
+        band_den = band_den * rescale + tl.sum(band_weights, 1)
         far_den += tl.sum(kernel, 1)
-        far_max = new_max
+        run_max = new_max
+        band_max = tl.maximum(band_max, tile_band_max)
     _, before, before_norm, _, _, _, after, after_norm, _, _ = _block_states(
         S, Z, row, b, rows, nq, n_states, start0, start1, d, dv, _query_features(q, queries, d, acc, BLOCK_D), rate,
         CAUSAL, op, BLOCK, BLOCK_D, BLOCK_V, DOT)
-    # the row shift m: the larger of the largest band logit and the log of the weight beyond the band
+    # the row shift m: the larger of the largest band logit and the log of the weight beyond the band (at least
+    # run_max, so that the window's factor exp(run_max - m) is at most 1)
     beyond_sum = far_den + before_norm + after_norm
     m = tl.maximum(band_max, tl.where(beyond_sum > 0, tl.log(tl.where(beyond_sum > 0, beyond_sum, 1.0)),
                                       float("-inf")))
     m = tl.where(m > float("-inf"), m, 0.0)
     shift_scale = _shift_scale(m)
-    band_scale = tl.exp(band_max - m)
-    sums = (band_scale[:, None] * band_sums + (shift_scale * far_max)[:, None] * far_sums
-            + shift_scale[:, None] * (before + after))
-    den = band_scale * band_den + shift_scale * beyond_sum
+    window_scale = tl.exp(run_max - m)
+    sums = window_scale[:, None] * window_sums + shift_scale[:, None] * (before + after)
+    den = window_scale * band_den + shift_scale * beyond_sum
     out = tl.where(den[:, None] > 0, sums / tl.where(den > 0, den, 1.0)[:, None], 0.0)
     ptr, mask = _row_ptrs(OUT, row, heads, sob, soh, sol, i, queries, dv, BLOCK_V)
     tl.store(ptr, out, mask=mask)
