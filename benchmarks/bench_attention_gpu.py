@@ -241,8 +241,9 @@ def kernel_options(options: dict):
             setattr(kernels, name, value)
 
 
-def make_call(method: str, causal: bool, length: int, args: argparse.Namespace, fla):
-    """A function that runs forward and backward once, and the tensors it holds."""
+def timing_inputs(length: int, args: argparse.Namespace) -> tuple[torch.Tensor, ...]:
+    """q, k, v, the relative table and the decay rates (leaves taking gradients) and an upstream gradient, at
+    `length`, drawn from a generator seeded by it."""
     g = torch.Generator(device=args.device).manual_seed(length)
     shape = (args.batch, args.heads, length, args.dim)
     q, k, v = (torch.randn(shape, generator=g, device=args.device).to(args.dtype).requires_grad_() for _ in range(3))
@@ -250,6 +251,12 @@ def make_call(method: str, causal: bool, length: int, args: argparse.Namespace, 
     rel = rel.to(args.dtype).requires_grad_()
     decay = torch.linspace(0.25, 1 / 256, args.heads, device=args.device).to(args.dtype).requires_grad_()
     grad = torch.randn(shape, generator=g, device=args.device).to(args.dtype)
+    return q, k, v, rel, decay, grad
+
+
+def make_call(method: str, causal: bool, length: int, args: argparse.Namespace, fla):
+    """A function that runs forward and backward once, and the tensors it holds."""
+    q, k, v, rel, decay, grad = timing_inputs(length, args)
 
     def call():
         if method.startswith("scaleformer"):
@@ -425,13 +432,7 @@ def host_profile(length: int, args: argparse.Namespace, calls: int = 20, top: in
     `calls`, the device waited for between calls) and where the forward's host time goes: Python's cProfile over
     `calls` forwards with gradients, the `top` functions by their own time. The backward runs on autograd's device
     thread on CUDA, which cProfile does not see: its issue time is given whole."""
-    g = torch.Generator(device=args.device).manual_seed(length)
-    shape = (args.batch, args.heads, length, args.dim)
-    q, k, v = (torch.randn(shape, generator=g, device=args.device).to(args.dtype).requires_grad_() for _ in range(3))
-    rel = (0.1 * torch.randn(args.heads, 2 * args.horizon + 1, args.dim, generator=g, device=args.device))
-    rel = rel.to(args.dtype).requires_grad_()
-    decay = torch.linspace(0.25, 1 / 256, args.heads, device=args.device).to(args.dtype).requires_grad_()
-    grad = torch.randn(shape, generator=g, device=args.device).to(args.dtype)
+    q, k, v, rel, decay, grad = timing_inputs(length, args)
 
     def forward():
         return local_softmax_decay_attention(q, k, v, rel, decay, causal=True, mode="linear")
