@@ -860,8 +860,9 @@ LAUNCH = {"_states": dict(num_warps=8), "_chunk_sums": dict(num_warps=8), "_scan
 # `_states` and `_states_backward`, which read every chunk or query block in sequence with one program per
 # batch*head row and direction: True, False, or None for the parallel passes where the walks would have at most
 # PARALLEL_WALK_PROGRAMS programs (rows times directions), too few to fill the device. On an H200 (132 SMs,
-# benchmarks/README.md), with the scan 8 chunks a step, the parallel passes took 0.77-0.85 of the walks' time at
-# B=1, H=8 (8 and 16 programs), 0.90-0.92 at B=4, H=16 causal (64 programs) and 1.07-1.11 bidirectional (128)
+# benchmarks/README.md), with the scan 8 chunks a step, the parallel passes took 0.38-0.77 of the walks' time from
+# 16k at B=1, H=8 (8 and 16 programs; 1.10-1.17 at 4k, where the host's launches set the time), 0.90-0.92 at B=4,
+# H=16 causal (64 programs), and 1.05-1.11 with 128 programs or more
 PARALLEL_WALKS = None
 PARALLEL_WALK_PROGRAMS = 64
 # `_scan_sums`' programs: SCAN_ROWS rows of the states each, SCAN_SLOTS chunks' slots a step. Slot by slot, the pass
