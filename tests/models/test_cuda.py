@@ -100,6 +100,7 @@ def test_training_step_never_waits_for_the_device(tiny_config, batch):
         torch.cuda.set_sync_debug_mode(previous)
 
 
+@pytest.mark.compiles
 @pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
 def test_torch_compile_matches_eager(mode, tiny_config, batch, attention_outside_the_graph):
     """`torch.compile(model)` (graph breaks allowed; in reduce-overhead mode, replayed as CUDA graphs) gives eager's
@@ -123,6 +124,7 @@ def test_torch_compile_matches_eager(mode, tiny_config, batch, attention_outside
         torch.testing.assert_close(got, e, rtol=1e-3, atol=1e-4, msg=lambda m: f"{name}: {m}")
 
 
+@pytest.mark.compiles
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bf16-autocast"])
 def test_training_forward_compiles_into_one_graph(dtype, tiny_config, batch):
     """A training-mode forward with labels is one graph for torch.compile on the device, in float32 and under bf16
