@@ -376,8 +376,9 @@ def report(rows: list[dict], args: argparse.Namespace) -> list[dict]:
             ratio = [f"{x / y:.2f}x" if x is not None and y is not None else "–" for x, y in ((a, s), (s, f))]
             mem = [f"{peaks[m]:.0f}" if peaks.get(m) is not None else "–" for m in ("scaleformer", "sdpa")]
             host = seconds(rows, "scaleformer", causal, length, "host_median_s")
-            mem.append("–" if host is None else f"{1000 * host:.2f}")
-            print(f"| {length} | {'causal' if causal else 'bidir'} | " + " | ".join(cells + ratio + mem) + " |")
+            host_cell = ["–" if host is None else f"{1000 * host:.2f}"]
+            print(f"| {length} | {'causal' if causal else 'bidir'} | " + " | ".join(cells + ratio + mem + host_cell)
+                  + " |")
     print()
     print("Host ms: until the call returned, its work issued but not finished; near the first column, the host sets "
           "the pace.")

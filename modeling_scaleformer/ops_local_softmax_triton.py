@@ -93,6 +93,12 @@ def _max_exponent(x):
 
 
 @triton.jit
+def _log_or_minus_inf(x):
+    """log(x) where x > 0, -inf elsewhere (an empty sum), without taking the log of 0."""
+    return tl.where(x > 0, tl.log(tl.where(x > 0, x, 1.0)), float("-inf"))
+
+
+@triton.jit
 def _shift_scale(m):
     """exp(-m) for the weights beyond the band, capped where it would overflow (`ops_common.shift_scale`)."""
     return tl.exp(tl.minimum(-m, _max_exponent(m)))
@@ -624,9 +630,7 @@ def _forward(
             svb, svh, svl, HORIZON, CAUSAL, HAS_MASK, HAS_TABLE, BLOCK, TILE, BLOCK_D, BLOCK_V, BLOCK_R, DOT)
         tile_band_max = tl.max(logits, 1)
         kernel_max = tl.max(kernel, 1)
-        new_max = tl.maximum(tl.maximum(run_max, tile_band_max),
-                             tl.where(kernel_max > 0, tl.log(tl.where(kernel_max > 0, kernel_max, 1.0)),
-                                      float("-inf")))
+        new_max = tl.maximum(tl.maximum(run_max, tile_band_max), _log_or_minus_inf(kernel_max))
         shift = tl.where(new_max > float("-inf"), new_max, 0.0)
         rescale = tl.exp(run_max - shift)
         band_weights = tl.where(band, tl.exp(logits - shift[:, None]) * mk[None, :], 0.0)
@@ -642,8 +646,7 @@ def _forward(
     # the row shift m: the larger of the largest band logit and the log of the weight beyond the band (at least
     # run_max, so that the window's factor exp(run_max - m) is at most 1)
     beyond_sum = far_den + before_norm + after_norm
-    m = tl.maximum(band_max, tl.where(beyond_sum > 0, tl.log(tl.where(beyond_sum > 0, beyond_sum, 1.0)),
-                                      float("-inf")))
+    m = tl.maximum(band_max, _log_or_minus_inf(beyond_sum))
     m = tl.where(m > float("-inf"), m, 0.0)
     shift_scale = _shift_scale(m)
     window_scale = tl.exp(run_max - m)
@@ -1162,8 +1165,7 @@ def _merge(logits, values, far, far_log, vv, dv1):
     far_log + log(far's last channel) (0 for a row with neither), normalised by the last channel (0 for a row with
     no visible key)."""
     far_sum = tl.sum(tl.where(vv == dv1 - 1, far, 0.0), 0)
-    m = tl.maximum(tl.max(logits, 0), tl.where(far_sum > 0, far_log + tl.log(tl.where(far_sum > 0, far_sum, 1.0)),
-                                                float("-inf")))
+    m = tl.maximum(tl.max(logits, 0), far_log + _log_or_minus_inf(far_sum))
     m = tl.where(m > float("-inf"), m, 0.0)
     sums = tl.sum(tl.exp(logits - m)[:, None] * values, 0) + _shift_scale(m - far_log) * far
     den = tl.sum(tl.where(vv == dv1 - 1, sums, 0.0), 0)
