@@ -154,6 +154,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "sums everywhere, other attention ops run eagerly inside it) in MODE, one of "
                              + ", ".join(COMPILE_MODES) + " (default: default; reduce-overhead replays the compiled "
                              "parts as CUDA graphs); two warm-up rounds compile and record")
+    parser.add_argument("--eager", nargs="+", default=[], metavar="MODEL",
+                        help="under --compile, these models run eagerly: a baseline whose eager step is its fastest")
     parser.add_argument("--steps-only", action="store_true",
                         help="time the training steps only, not the forward passes: under --compile one graph to "
                              "compile and record per model instead of two")
@@ -166,6 +168,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
     args.models = check_models(parser, args.models, TRAIN_MODEL_NAMES)
     args.device = parse_device(parser, args.device)
+    if args.eager and not args.compile:
+        parser.error("--eager names models to leave out of --compile; without --compile every model runs eagerly")
+    if unknown := sorted(set(args.eager) - set(args.models)):
+        parser.error(f"--eager takes models of --models ({', '.join(args.models)}), got {', '.join(unknown)}")
     if args.device.type == "cuda":
         args.no_memory = True  # resident memory says nothing of the GPU's: its peak is read around each step
     if args.lengths is None:
@@ -215,7 +221,12 @@ def build_trainer(name: str, args: argparse.Namespace) -> Trainer:
     config = model_configs(args.size, bart_max_positions(args), [name], **long_baseline_lengths(args))[name]
     model = build_model(name, config, args.seed).to(args.device).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE)
-    return Trainer(torch.compile(model, mode=args.compile) if args.compile else model, optimizer)
+    return Trainer(torch.compile(model, mode=args.compile) if compiled(name, args) else model, optimizer)
+
+
+def compiled(name: str, args: argparse.Namespace) -> bool:
+    """Whether model `name` runs under torch.compile (--compile, less --eager)."""
+    return args.compile is not None and name not in args.eager
 
 
 def timed_on_device(work, args: argparse.Namespace) -> Sample:
@@ -237,13 +248,18 @@ def make_batch(length: int, vocab_size: int, seed: int, device: torch.device | s
     return input_ids.to(device), labels.to(device)
 
 
-def train_step(trainer: Trainer, input_ids: Tensor, labels: Tensor, args: argparse.Namespace) -> Sample:
-    """zero_grad, forward with labels, backward, AdamW step; timed."""
+def train_step(trainer: Trainer, input_ids: Tensor, labels: Tensor, args: argparse.Namespace,
+               losses: list[Tensor] | None = None) -> Sample:
+    """zero_grad, forward with labels, backward, AdamW step; timed. The loss (detached, on the device: reading it
+    would wait for the device) is appended to `losses` if given."""
 
     def step() -> None:
         trainer.optimizer.zero_grad(set_to_none=True)
-        trainer.model(input_ids=input_ids, labels=labels, use_cache=False).loss.backward()
+        loss = trainer.model(input_ids=input_ids, labels=labels, use_cache=False).loss
+        loss.backward()
         trainer.optimizer.step()
+        if losses is not None:
+            losses.append(loss.detach())
 
     return timed_on_device(step, args)
 
@@ -304,7 +320,7 @@ def measure_memory(name: str, length: int, args: argparse.Namespace) -> dict:
         arguments.append("--quick")
     if args.bf16:
         arguments.append("--bf16")
-    if args.compile:
+    if compiled(name, args):
         arguments += ["--compile", args.compile]
     if args.max_bart_length is not None:
         arguments += ["--max-bart-length", str(args.max_bart_length)]
@@ -320,11 +336,13 @@ def warmup_rounds(args: argparse.Namespace) -> int:
 
 
 Samples = dict[tuple[str, int], list[Sample]]
+Losses = dict[tuple[str, int], list[float]]
 def run_benchmark(args: argparse.Namespace) -> tuple[Samples, Samples, dict[tuple[str, int], dict],
-                                                      dict[tuple[str, int], Skip], dict[tuple[str, int], float]]:
+                                                      dict[tuple[str, int], Skip], dict[tuple[str, int], float],
+                                                      Losses]:
     """Per length: memory subprocesses, then warm-up rounds (`warmup_rounds`) and `--repeats` interleaved rounds of
     a timed step and a timed forward pass per model. A model that fails is dropped, its trainer freed, and skipped
-    at the longer lengths. Returns (steps, forward passes, memory, skipped, device peaks)."""
+    at the longer lengths. Returns (steps, forward passes, memory, skipped, device peaks, the timed steps' losses)."""
     trainers = {name: build_trainer(name, args) for name in args.models}
     samples: Samples = {}
     forwards: Samples = {}
@@ -332,6 +350,7 @@ def run_benchmark(args: argparse.Namespace) -> tuple[Samples, Samples, dict[tupl
     skipped: dict[tuple[str, int], Skip] = {}
     cuda_peaks: dict[tuple[str, int], float] = {}  # (model, L) -> MiB a step allocated on the device (--device cuda)
     failed: dict[str, tuple[int, str]] = {}  # model -> (length, error) where it stopped; skipped above
+    losses: Losses = {}  # (model, L) -> the loss of each timed step
     for length in args.lengths:
         running = []
         for name in args.models:
@@ -361,7 +380,8 @@ def run_benchmark(args: argparse.Namespace) -> tuple[Samples, Samples, dict[tupl
                 if name not in running:
                     continue
                 try:
-                    sample = train_step(trainers[name], input_ids, labels, args)
+                    loss = []
+                    sample = train_step(trainers[name], input_ids, labels, args, loss)
                     forward = None if args.steps_only else forward_pass(trainers[name], input_ids, labels, args)
                     if round_index == warmups + args.repeats - 1 and args.device.type == "cuda":
                         cuda_peaks[(name, length)] = cuda_peak_extra_mib(
@@ -378,12 +398,13 @@ def run_benchmark(args: argparse.Namespace) -> tuple[Samples, Samples, dict[tupl
                     continue
                 if round_index >= warmups:
                     samples.setdefault((name, length), []).append(sample)
+                    losses.setdefault((name, length), []).append(loss[0].item())  # read after the clocks
                     if forward is not None:
                         forwards.setdefault((name, length), []).append(forward)
         passes = "steps" if args.steps_only else "steps and forward passes"
         print(f"[time] L={length}: {len(running)} model(s) x ({warmups} warm-up + {args.repeats}) {passes} in "
               f"{time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
-    return samples, forwards, memory, skipped, cuda_peaks
+    return samples, forwards, memory, skipped, cuda_peaks, losses
 
 
 def median_at(samples: Samples, name: str, length: int, field: str = "wall_s") -> float | None:
@@ -423,7 +444,7 @@ def print_time_table(samples: Samples, memory: dict[tuple[str, int], dict] | Non
 
 
 def print_tables(samples: Samples, forwards: Samples, memory: dict[tuple[str, int], dict],
-                 skipped: dict[tuple[str, int], Skip], args: argparse.Namespace) -> None:
+                 skipped: dict[tuple[str, int], Skip], losses: Losses, args: argparse.Namespace) -> None:
     ref = reference_model(args.models)
     others = [name for name in args.models if name != ref]
     print(f"## One training step (forward + backward + AdamW), target {TARGET_LENGTH} tokens: median wall time of "
@@ -435,8 +456,8 @@ def print_tables(samples: Samples, forwards: Samples, memory: dict[tuple[str, in
               f"wall time of {args.repeats} pass(es)")
         print()
         print_time_table(forwards, None, skipped, args)
-    print("| source L | model | pass | wall s | issued s | user CPU s | system CPU s | minor page faults |")
-    print("|---:|:---|:---|---:|---:|---:|---:|---:|")
+    print("| source L | model | pass | wall s | issued s | user CPU s | system CPU s | minor page faults | losses |")
+    print("|---:|:---|:---|---:|---:|---:|---:|---:|:---|")
     for length in args.lengths:
         for name in args.models:
             for label, runs in (("step", samples), ("forward", forwards)):
@@ -446,7 +467,9 @@ def print_tables(samples: Samples, forwards: Samples, memory: dict[tuple[str, in
                 print(f"| {length} | {name} | {label} | {fmt_s(median_at(runs, name, length))} | "
                       f"{fmt_s(median_at(runs, name, length, 'issued_s'))} | "
                       f"{fmt_s(median_at(runs, name, length, 'user_s'))} | "
-                      f"{fmt_s(median_at(runs, name, length, 'sys_s'))} | {faults:,.0f} |")
+                      f"{fmt_s(median_at(runs, name, length, 'sys_s'))} | {faults:,.0f} | "
+                      + (", ".join(f"{x:.4f}" for x in losses.get((name, length), [])) if label == "step" else "")
+                      + " |")
     print()
     notes = ["Peak extra MiB: the high-water mark of resident memory during one step at L, over the baseline, in a "
              "fresh process per (model, L). The baseline holds the weights, AdamW's state (after one step at L="
@@ -455,6 +478,7 @@ def print_tables(samples: Samples, forwards: Samples, memory: dict[tuple[str, in
     if others:
         notes.insert(0, f"MODEL / {ref}: the model's step time over {ref}'s at the same L (above 1: {ref} is "
                         "faster).")
+    notes.append("Losses: the loss of each timed step, in order (the same batch every step).")
     notes.append("Issued s: the wall time until the step (or pass) returned to the host, its work issued to the device "
                  "but not necessarily finished (on CPU, the whole of it); near the wall time, the host sets the pace.")
     if args.steps_only:
@@ -580,7 +604,7 @@ def print_header(info: dict, args: argparse.Namespace) -> None:
     quick = " (smaller models: --quick)" if args.quick else ""
     precision = "fp32" + (" under bf16 autocast" if args.bf16 else "") + (
         "" if not args.compile else ", torch.compile" if args.compile == "default" else
-        f", torch.compile (mode {args.compile})")
+        f", torch.compile (mode {args.compile})") + (f" ({', '.join(args.eager)} eager)" if args.eager else "")
     print(f"- every model: d_model {size.d_model}, {size.layers}+{size.layers} layers, {size.heads} heads, FFN "
           f"{size.ffn_dim}, vocabulary {size.vocab_size}{quick}; random init (seed {args.seed}), train mode (dropout "
           f"0.1), {precision}, batch {BATCH}, AdamW lr {LEARNING_RATE:g}; device {args.device}"
@@ -603,8 +627,8 @@ def main(argv: list[str] | None = None) -> int:
 
     info = machine_info(torch.get_num_threads())
     print_header(info, args)
-    samples, forwards, memory, skipped, cuda_peaks = run_benchmark(args)
-    print_tables(samples, forwards, memory, skipped, args)
+    samples, forwards, memory, skipped, cuda_peaks, losses = run_benchmark(args)
+    print_tables(samples, forwards, memory, skipped, losses, args)
     if cuda_peaks:
         print("| source L | model | device peak extra MiB (one step) |")
         print("|---:|:---|---:|")
@@ -629,10 +653,10 @@ def main(argv: list[str] | None = None) -> int:
                          "max_quadratic_length": args.max_quadratic_length,
                          "models": args.models, "bart_max_position_embeddings": bart_max_positions(args),
                          "device": str(args.device), "bf16": args.bf16,
-                         "compile": args.compile, "steps_only": args.steps_only},
+                         "compile": args.compile, "eager": args.eager, "steps_only": args.steps_only},
             "cuda_peak_extra_mib": [{"model": name, "length": length, "mib": mib}
                                     for (name, length), mib in cuda_peaks.items()],
-            "timings": [{"model": name, "length": length, **sample_record(runs)}
+            "timings": [{"model": name, "length": length, **sample_record(runs), "loss": losses[(name, length)]}
                         for (name, length), runs in samples.items()],
             "forward_timings": [{"model": name, "length": length, **sample_record(runs)}
                                 for (name, length), runs in forwards.items()],

@@ -946,10 +946,11 @@ def _output_buffers(q: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, tor
 
 @torch.library.custom_op(f"{LIBRARY}::local_softmax_decay_forward", mutates_args=())
 def _forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, table: torch.Tensor | None, decay: torch.Tensor,
-                key_mask: torch.Tensor | None, causal: bool, offset: int, horizon: int,
-                dot: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                key_mask: torch.Tensor | None, causal: bool, offset: int, horizon: int, dot: str,
+                kept: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The kernels' forward, an operator of its own (opaque to torch.compile, which traces the model around it):
-    the output, the row shift and normaliser, and the states kept for backward (`KEEP_STATES`; else empty)."""
+    the output, the row shift and normaliser, and the `kept` states of each direction and row kept for backward
+    (`_kept_states`: all of the walk's, or none)."""
     q, k, v = _layouts(q, k, v)
     b, heads, lq, d = q.shape
     lk, dv = k.shape[2], v.shape[-1]
@@ -957,6 +958,8 @@ def _forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, table: torch.
     mask = None if key_mask is None else key_mask.to(acc).contiguous()
     rate = decay.to(acc).contiguous()
     walk = _Walk.of(lq, lk, offset, horizon, causal)
+    if kept not in (0, walk.n_states):
+        raise ValueError(f"kept must be 0 or the walk's {walk.n_states} states, got {kept}")
     states, norms = _walk_states(k, v, mask, rate, walk, heads, lq, offset, horizon, causal, dot)
     out, shift, den = _output_buffers(q, v)
     _forward[(walk.nq, b * heads)](
@@ -964,7 +967,7 @@ def _forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, table: torch.
         lq, lk, heads, b * heads, offset, walk.nq, walk.n_states, *walk.starts, d, dv, *_strides(q, k, v, out),
         1.0 / math.sqrt(d), HORIZON=horizon, CAUSAL=causal, HAS_MASK=mask is not None, HAS_TABLE=table is not None,
         DOT=dot, **_sizes(horizon, d, dv), **LAUNCH["_forward"])
-    if not KEEP_STATES:
+    if not kept:
         return out, shift, den, *_state_buffers(rate, causal, b * heads, 0, d, dv)
     for direction, start in enumerate(walk.starts[:states.shape[0]]):
         if walk.nq - start < walk.n_states:  # the slots this direction's walk leaves: zeros, not what memory held
@@ -974,12 +977,19 @@ def _forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, table: torch.
 
 
 @_forward_op.register_fake
-def _(q, k, v, table, decay, key_mask, causal, offset, horizon, dot):
+def _(q, k, v, table, decay, key_mask, causal, offset, horizon, dot, kept):
     q, k, v = _layouts(q, k, v)
     b, heads, lq, d = q.shape
-    n_states = _Walk.of(lq, k.shape[2], offset, horizon, causal).n_states if KEEP_STATES else 0
     return (*_output_buffers(q, v),
-            *_state_buffers(decay.to(compute_dtype(q.dtype)), causal, b * heads, n_states, d, v.shape[-1]))
+            *_state_buffers(decay.to(compute_dtype(q.dtype)), causal, b * heads, kept, d, v.shape[-1]))
+
+
+def _kept_states(lq: int, lk: int, offset: int, horizon: int, causal: bool) -> int:
+    """How many states of each direction and row forward keeps for backward (`KEEP_STATES`): all of the walk's, or
+    0. An argument of the forward operator, from which its fake takes the shapes, so that what sets them is in the
+    graph that torch.compile traces, and in the key under which Inductor caches what it compiled from it (a cached
+    graph would otherwise keep the states' shape of whatever layout compiled it)."""
+    return _Walk.of(lq, lk, offset, horizon, causal).n_states if KEEP_STATES else 0
 
 
 def _gradient_buffers(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, table: torch.Tensor | None,
@@ -1050,7 +1060,7 @@ def _(grad_out, q, k, v, table, decay, key_mask, out, shift, den, states, norms,
 
 
 def _save_for_backward(ctx, inputs, output):
-    q, k, v, table, decay, key_mask, causal, offset, horizon, dot = inputs
+    q, k, v, table, decay, key_mask, causal, offset, horizon, dot, _ = inputs
     out, shift, den, states, norms = output
     ctx.save_for_backward(q, k, v, table, decay, key_mask, out, shift, den, states, norms)
     ctx.call = (causal, offset, horizon, dot)
@@ -1061,11 +1071,11 @@ def _save_for_backward(ctx, inputs, output):
 def _backward(ctx, grad_out, *_):
     q, k, v, table, decay, key_mask, out, shift, den, states, norms = ctx.saved_tensors
     if grad_out is None:
-        return (None,) * 10
+        return (None,) * 11
     dq, dk, dv, grad_table, grad_rate = _backward_op(grad_out, q, k, v, table, decay, key_mask, out, shift, den,
                                                      states, norms, *ctx.call)
     grad_table = None if table is None else grad_table.to(table.dtype)
-    return dq, dk, dv, grad_table, grad_rate.to(decay.dtype), None, None, None, None, None
+    return dq, dk, dv, grad_table, grad_rate.to(decay.dtype), None, None, None, None, None, None
 
 
 _forward_op.register_autograd(_backward, setup_context=_save_for_backward)
@@ -1139,7 +1149,8 @@ def local_softmax_decay(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, table
     acc = compute_dtype(q.dtype)
     dot = dot_precision(acc, half_inputs=acc != q.dtype)
     table = None if table is None else table.contiguous()
-    return _forward_op(q, k, v, table, decay, key_mask, causal, query_offset, horizon, dot)[0]
+    kept = _kept_states(q.shape[2], k.shape[2], query_offset, horizon, causal)
+    return _forward_op(q, k, v, table, decay, key_mask, causal, query_offset, horizon, dot, kept)[0]
 
 
 @triton.jit

@@ -51,6 +51,10 @@ def test_bench_train_steps_only(run_report):
     # the time until each step returned, before the device finished it (on CPU, nearly its wall time)
     assert all(0 < issued <= wall for t in report["timings"] for issued, wall in zip(t["issued_s"], t["wall_s"]))
     assert "| wall s | issued s | user CPU s |" in stdout
+    # each timed step's loss, read after the clocks: near log(vocabulary) at random init, one per step
+    for timing in report["timings"]:
+        assert len(timing["loss"]) == len(timing["wall_s"]) and all(5 < x < 12 for x in timing["loss"]), timing
+        assert f"| {', '.join(f'{x:.4f}' for x in timing['loss'])} |" in stdout
 
 
 def test_bench_train_compile(run_report, monkeypatch):
@@ -69,6 +73,23 @@ def test_bench_train_compile(run_report, monkeypatch):
                                  "--no-memory", "--models", "scaleformer", "--compile", "reduce-overhead"])
     assert report["settings"]["compile"] == "reduce-overhead"
     assert "fp32, torch.compile (mode reduce-overhead)," in stdout
+    # a baseline left eager beside the compiled models
+    stdout, report = run_report(["benchmarks/bench_train.py", "--quick", "--lengths", "64", "--repeats", "1",
+                                 "--no-memory", "--models", "scaleformer", "bart", "--compile", "reduce-overhead",
+                                 "--eager", "bart", "--steps-only"])
+    assert report["settings"]["eager"] == ["bart"]
+    assert "fp32, torch.compile (mode reduce-overhead) (bart eager)," in stdout
+    assert {t["model"] for t in report["timings"] if t["median_s"] > 0} == {"scaleformer", "bart"}
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--eager", "bart"], "--eager names models to leave out of --compile"),
+    (["--compile", "--eager", "led"], "--eager takes models of --models (scaleformer, bart), got led"),
+])
+def test_bench_train_eager_errors(flags, message, capsys, import_benchmark):
+    with pytest.raises(SystemExit):
+        import_benchmark("bench_train").parse_args(["--models", "scaleformer", "bart", *flags])
+    assert message in capsys.readouterr().err
 
 
 def test_bench_train_models(run_report):

@@ -123,8 +123,13 @@ def test_kernels_operator_passes_opcheck(case, decay_inputs, monkeypatch, triton
     *inputs, key_mask, horizon = decay_inputs(b=2, h=3, lq=40, lk=50, d=4, dv=5, no_rel=not case["table"],
                                               mask="padding" if case["mask"] else None)
     inputs = [x.requires_grad_() if x is not None else None for x in inputs]
-    args = (*inputs, key_mask, case["causal"], 5, horizon, "ieee")
+    n_states = kernels._Walk.of(40, 50, 5, horizon, case["causal"]).n_states
+    kept = kernels._kept_states(40, 50, 5, horizon, case["causal"])
+    assert kept == (n_states if case["keep"] else 0)
+    args = (*inputs, key_mask, case["causal"], 5, horizon, "ieee", kept)
     assert set(torch.library.opcheck(kernels._forward_op, args).values()) == {"SUCCESS"}
+    with pytest.raises(ValueError, match=rf"kept must be 0 or the walk's {n_states} states, got {n_states + 1}"):
+        kernels._forward_op(*args[:-1], n_states + 1)
 
 
 def test_kernels_compile_into_one_graph_in_float32(decay_inputs, triton_paths):
@@ -144,6 +149,29 @@ def test_kernels_compile_into_one_graph_in_float32(decay_inputs, triton_paths):
     torch._dynamo.reset()
     got = torch.compile(attend, fullgraph=True, backend="aot_eager")(*inputs)
     torch.testing.assert_close(got, attend(*inputs), rtol=0, atol=0)
+
+
+def test_the_traced_graph_holds_the_states_layout(decay_inputs, triton_paths):
+    """The forward operator takes the number of states it keeps as an argument, so that the graph torch.compile
+    traces around it (and the key under which Inductor caches what it compiled) changes with the kernels' blocks:
+    a graph cached under one layout must not be replayed with the states' shape of another."""
+    from modeling_scaleformer import ops_local_softmax_triton as kernels
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    *inputs, key_mask, horizon = decay_inputs(b=1, h=2, lq=100, lk=100, d=4, dv=4)
+
+    def attend(q, k, v, table, decay):
+        return kernels.local_softmax_decay(q, k, v, table, decay, causal=True, key_mask=None, query_offset=0,
+                                           horizon=horizon)
+
+    codes = []
+    for chunk in (16, 32):
+        triton_paths(chunk)
+        graph = make_fx(attend, tracing_mode="fake")(*inputs)
+        calls = [node for node in graph.graph.nodes if "local_softmax_decay_forward" in str(node.target)]
+        assert [node.args[-1] for node in calls] == [-(-100 // chunk)]  # one state per block of queries
+        codes.append(graph.code)
+    assert codes[0] != codes[1]
 
 
 def test_a_copy_of_the_module_registers_operators_of_its_own():
