@@ -81,6 +81,7 @@ VARIANTS = {
     "sequential_walks": {"PARALLEL_WALKS": False},  # the walks at every number of rows
     "block32": {"BLOCK": 32},
     "scan_by_slot": {"SCAN_ROWS": 16, "SCAN_SLOTS": 1},  # the parallel passes' scan one chunk a step, 16 rows a program
+    "operators": {"EAGER_FUNCTION": False},  # eager calls through the torch.library operators' dispatch
 }
 
 

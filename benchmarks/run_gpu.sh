@@ -13,9 +13,9 @@
 #                         tile of 128 keys and 64 keys per backward program, the walks' parallel passes (at B=4,
 #                         H=16 the op takes them causal, the sequential walks bidirectional), forward's states
 #                         recomputed in backward;
-#   attention_small_batch the op (its parallel passes at this shape) beside the sequential walks and the passes
-#                         with their scan one chunk a step, at the small model's training shape (batch 1, 8 heads),
-#                         and the host's time to issue the op at 4k (`--host-profile`);
+#   attention_small_batch the op (its parallel passes at this shape) beside the sequential walks and the op called
+#                         through the torch.library operators' dispatch (`operators`), at the small model's training
+#                         shape (batch 1, 8 heads), and the host's time to issue the op at 4k (`--host-profile`);
 #   attention_rows        the parallel passes beside the sequential walks at 16 and 32 batch*head rows, between the
 #                         8 and 64 of the steps above (the op switches at PARALLEL_WALK_PROGRAMS walks' programs);
 #   attention_block32     the op with the kernels' blocks of 32;
@@ -96,7 +96,7 @@ print(torch.__version__, triton.__version__, transformers.__version__, torch.cud
             parallel_walks recomputed_states "${launch[@]}" --lengths 4096 16384 65536 \
             --profile 16384 --json "$out/bench_attention_gpu_variants.json" ;;
         attention_small_batch) step attention_small_batch python3 benchmarks/bench_attention_gpu.py --batch 1 \
-            --heads 8 "${launch[@]}" --variants scan_by_slot sequential_walks --lengths 4096 16384 65536 \
+            --heads 8 "${launch[@]}" --variants operators sequential_walks --lengths 4096 16384 65536 \
             --host-profile 4096 \
             --json "$out/bench_attention_gpu_small_batch.json" ;;
         tests) workers=()  # pytest-xdist, where installed, spreads the tests (and their compiles) over processes

@@ -43,7 +43,8 @@ strides; the output is laid out (B, Lq, H, Dv), so that merging the heads is a v
 multiplied as they are, while features, weights, states and sums are fp32 (fp64 for fp64 inputs). Forward and
 backward are two `torch.library` operators (`_forward_op`, `_backward_op`, tied by `register_autograd`, each
 with a fake implementation that gives its outputs' shapes), so that torch.compile traces a model around them
-rather than stopping at them.
+rather than stopping at them; eager calls run the same bodies through an `autograd.Function` (`_EagerAttention`),
+without the operators' dispatch.
 
 Generation has two more kernels, without backward, each one launch per layer and token where PyTorch takes some
 forty to fifty small operations: `_decode_step` (`decode_step`), the self-attention step of one token on the
@@ -877,6 +878,9 @@ SCAN_SLOTS = 8
 # the states L_b of forward kept for backward, (directions, B*H, Lq / BLOCK, D, Dv + 1) float32 held from one to the
 # other, instead of recomputed there: one walk fewer, 7-13% less time on an H200 at B=4, H=16 (benchmarks/README.md)
 KEEP_STATES = True
+# eager calls run the operators' bodies through `_EagerAttention`, without `torch.library`'s dispatch (else through
+# the operators, as traced calls do)
+EAGER_FUNCTION = True
 
 
 def fits(horizon: int, dim: int, value_dim: int) -> bool:
@@ -944,13 +948,12 @@ def _output_buffers(q: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, tor
     return out, shift, den
 
 
-@torch.library.custom_op(f"{LIBRARY}::local_softmax_decay_forward", mutates_args=())
-def _forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, table: torch.Tensor | None, decay: torch.Tensor,
-                key_mask: torch.Tensor | None, causal: bool, offset: int, horizon: int, dot: str,
-                kept: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The kernels' forward, an operator of its own (opaque to torch.compile, which traces the model around it):
-    the output, the row shift and normaliser, and the `kept` states of each direction and row kept for backward
-    (`_kept_states`: all of the walk's, or none)."""
+def _forward_body(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, table: torch.Tensor | None,
+                  decay: torch.Tensor, key_mask: torch.Tensor | None, causal: bool, offset: int, horizon: int, dot: str,
+                  kept: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The kernels' forward (the body of `_forward_op`, an operator opaque to torch.compile, which traces the model
+    around it): the output, the row shift and normaliser, and the `kept` states of each direction and row kept for
+    backward (`_kept_states`: all of the walk's, or none)."""
     q, k, v = _layouts(q, k, v)
     b, heads, lq, d = q.shape
     lk, dv = k.shape[2], v.shape[-1]
@@ -974,6 +977,9 @@ def _forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, table: torch.
             states[direction, :, walk.nq - start:] = 0
             norms[direction, :, walk.nq - start:] = 0
     return out, shift, den, states, norms
+
+
+_forward_op = torch.library.custom_op(f"{LIBRARY}::local_softmax_decay_forward", _forward_body, mutates_args=())
 
 
 @_forward_op.register_fake
@@ -1004,13 +1010,12 @@ def _gradient_buffers(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, table: 
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dtable, q.new_empty(heads, dtype=acc)
 
 
-@torch.library.custom_op(f"{LIBRARY}::local_softmax_decay_backward", mutates_args=())
-def _backward_op(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                 table: torch.Tensor | None, decay: torch.Tensor, key_mask: torch.Tensor | None, out: torch.Tensor,
-                 shift: torch.Tensor, den: torch.Tensor, states: torch.Tensor, norms: torch.Tensor, causal: bool,
-                 offset: int, horizon: int,
-                 dot: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The kernels' backward, an operator of its own: dq, dk, dv, the table's gradient (empty without a table) and
+def _backward_body(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   table: torch.Tensor | None, decay: torch.Tensor, key_mask: torch.Tensor | None, out: torch.Tensor,
+                   shift: torch.Tensor, den: torch.Tensor, states: torch.Tensor, norms: torch.Tensor, causal: bool,
+                   offset: int, horizon: int,
+                   dot: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The kernels' backward (the body of `_backward_op`): dq, dk, dv, the table's gradient (empty without a table) and
     the decay rates' (in float32, or float64), from forward's inputs and outputs (its states recomputed where they
     were not kept, `states` empty)."""
     q, k, v = _layouts(q, k, v)
@@ -1054,6 +1059,9 @@ def _backward_op(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     return dq, dk, dv_, grad_table, grad_rate
 
 
+_backward_op = torch.library.custom_op(f"{LIBRARY}::local_softmax_decay_backward", _backward_body, mutates_args=())
+
+
 @_backward_op.register_fake
 def _(grad_out, q, k, v, table, decay, key_mask, out, shift, den, states, norms, causal, offset, horizon, dot):
     return _gradient_buffers(q, k, v, table, horizon)
@@ -1068,17 +1076,35 @@ def _save_for_backward(ctx, inputs, output):
     ctx.set_materialize_grads(False)
 
 
-def _backward(ctx, grad_out, *_):
+def _backward(ctx, grad_out, *_, backward=_backward_op):
     q, k, v, table, decay, key_mask, out, shift, den, states, norms = ctx.saved_tensors
     if grad_out is None:
         return (None,) * 11
-    dq, dk, dv, grad_table, grad_rate = _backward_op(grad_out, q, k, v, table, decay, key_mask, out, shift, den,
-                                                     states, norms, *ctx.call)
+    dq, dk, dv, grad_table, grad_rate = backward(grad_out, q, k, v, table, decay, key_mask, out, shift, den, states,
+                                                 norms, *ctx.call)
     grad_table = None if table is None else grad_table.to(table.dtype)
     return dq, dk, dv, grad_table, grad_rate.to(decay.dtype), None, None, None, None, None, None
 
 
 _forward_op.register_autograd(_backward, setup_context=_save_for_backward)
+
+
+class _EagerAttention(torch.autograd.Function):
+    """The two operators' bodies and the same autograd, without `torch.library`'s dispatch: what eager calls take.
+    The dispatch's Python layers (the autograd wrapper, filling defaults, the aliasing check, the backend's wrapper,
+    once for forward and once for backward) cost the host more than the forward's body at batch 1, where the host's
+    launches set the time of a training step; torch.compile traces the operators instead."""
+
+    @staticmethod
+    def forward(ctx, *inputs):
+        output = _forward_body(*inputs)
+        _save_for_backward(ctx, inputs, output)
+        ctx.mark_non_differentiable(*output[1:])
+        return output
+
+    @staticmethod
+    def backward(ctx, *grads):
+        return _backward(ctx, *grads, backward=_backward_body)
 
 
 def _walk_adjoints(q, lk: int, rate, states, norms, g, out, shift, den, delta, walk: _Walk, heads: int, offset: int,
@@ -1138,11 +1164,19 @@ def _walk_states(k, v, mask, rate, walk: _Walk, heads: int, lq: int, offset: int
     return states, norms
 
 
+def _traced() -> bool:
+    """Whether the call is traced rather than run: by torch.compile or torch.export, or under a dispatch mode (fake
+    tensors, make_fx). It then takes the operators, whose fake implementations give the outputs' shapes without the
+    kernels, and which the traced graph records."""
+    return torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0
+
+
 def local_softmax_decay(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, table: torch.Tensor | None,
                         decay: torch.Tensor, *, causal: bool, key_mask: torch.Tensor | None, query_offset: int,
                         horizon: int) -> torch.Tensor:
-    """The linear path of `ops_local_softmax.local_softmax_decay_attention` on CUDA (`_forward_op`), for
-    inputs that `fits` takes; `table` is the per-head table (H, 2h+1, D) in q's dtype or None."""
+    """The linear path of `ops_local_softmax.local_softmax_decay_attention` on CUDA (`_EagerAttention`, or the
+    operator `_forward_op` where torch.compile traces it), for inputs that `fits` takes; `table` is the per-head
+    table (H, 2h+1, D) in q's dtype or None."""
     if not fits(horizon, q.shape[-1], v.shape[-1]):
         raise ValueError(f"the Triton kernels take h <= {MAX_HORIZON} and D, Dv <= {MAX_DIM}, got h={horizon}, "
                          f"D={q.shape[-1]}, Dv={v.shape[-1]}")
@@ -1150,7 +1184,8 @@ def local_softmax_decay(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, table
     dot = dot_precision(acc, half_inputs=acc != q.dtype)
     table = None if table is None else table.contiguous()
     kept = _kept_states(q.shape[2], k.shape[2], query_offset, horizon, causal)
-    return _forward_op(q, k, v, table, decay, key_mask, causal, query_offset, horizon, dot, kept)[0]
+    attend = _EagerAttention.apply if EAGER_FUNCTION and not _traced() else _forward_op
+    return attend(q, k, v, table, decay, key_mask, causal, query_offset, horizon, dot, kept)[0]
 
 
 @triton.jit

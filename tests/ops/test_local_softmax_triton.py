@@ -132,6 +132,30 @@ def test_kernels_operator_passes_opcheck(case, decay_inputs, monkeypatch, triton
         kernels._forward_op(*args[:-1], n_states + 1)
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
+def test_eager_calls_skip_the_operators_dispatch(causal, decay_inputs, triton_paths, monkeypatch):
+    """Eager calls run the operators' bodies through `_EagerAttention`, not the operators: the same output and
+    gradients, bit for bit; only where the call is traced (`_traced`) does the entry call the forward operator."""
+    from modeling_scaleformer import ops_local_softmax_triton as kernels
+
+    triton_paths(16)
+    *inputs, key_mask, horizon = decay_inputs(b=2, h=3, lq=40, lk=50, d=4, dv=5, mask="padding")
+    grad = torch.randn(2, 3, 40, 5, dtype=inputs[0].dtype)
+    results = []
+    operator = kernels._forward_op
+    for compiling in (False, True):
+        calls = []
+        monkeypatch.setattr(kernels, "_forward_op", lambda *args: calls.append(args) or operator(*args))
+        monkeypatch.setattr(kernels, "_traced", lambda: compiling)
+        leaves = [x.detach().requires_grad_() for x in inputs]
+        out = kernels.local_softmax_decay(*leaves, causal=causal, key_mask=key_mask, query_offset=5, horizon=horizon)
+        out.backward(grad)
+        assert len(calls) == compiling
+        results.append([out.detach(), *(x.grad for x in leaves)])
+    for name, eager, operator in zip("out dq dk dv dtable ddecay".split(), *results):
+        torch.testing.assert_close(eager, operator, rtol=0, atol=0, msg=lambda m: f"{name}: {m}")
+
+
 def test_kernels_compile_into_one_graph_in_float32(decay_inputs, triton_paths):
     """torch.compile(fullgraph=True) traces the kernels' entry with float32 inputs, whose products' precision comes
     from `torch.get_float32_matmul_precision()` (a string: read as a call, it would end the graph at every attention
