@@ -23,20 +23,31 @@ def models(tiny_config):
     return ScaleformerForConditionalGeneration(tiny_config(attention_mode="linear")).to(torch.float64)
 
 
-def test_loss_and_gradients_on_triton_paths(tiny_config, batch, triton_paths):
-    """Logits and every parameter's gradient with the attention on its kernels."""
-    model = models(tiny_config)
+@pytest.mark.parametrize("checkpointing", [False, True], ids=["", "gradient-checkpointing"])
+def test_loss_and_gradients_on_triton_paths(checkpointing, tiny_config, batch, triton_paths, monkeypatch):
+    """Logits and every parameter's gradient with the attention on its kernels; with gradient checkpointing, whose
+    backward runs every layer's forward again, the kernels' forward included."""
+    from modeling_scaleformer import ops_local_softmax_triton as kernels
+
+    model = models(tiny_config).train()
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     src, mask = batch(b=3, ls=50, padding="right")
     labels, _ = batch(b=3, ls=16, seed=5)
+    forwards = []
+    forward = kernels._forward_body
+    monkeypatch.setattr(kernels, "_forward_body", lambda *args: forwards.append(1) or forward(*args))
     results = []
     for on_kernels in (False, True):
         if on_kernels:
             used = triton_paths()
         model.zero_grad()
         out = model(input_ids=src, attention_mask=mask, labels=labels)
+        calls = len(forwards)
         out.loss.backward()
         results.append((out.logits.detach(), {name: p.grad.clone() for name, p in model.named_parameters()}))
     assert used == {"local_softmax_decay"}
+    assert calls == 6 and len(forwards) == calls * (2 if checkpointing else 1)  # 2 + 2 layers: 6 attentions
     (logits, grads), (expected_logits, expected_grads) = results[1], results[0]
     torch.testing.assert_close(logits, expected_logits, rtol=1e-10, atol=1e-10)
     for name, grad in grads.items():
