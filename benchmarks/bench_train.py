@@ -105,6 +105,9 @@ MEMORY_WARMUP_LENGTH = 128
 SLOPE_RANGE = (2048, 16384)
 SLOPE_MAX = 1.15
 MEMORY_LIMIT_BYTES = 24 * 2**30
+# on a GPU: the small model's step at this source length at least this many times faster than BART's (with SDPA)
+DEVICE_SPEEDUP_LENGTH = 16384
+DEVICE_SPEEDUP_MIN = 3.0
 
 
 class Skip(NamedTuple):
@@ -550,7 +553,23 @@ def evaluate_targets(samples: dict[tuple[str, int], list[Sample]], slopes: list[
         targets.append(Target(name, "PASS" if peak < MEMORY_LIMIT_BYTES else "FAIL",
                               f"ran ({step:,.2f} s per step), peak {peak / GIB:.2f} GiB "
                               f"({record['extra_bytes'] / MIB:,.0f} MiB over the baseline)"))
+    if args.device.type != "cpu":
+        targets.append(device_speedup_target(samples, args))
     return targets
+
+
+def device_speedup_target(samples: Samples, args: argparse.Namespace) -> Target:
+    """(c), on a device: Scaleformer's step at DEVICE_SPEEDUP_LENGTH at least DEVICE_SPEEDUP_MIN times faster than
+    BART's, each as it ran (compiled or eager, `--compile`, `--eager`)."""
+    n = DEVICE_SPEEDUP_LENGTH
+    name = f"(c) scaleformer step at L={n} at least {DEVICE_SPEEDUP_MIN:g}x faster than bart's on {args.device.type}"
+    ours, bart = median_at(samples, "scaleformer", n), median_at(samples, "bart", n)
+    if ours is None or bart is None:
+        return Target(name, "N/A", f"needs both scaleformer and bart timed at L={n}")
+    how = {model: "compiled" if compiled(model, args) else "eager" for model in ("scaleformer", "bart")}
+    ratio = bart / ours
+    return Target(name, "PASS" if ratio >= DEVICE_SPEEDUP_MIN else "FAIL",
+                  f"{ratio:.2f}x (scaleformer {ours:.3f} s {how['scaleformer']}, bart {bart:.3f} s {how['bart']})")
 
 
 def write_plot(path: Path, samples: Samples, forwards: Samples, memory: dict[tuple[str, int], dict],

@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
                         options = {"num_warps": warps, "num_stages": stages}
                         registers, stores, loads, shared = resources(getattr(kernels, name), DTYPES[args.dtype],
                                                                      fixed, options, args.arch)
-                        launch = {"num_warps": 4, "num_stages": 3, **kernels.LAUNCH[name]}
+                        launch = {"num_warps": 4, "num_stages": 3, **kernels._launch(name, args.dim, args.value_dim)}
                         chosen_tile = (chosen[2] if name == "_backward_keys" else chosen_scan_name
                                        if name == "_scan_sums" else chosen[1])
                         used = block == chosen[0] and tile in (None, chosen_tile)

@@ -857,6 +857,11 @@ LAUNCH = {"_states": dict(num_warps=8), "_chunk_sums": dict(num_warps=8), "_scan
           "_states_backward": dict(num_warps=8, num_stages=2),
           "_forward": dict(num_warps=4, num_stages=1), "_backward_queries": dict(num_warps=4, num_stages=1),
           "_backward_keys": dict(num_warps=4, num_stages=2)}
+# launch options of every kernel where D or Dv exceeds 64 (tiles 128 wide): one stage, 8 warps. With 16-bit inputs at
+# D = Dv = 128, ptxas for sm90 gives every kernel at most 139,264 bytes of shared memory so (`_states` asked for
+# 262,656 at 3 stages); in float32, `_backward_keys` asks for 294,912, more than the 232,448 of an H100 or H200
+# (benchmarks/kernel_resources.py --dim 128 --value-dim 128)
+WIDE_LAUNCH = dict(num_warps=8, num_stages=1)
 
 
 # the states by `_chunk_sums` (every chunk at once) and `_scan_sums` (a sequential pass of elementwise work, rows of
@@ -881,6 +886,11 @@ KEEP_STATES = True
 # eager calls run the operators' bodies through `_EagerAttention`, without `torch.library`'s dispatch (else through
 # the operators, as traced calls do)
 EAGER_FUNCTION = True
+
+
+def _launch(kernel: str, d: int, dv: int) -> dict:
+    """The launch options of `kernel` for head dimensions D and Dv (`LAUNCH`, `WIDE_LAUNCH` beyond 64)."""
+    return LAUNCH[kernel] if max(d, dv) <= MIN_TILE else {**LAUNCH[kernel], **WIDE_LAUNCH}
 
 
 def fits(horizon: int, dim: int, value_dim: int) -> bool:
@@ -969,7 +979,7 @@ def _forward_body(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, table: torc
         q, k, v, k if mask is None else mask, q if table is None else table, rate, states, norms, out, shift, den,
         lq, lk, heads, b * heads, offset, walk.nq, walk.n_states, *walk.starts, d, dv, *_strides(q, k, v, out),
         1.0 / math.sqrt(d), HORIZON=horizon, CAUSAL=causal, HAS_MASK=mask is not None, HAS_TABLE=table is not None,
-        DOT=dot, **_sizes(horizon, d, dv), **LAUNCH["_forward"])
+        DOT=dot, **_sizes(horizon, d, dv), **_launch("_forward", d, dv))
     if not kept:
         return out, shift, den, *_state_buffers(rate, causal, b * heads, 0, d, dv)
     for direction, start in enumerate(walk.starts[:states.shape[0]]):
@@ -1044,14 +1054,14 @@ def _backward_body(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
         q, k, v, mask_arg, q if table is None else table, rate, states, norms, g, shift, den, delta, dq,
         den if dtable is None else dtable, grad_rate_queries, lq, lk, heads, rows, offset, walk.nq, walk.n_states,
         *walk.starts, d, dv, *_strides(q, k, v, g, dq), scale, CAUSAL=causal, HAS_TABLE=table is not None, **sizes,
-        **{key: common[key] for key in ("HORIZON", "HAS_MASK", "DOT")}, **LAUNCH["_backward_queries"])
+        **{key: common[key] for key in ("HORIZON", "HAS_MASK", "DOT")}, **_launch("_backward_queries", d, dv))
     key_blocks = triton.cdiv(lk, KEY_BLOCK)
     grad_rate_keys = den.new_empty(rows, key_blocks)
     _backward_keys[(key_blocks, rows)](
         q, k, v, mask_arg, q if table is None else table, rate, adjoints, adjoint_norms, scales, g, shift, den,
         delta, dk, dv_, grad_rate_keys, lq, lk, heads, rows, offset, walk.nq, walk.n_states, *walk.starts, d, dv,
         *_strides(q, k, v, g, dk, dv_), scale, CAUSAL=causal, HAS_TABLE=table is not None, BLOCK_K=KEY_BLOCK,
-        BLOCK_R=sizes["BLOCK_R"], **common, **LAUNCH["_backward_keys"])
+        BLOCK_R=sizes["BLOCK_R"], **common, **_launch("_backward_keys", d, dv))
     torch.sum((grad_rate_walk.flatten(2).sum(2).sum(0) + grad_rate_queries.sum(1)
                + grad_rate_keys.sum(1)).view(b, heads), 0, out=grad_rate)
     if dtable is not None:
@@ -1123,18 +1133,19 @@ def _walk_adjoints(q, lk: int, rate, states, norms, g, out, shift, den, delta, w
         _states_backward[(rows, directions)](
             q, rate, states, norms, adjoints, adjoint_norms, scales, g, out, shift, den, delta, carried, lq, lk, heads,
             rows, offset, walk.nq, slots, *walk.starts, d, dv, *_strides(q, g, out), DOT=common["DOT"], **sizes,
-            **LAUNCH["_states_backward"])
+            **_launch("_states_backward", d, dv))
         return adjoints, adjoint_norms, scales, carried
     block_scales = den.new_empty(directions, rows, slots)
     _query_sums[(slots, rows, directions)](
         q, rate, adjoints, adjoint_norms, block_scales, g, out, shift, den, delta, lq, lk, heads, rows, offset,
-        walk.nq, slots, *walk.starts, d, dv, *_strides(q, g, out), DOT=common["DOT"], **sizes, **LAUNCH["_query_sums"])
+        walk.nq, slots, *walk.starts, d, dv, *_strides(q, g, out), DOT=common["DOT"], **sizes,
+        **_launch("_query_sums", d, dv))
     parts = triton.cdiv(d, SCAN_ROWS)
     carried = den.new_empty(directions, rows, parts)
     _scan_sums[(rows, directions, parts)](
         rate, adjoints, adjoint_norms, block_scales, scales, states, norms, carried, heads, rows, walk.nq, slots,
         *walk.starts, d, dv, parts, REVERSE=True, BLOCK=BLOCK, BLOCK_SD=SCAN_ROWS, BLOCK_V=common["BLOCK_V"],
-        SLOTS=SCAN_SLOTS, **LAUNCH["_scan_sums"])
+        SLOTS=SCAN_SLOTS, **_launch("_scan_sums", d, dv))
     return adjoints, adjoint_norms, scales, carried
 
 
@@ -1153,14 +1164,14 @@ def _walk_states(k, v, mask, rate, walk: _Walk, heads: int, lq: int, offset: int
     walk_sizes = dict(HORIZON=horizon, HAS_MASK=mask is not None, BLOCK=BLOCK, BLOCK_D=sizes["BLOCK_D"],
                       BLOCK_V=sizes["BLOCK_V"], DOT=dot)
     if not _parallel_walks(rows, directions):
-        _states[(rows, directions)](*args, **walk_sizes, **LAUNCH["_states"])
+        _states[(rows, directions)](*args, **walk_sizes, **_launch("_states", d, dv))
         return states, norms
-    _chunk_sums[(walk.n_states, rows, directions)](*args, **walk_sizes, **LAUNCH["_chunk_sums"])
+    _chunk_sums[(walk.n_states, rows, directions)](*args, **walk_sizes, **_launch("_chunk_sums", d, dv))
     parts = triton.cdiv(d, SCAN_ROWS)
     _scan_sums[(rows, directions, parts)](
         rate, states, norms, rate, rate, states, norms, rate, heads, rows, walk.nq, walk.n_states, *walk.starts, d,
         dv, parts, REVERSE=False, BLOCK=BLOCK, BLOCK_SD=SCAN_ROWS, BLOCK_V=sizes["BLOCK_V"], SLOTS=SCAN_SLOTS,
-        **LAUNCH["_scan_sums"])
+        **_launch("_scan_sums", d, dv))
     return states, norms
 
 

@@ -138,6 +138,33 @@ def test_bench_train_targets_without_scaleformer(run_report):
     assert "| t5 / scaleformer:kernelized |" in stdout
 
 
+def test_bench_train_device_speedup_target(import_benchmark):
+    """On a device, target (c): Scaleformer's step at 16k at least 3x faster than BART's, each as it ran; N/A
+    without both figures; not listed on CPU."""
+    import argparse
+
+    import torch
+
+    bench = import_benchmark("bench_train")
+    common = import_benchmark("common")
+    args = argparse.Namespace(device=torch.device("cuda"), compile="reduce-overhead", eager=["bart"],
+                              lengths=[16384], models=["scaleformer", "bart"])
+
+    def samples(ours, bart):
+        return {(name, 16384): [common.Sample(wall_s=t, user_s=t, sys_s=0.0, minor_faults=0)]
+                for name, t in (("scaleformer", ours), ("bart", bart)) if t is not None}
+
+    target = bench.device_speedup_target(samples(0.024, 0.074), args)
+    assert target.name == "(c) scaleformer step at L=16384 at least 3x faster than bart's on cuda"
+    assert (target.status, target.figure) == ("PASS", "3.08x (scaleformer 0.024 s compiled, bart 0.074 s eager)")
+    assert bench.device_speedup_target(samples(0.030, 0.074), args).status == "FAIL"
+    assert bench.device_speedup_target(samples(0.024, None), args).status == "N/A"
+    slopes = [{"model": "scaleformer", "pass": "step", "time": "wall_s", "slope": None, "range": None}]
+    targets = bench.evaluate_targets(samples(0.024, 0.074), slopes, {}, {}, argparse.Namespace(
+        **{**vars(args), "device": torch.device("cpu")}))
+    assert [t.name[:3] for t in targets] == ["(a)", "(b)"]
+
+
 @pytest.mark.parametrize("model", ["scaleformer:softmax", "t5", "led", "longt5"])
 def test_bench_train_measure_memory(run_command, model):
     result = run_command(["benchmarks/bench_train.py", "--quick", "--lengths", "64", "--measure-memory", model, "64",

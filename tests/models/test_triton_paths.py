@@ -23,15 +23,15 @@ def models(tiny_config):
     return ScaleformerForConditionalGeneration(tiny_config(attention_mode="linear")).to(torch.float64)
 
 
-@pytest.mark.parametrize("checkpointing", [False, True], ids=["", "gradient-checkpointing"])
+@pytest.mark.parametrize("checkpointing", [False, True], ids=["", "activation-checkpointing"])
 def test_loss_and_gradients_on_triton_paths(checkpointing, tiny_config, batch, triton_paths, monkeypatch):
-    """Logits and every parameter's gradient with the attention on its kernels; with gradient checkpointing, whose
+    """Logits and every parameter's gradient with the attention on its kernels; with activation checkpointing, whose
     backward runs every layer's forward again, the kernels' forward included."""
     from modeling_scaleformer import ops_local_softmax_triton as kernels
 
     model = models(tiny_config).train()
     if checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     src, mask = batch(b=3, ls=50, padding="right")
     labels, _ = batch(b=3, ls=16, seed=5)
     forwards = []
