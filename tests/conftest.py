@@ -4,12 +4,6 @@ import pytest
 import torch
 
 
-def pytest_collection_modifyitems(config, items):
-    """The GPU tests that run torch.compile (`compiles`) first, in their order, then the rest in theirs: under
-    pytest-xdist the longest tests then start at once and run beside the short ones instead of after them."""
-    items.sort(key=lambda item: item.get_closest_marker("compiles") is None)
-
-
 def pytest_collection_finish(session):
     """Starts the interpreted Triton tests in their own process as soon as collection ends when they were selected
     (tests/ops/test_triton_interpreted.py), so that they run beside the rest of the suite."""

@@ -16,8 +16,8 @@ def test_bench_attention_gpu_smoke(run_command, tmp_path):
     report_path = tmp_path / "report.json"
     result = run_command(["benchmarks/bench_attention_gpu.py", "--device", "cpu", "--quick", "--dtype", "float32",
                           "--lengths", "128", "--profile", "64", "--kernel-block", "32", "--parallel-walks",
-                          "--key-tile", "16", "--key-block", "64", "--variants", "wide_tiles", "--host-profile", "64", "--json",
-                          str(report_path)])
+                          "--key-tile", "16", "--key-block", "64", "--variants", "wide_tiles", "--host-profile", "64",
+                          "--json", str(report_path)])
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     report = json.loads(report_path.read_text())
     timed = {(r["method"], r["causal"]) for r in report["timings"] if r.get("median_s") is not None}

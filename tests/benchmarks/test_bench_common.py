@@ -72,7 +72,6 @@ def test_save_runs_merges_what_other_processes_wrote(tmp_path, import_benchmark)
     assert {key(r): r["value"] for r in json.loads(path.read_text())["runs"]} == {("a", 0): 3, ("b", 0): 2}
 
 
-@pytest.mark.skipif(not Path("/proc/self/oom_score_adj").exists(), reason="needs Linux /proc")
 def test_timed_until_issued_and_until_finished(import_benchmark):
     """`timed(work, finish=)`: the wall time covers `finish` (the device's wait), `issued_s` only `work`; without
     `finish` there is no issued time, and the medians skip the samples without the field."""
@@ -87,6 +86,7 @@ def test_timed_until_issued_and_until_finished(import_benchmark):
     assert common.median_of([plain], "issued_s") is None and common.median_of([], "wall_s") is None
 
 
+@pytest.mark.skipif(not Path("/proc/self/oom_score_adj").exists(), reason="needs Linux /proc")
 def test_memory_launcher_volunteers_for_the_oom_killer_and_passes_on_its_exit(import_benchmark):
     launcher = import_benchmark("common").MEMORY_LAUNCHER
 
