@@ -34,8 +34,13 @@ kernels, laid out like flash-linear-attention's chunk kernels:
   gradients, that weight times their decay, stay finite;
 - `_backward_queries`: by query blocks, like `_forward` (the same tiles, m and the normaliser known): dq, each
   block's share of the table's gradient and lambda's;
-- `_backward_keys`: by blocks of KEY_BLOCK keys: the query blocks whose windows hold them give dk and dv, and the
-  keys' shares of the gradients of the states their chunks enter (one or two per direction) are added.
+- `_backward_keys`: by blocks of KEY_BLOCK keys (from where two windows' overlap ends, `ALIGNED_KEY_BLOCKS`): the
+  query blocks whose windows hold them give dk and dv, and the keys' shares of the gradients of the states their
+  chunks enter (one or two per direction) are added;
+- or, with `FUSED_BACKWARD`, `_backward_blocks` in place of both where windows overlap their neighbours' only: one
+  program per query block computes its window's pairs once, for the block's dq and for the dk and dv of the window's
+  first BLOCK keys (adding, for the first 2h of them, h when causal, the pairs of the previous block, whose window
+  holds them too), and `_backward_keys` takes the keys outside every window.
 
 lambda's gradient is a sum of local terms (offsets within a block or a window, BLOCK for each carry), never a
 product of absolute positions. q, k, v, the table and the output stay in the inputs' dtype (read with their
@@ -746,60 +751,17 @@ def _walk_share(A, AZ, direction, row, rows, slot, n_states, d, dv, v, features,
 
 
 @triton.jit
-def _backward_keys(
-    Q, K, V, MASK, TAB, RATE, A, AZ, NU, DO, SHIFT, DEN, DELTA, DK, DV, GRAD_RATE,
-    lq, lk, heads, rows, offset, nq, n_states, start0, start1, d, dv, sqb, sqh, sql, skb, skh, skl, svb, svh, svl,
-    sgb, sgh, sgl, sdkb, sdkh, sdkl, sdvb, sdvh, sdvl, scale,
-    HORIZON: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_TABLE: tl.constexpr, BLOCK: tl.constexpr,
-    BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr, DOT: tl.constexpr,
-):
-    kb, row = tl.program_id(0), tl.program_id(1)
-    acc = A.dtype.element_ty
-    op = Q.dtype.element_ty
-    rate = tl.load(RATE + row % heads).to(acc)
-    dd = tl.arange(0, BLOCK_D)
-    j = kb * BLOCK_K + tl.arange(0, BLOCK_K)
-    keys = j < lk
-    k = _load_rows(K, row, heads, skb, skh, skl, j, keys, d, BLOCK_D)
-    v = _load_rows(V, row, heads, svb, svh, svl, j, keys, dv, BLOCK_V)
-    mk = _key_weights(MASK, row, heads, lk, j, keys, HAS_MASK, acc)
-    features_k = _elu_features(k.to(acc), keys[:, None] & (dd[None, :] < d)).to(op)
-    tab = _table_tile(TAB, row, heads, d, HORIZON, HAS_TABLE, BLOCK_R, BLOCK_D)
-    dk = tl.zeros((BLOCK_K, BLOCK_D), dtype=acc)  # through the band logits
-    grad_features = tl.zeros((BLOCK_K, BLOCK_D), dtype=acc)  # through phi(k)
-    dv_ = tl.zeros((BLOCK_K, BLOCK_V), dtype=acc)
-    # the query blocks b whose window s_b .. s_b + width - 1 (s_b = b BLOCK + offset - h, width BLOCK + 2h, or
-    # BLOCK + h when causal) meets these keys
-    width = BLOCK + HORIZON + HORIZON * (1 - CAUSAL)
-    first = tl.maximum(_floor_div(kb * BLOCK_K - offset + HORIZON - width, BLOCK) + 1, 0)
-    last = tl.minimum(_floor_div(kb * BLOCK_K + BLOCK_K - 1 - offset + HORIZON, BLOCK), nq - 1)
-    for b in range(first, last + 1):
-        i, queries, q, features_q, qr = _block_queries(Q, tab, row, b, lq, heads, d, sqb, sqh, sql, HAS_TABLE, acc,
-                                                       BLOCK, BLOCK_D, BLOCK_R, DOT)
-        at, gs, m, _ = _output_gradient(DO, SHIFT, DEN, row, heads, lq, i, queries, dv, sgb, sgh, sgl, acc,
-                                        BLOCK_V)
-        gs = gs.to(op)
-        delta = tl.load(DELTA + at, mask=queries, other=0.0)
-        shift_scale = _shift_scale(m)
-        start = b * BLOCK + offset - HORIZON
-        window = (j >= start) & (j < start + width) & keys
-        t = (i + offset)[:, None] - j[None, :]
-        band, logits, _, decay, _, kernel = _pairs(q, k, features_q, features_k, mk, t,
-                                                   queries[:, None] & window[None, :], qr, rate, scale, HORIZON,
-                                                   CAUSAL, HAS_TABLE, BLOCK_R, DOT)
-        band_weights = tl.where(band, tl.exp(logits - m[:, None]) * mk[None, :], 0.0)
-        weights = band_weights + shift_scale[:, None] * kernel
-        grad_weights = tl.dot(gs, tl.trans(v), input_precision=DOT) - delta[:, None]
-        dv_ = tl.dot(tl.trans(weights.to(op)), gs, dv_, input_precision=DOT)
-        dk = tl.dot(tl.trans((band_weights * grad_weights * scale).to(op)), q, dk, input_precision=DOT)
-        grad_kernel = grad_weights * (shift_scale[:, None] * decay)
-        grad_features = tl.dot(tl.trans(grad_kernel.to(op)), features_q, grad_features, input_precision=DOT)
-    # the keys' shares of the states' gradients G_{c+1} = exp(nu) G' (`_scan_sums` or `_states_backward`), in each
-    # direction: key y (j, or lk - 1 - j backwards) at place t of chunk c, its walk's coordinates, enters L_{c+1}
-    # with weight exp(-lambda (BLOCK - t)) m_j if c < nq - 1; these keys lie in one chunk or two (more if
-    # BLOCK_K > BLOCK)
-    features = _elu_features(k.to(acc), keys[:, None] & (dd[None, :] < d)) * mk[:, None]
-    grad_rate = tl.zeros((BLOCK_K,), dtype=acc)
+def _key_shares(A, AZ, NU, k, v, mk, j, keys, rate, row, rows, lq, lk, offset, nq, n_states, start0, start1, d, dv,
+                grad_features, dv_, grad_rate, HORIZON: tl.constexpr, CAUSAL: tl.constexpr, BLOCK: tl.constexpr,
+                BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, DOT: tl.constexpr):
+    """The BLOCK_K keys j's (where `keys`; k and v in the inputs' dtype, their mask m_j) shares of the gradients
+    G_{c+1} = exp(nu) G' of the states their chunks enter (`_scan_sums` or `_states_backward`), added to
+    grad_features (through phi(k)), dv_ and grad_rate (lambda's, by key). In each direction, key y (j, or lk - 1 - j
+    backwards) at place t of chunk c, its walk's coordinates, enters L_{c+1} with weight exp(-lambda (BLOCK - t)) m_j
+    if c < nq - 1; the keys lie in one chunk or two (more if BLOCK_K > BLOCK)."""
+    acc = mk.dtype
+    op = k.dtype
+    features = _elu_features(k.to(acc), keys[:, None] & (tl.arange(0, BLOCK_D)[None, :] < d)) * mk[:, None]
     for direction in tl.static_range(2):
         if direction == 0 or not CAUSAL:
             if direction == 0:
@@ -825,12 +787,186 @@ def _backward_keys(
                     grad_features += share * mk[:, None]
                     dv_ += share_v
                     grad_rate -= (BLOCK - t).to(acc) * to_next * tl.sum(features * base, 1)
+    return grad_features, dv_, grad_rate
+
+
+@triton.jit
+def _key_pairs(Q, DO, SHIFT, DEN, DELTA, tab, row, b, lq, heads, offset, j, keys, k, features_k, v, mk, rate, scale,
+               d, dv, sqb, sqh, sql, sgb, sgh, sgl, dk, grad_features, dv_, HORIZON: tl.constexpr,
+               CAUSAL: tl.constexpr, HAS_TABLE: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr,
+               BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr, DOT: tl.constexpr):
+    """Query block b's shares of the gradients of the keys j (where `keys`; k, phi(k) and v in the inputs' dtype,
+    their mask m_j) that its window holds, added to dk (through the band logits), grad_features (through phi(k)) and
+    dv_."""
+    acc = mk.dtype
+    op = k.dtype
+    i, queries, q, features_q, qr = _block_queries(Q, tab, row, b, lq, heads, d, sqb, sqh, sql, HAS_TABLE, acc, BLOCK,
+                                                   BLOCK_D, BLOCK_R, DOT)
+    at, gs, m, _ = _output_gradient(DO, SHIFT, DEN, row, heads, lq, i, queries, dv, sgb, sgh, sgl, acc, BLOCK_V)
+    gs = gs.to(op)
+    delta = tl.load(DELTA + at, mask=queries, other=0.0)
+    shift_scale = _shift_scale(m)
+    start = b * BLOCK + offset - HORIZON
+    window = (j >= start) & (j < start + BLOCK + HORIZON + HORIZON * (1 - CAUSAL)) & keys
+    t = (i + offset)[:, None] - j[None, :]
+    band, logits, _, decay, _, kernel = _pairs(q, k, features_q, features_k, mk, t, queries[:, None] & window[None, :],
+                                               qr, rate, scale, HORIZON, CAUSAL, HAS_TABLE, BLOCK_R, DOT)
+    band_weights = tl.where(band, tl.exp(logits - m[:, None]) * mk[None, :], 0.0)
+    weights = band_weights + shift_scale[:, None] * kernel
+    grad_weights = tl.dot(gs, tl.trans(v), input_precision=DOT) - delta[:, None]
+    dv_ = tl.dot(tl.trans(weights.to(op)), gs, dv_, input_precision=DOT)
+    dk = tl.dot(tl.trans((band_weights * grad_weights * scale).to(op)), q, dk, input_precision=DOT)
+    grad_kernel = grad_weights * (shift_scale[:, None] * decay)
+    grad_features = tl.dot(tl.trans(grad_kernel.to(op)), features_q, grad_features, input_precision=DOT)
+    return dk, grad_features, dv_
+
+
+@triton.jit
+def _backward_keys(
+    Q, K, V, MASK, TAB, RATE, A, AZ, NU, DO, SHIFT, DEN, DELTA, DK, DV, GRAD_RATE,
+    lq, lk, heads, rows, offset, nq, n_states, start0, start1, key_first, lo, hi, d, dv, sqb, sqh, sql, skb, skh, skl,
+    svb, svh, svl, sgb, sgh, sgl, sdkb, sdkh, sdkl, sdvb, sdvh, sdvl, scale,
+    HORIZON: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_TABLE: tl.constexpr, BLOCK: tl.constexpr,
+    BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr, DOT: tl.constexpr,
+):
+    """dk and dv of BLOCK_K keys a program from key_first on (those of 0 .. lk - 1 outside lo .. hi - 1, all of them
+    where lo = hi), and their part of lambda's gradient (by program, into GRAD_RATE): the shares of the query blocks whose
+    windows hold them (`_key_pairs`) and of the states' gradients (`_key_shares`)."""
+    kb, row = tl.program_id(0), tl.program_id(1)
+    acc = A.dtype.element_ty
+    op = Q.dtype.element_ty
+    rate = tl.load(RATE + row % heads).to(acc)
+    dd = tl.arange(0, BLOCK_D)
+    j0 = key_first + kb * BLOCK_K
+    j = j0 + tl.arange(0, BLOCK_K)
+    keys = (j >= 0) & (j < lk) & ((j < lo) | (j >= hi))
+    k = _load_rows(K, row, heads, skb, skh, skl, j, keys, d, BLOCK_D)
+    v = _load_rows(V, row, heads, svb, svh, svl, j, keys, dv, BLOCK_V)
+    mk = _key_weights(MASK, row, heads, lk, j, keys, HAS_MASK, acc)
+    features_k = _elu_features(k.to(acc), keys[:, None] & (dd[None, :] < d)).to(op)
+    tab = _table_tile(TAB, row, heads, d, HORIZON, HAS_TABLE, BLOCK_R, BLOCK_D)
+    dk = tl.zeros((BLOCK_K, BLOCK_D), dtype=acc)  # through the band logits
+    grad_features = tl.zeros((BLOCK_K, BLOCK_D), dtype=acc)  # through phi(k)
+    dv_ = tl.zeros((BLOCK_K, BLOCK_V), dtype=acc)
+    # the query blocks b whose window s_b .. s_b + width - 1 (s_b = b BLOCK + offset - h, width BLOCK + 2h, or
+    # BLOCK + h when causal) meets these keys
+    width = BLOCK + HORIZON + HORIZON * (1 - CAUSAL)
+    first = tl.maximum(_floor_div(j0 - offset + HORIZON - width, BLOCK) + 1, 0)
+    last = tl.minimum(_floor_div(j0 + BLOCK_K - 1 - offset + HORIZON, BLOCK), nq - 1)
+    for b in range(first, last + 1):
+        dk, grad_features, dv_ = _key_pairs(Q, DO, SHIFT, DEN, DELTA, tab, row, b, lq, heads, offset, j, keys, k,
+                                            features_k, v, mk, rate, scale, d, dv, sqb, sqh, sql, sgb, sgh, sgl, dk,
+                                            grad_features, dv_, HORIZON, CAUSAL, HAS_TABLE, BLOCK, BLOCK_D, BLOCK_V,
+                                            BLOCK_R, DOT)
+    grad_features, dv_, grad_rate = _key_shares(A, AZ, NU, k, v, mk, j, keys, rate, row, rows, lq, lk, offset, nq,
+                                                n_states, start0, start1, d, dv, grad_features, dv_,
+                                                tl.zeros((BLOCK_K,), dtype=acc), HORIZON, CAUSAL, BLOCK, BLOCK_K,
+                                                BLOCK_D, BLOCK_V, DOT)
     tl.store(GRAD_RATE + row.to(tl.int64) * tl.num_programs(0) + kb, tl.sum(grad_rate, 0))
     dk += grad_features * _elu_slope(k.to(acc))
     ptr, mask = _row_ptrs(DK, row, heads, sdkb, sdkh, sdkl, j, keys, d, BLOCK_D)
     tl.store(ptr, dk, mask=mask)
     ptr, mask = _row_ptrs(DV, row, heads, sdvb, sdvh, sdvl, j, keys, dv, BLOCK_V)
     tl.store(ptr, dv_, mask=mask)
+
+
+@triton.jit
+def _backward_blocks(
+    Q, K, V, MASK, TAB, RATE, S, Z, A, AZ, NU, DO, SHIFT, DEN, DELTA, DQ, DK, DV, DTAB, GRAD_RATE,
+    lq, lk, heads, rows, offset, nq, n_states, start0, start1, d, dv, sqb, sqh, sql, skb, skh, skl, svb, svh, svl,
+    sgb, sgh, sgl, sdqb, sdqh, sdql, sdkb, sdkh, sdkl, sdvb, sdvh, sdvl, scale,
+    HORIZON: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_TABLE: tl.constexpr, BLOCK: tl.constexpr,
+    TILE: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr, DOT: tl.constexpr,
+):
+    """`_backward_queries` and `_backward_keys` in one pass over each window (`FUSED_BACKWARD`), for windows that
+    overlap their neighbours only (2h <= BLOCK, h <= BLOCK when causal). Program b (0 .. nq) takes query block b's
+    window s_b .. s_b + width - 1 by tiles, as `_backward_queries` does, and owns its first BLOCK keys (program nq,
+    past the last query block, the keys of block nq - 1's window beyond s_nq): their pairs with block b are those of
+    the tiles, and block b - 1's window holds the first width - BLOCK of them (`_key_pairs`); with the states'
+    shares (`_key_shares`) their dk and dv are whole. The pairs are computed once each and twice where windows
+    overlap, instead of once by queries and once or twice by keys; keys outside every window (before s_0, or past
+    s_nq + width - BLOCK) are `_backward_keys`'."""
+    b, row = tl.program_id(0), tl.program_id(1)
+    acc = S.dtype.element_ty
+    op = Q.dtype.element_ty
+    rate = tl.load(RATE + row % heads).to(acc)
+    tab = _table_tile(TAB, row, heads, d, HORIZON, HAS_TABLE, BLOCK_R, BLOCK_D)
+    i, queries, q, features_q, qr = _block_queries(Q, tab, row, b, lq, heads, d, sqb, sqh, sql, HAS_TABLE, acc,
+                                                   BLOCK, BLOCK_D, BLOCK_R, DOT)
+    at, gs, m, _ = _output_gradient(DO, SHIFT, DEN, row, heads, lq, i, queries, dv, sgb, sgh, sgl, acc, BLOCK_V)
+    gs = gs.to(op)
+    delta = tl.load(DELTA + at, mask=queries, other=0.0)
+    shift_scale = _shift_scale(m)
+    a = tl.arange(0, BLOCK)
+    rr = tl.arange(0, BLOCK_R)
+    # the states, as in `_backward_queries` (program nq reads block nq - 1's, and has no query to weigh them)
+    features = _query_features(q, queries, d, acc, BLOCK_D)
+    from_before, _, _, state_before, norm_before, from_after, _, _, state_after, norm_after = _block_states(
+        S, Z, row, tl.minimum(b, nq - 1), rows, nq, n_states, start0, start1, d, dv, features, rate, CAUSAL, op, BLOCK,
+        BLOCK_D, BLOCK_V, DOT)
+    grad_features = (tl.dot(gs, tl.trans(state_before.to(op)), input_precision=DOT)
+                     - delta[:, None] * norm_before[None, :]) * (shift_scale * from_before)[:, None]
+    grad_rate = -a.to(acc) * tl.sum(features * grad_features, 1)
+    if not CAUSAL:
+        grad_after = (tl.dot(gs, tl.trans(state_after.to(op)), input_precision=DOT)
+                      - delta[:, None] * norm_after[None, :]) * (shift_scale * from_after)[:, None]
+        grad_rate -= (BLOCK - 1 - a).to(acc) * tl.sum(features * grad_after, 1)
+        grad_features += grad_after
+    dq = tl.zeros((BLOCK, BLOCK_D), dtype=acc)
+    grad_rel = tl.zeros((BLOCK, BLOCK_R), dtype=acc)
+    key_rate = tl.zeros((TILE,), dtype=acc)  # lambda's gradient through the owned keys' states
+    width = BLOCK + HORIZON + HORIZON * (1 - CAUSAL)
+    start = b * BLOCK + offset - HORIZON
+    hi = nq * BLOCK + offset - HORIZON + width - BLOCK  # past the last window
+    for w0 in range(0, width, TILE):
+        k, features_k, v, mk, band, logits, beyond, decay, distance, kernel = _window_tile(
+            K, V, MASK, row, heads, lk, start, w0, queries, q, features_q, qr, rate, scale, d, dv, skb, skh, skl,
+            svb, svh, svl, HORIZON, CAUSAL, HAS_MASK, HAS_TABLE, BLOCK, TILE, BLOCK_D, BLOCK_V, BLOCK_R, DOT)
+        grad_weights = tl.dot(gs, tl.trans(v), input_precision=DOT) - delta[:, None]
+        band_weights = tl.where(band, tl.exp(logits - m[:, None]) * mk[None, :], 0.0)
+        grad_logits = band_weights * grad_weights * scale
+        grad_rate -= tl.sum(distance * (shift_scale[:, None] * kernel) * grad_weights, 1)
+        dq = tl.dot(grad_logits.to(op), k, dq, input_precision=DOT)
+        grad_kernel = grad_weights * (shift_scale[:, None] * decay)
+        grad_features = tl.dot(grad_kernel.to(op), features_k.to(op), grad_features, input_precision=DOT)
+        if HAS_TABLE:
+            slot = a[:, None] + 2 * HORIZON - rr[None, :] - w0
+            here = (slot >= 0) & (slot < TILE) & (rr[None, :] < 2 * HORIZON + 1)
+            grad_rel += tl.where(here, tl.gather(grad_logits, tl.minimum(tl.maximum(slot, 0), TILE - 1), axis=1),
+                                 0.0)
+        if w0 < BLOCK:  # a tile of the keys this program owns: their dk and dv
+            w = w0 + tl.arange(0, TILE)
+            j = start + w
+            mine = (w < BLOCK) & (j >= 0) & (j < lk) & (j < hi)
+            weights = band_weights + shift_scale[:, None] * kernel
+            dv_ = tl.dot(tl.trans(weights.to(op)), gs, input_precision=DOT)
+            dk = tl.dot(tl.trans(grad_logits.to(op)), q, input_precision=DOT)
+            grad_keys = tl.dot(tl.trans(grad_kernel.to(op)), features_q, input_precision=DOT)  # through phi(k)
+            if b > 0:
+                if w0 < width - BLOCK:  # the keys that block b - 1's window holds too
+                    dk, grad_keys, dv_ = _key_pairs(Q, DO, SHIFT, DEN, DELTA, tab, row, b - 1, lq, heads, offset, j,
+                                                    mine, k, features_k.to(op), v, mk, rate, scale, d, dv, sqb, sqh,
+                                                    sql, sgb, sgh, sgl, dk, grad_keys, dv_, HORIZON, CAUSAL,
+                                                    HAS_TABLE, BLOCK, BLOCK_D, BLOCK_V, BLOCK_R, DOT)
+            grad_keys, dv_, key_rate = _key_shares(A, AZ, NU, k, v, mk, j, mine, rate, row, rows, lq, lk, offset, nq,
+                                                   n_states, start0, start1, d, dv, grad_keys, dv_, key_rate, HORIZON,
+                                                   CAUSAL, BLOCK, TILE, BLOCK_D, BLOCK_V, DOT)
+            dk += grad_keys * _elu_slope(k.to(acc))
+            ptr, mask = _row_ptrs(DK, row, heads, sdkb, sdkh, sdkl, j, mine, d, BLOCK_D)
+            tl.store(ptr, dk, mask=mask)
+            ptr, mask = _row_ptrs(DV, row, heads, sdvb, sdvh, sdvl, j, mine, dv, BLOCK_V)
+            tl.store(ptr, dv_, mask=mask)
+    blocks = tl.num_programs(0)
+    if HAS_TABLE:
+        dq += tl.dot(grad_rel.to(op), tab, input_precision=DOT)
+        dd = tl.arange(0, BLOCK_D)
+        dtab = tl.dot(tl.trans(grad_rel.to(op)), q, input_precision=DOT)
+        tl.store(DTAB + ((row.to(tl.int64) * blocks + b) * (2 * HORIZON + 1) + rr[:, None]) * d + dd[None, :], dtab,
+                 mask=(rr[:, None] < 2 * HORIZON + 1) & (dd[None, :] < d))
+    dq += grad_features * _elu_slope(q.to(acc)) / d
+    ptr, mask = _row_ptrs(DQ, row, heads, sdqb, sdqh, sdql, i, queries, d, BLOCK_D)
+    tl.store(ptr, dq, mask=mask)
+    tl.store(GRAD_RATE + row.to(tl.int64) * blocks + b, tl.sum(grad_rate, 0) + tl.sum(key_rate, 0))
 
 
 BLOCK = 64  # queries per block of the forward and backward kernels, keys per chunk of the states
@@ -856,7 +992,10 @@ LAUNCH = {"_states": dict(num_warps=8), "_chunk_sums": dict(num_warps=8), "_scan
           "_query_sums": dict(num_warps=8),
           "_states_backward": dict(num_warps=8, num_stages=2),
           "_forward": dict(num_warps=4, num_stages=1), "_backward_queries": dict(num_warps=4, num_stages=1),
-          "_backward_keys": dict(num_warps=4, num_stages=2)}
+          "_backward_keys": dict(num_warps=4, num_stages=2),
+          # not timed yet: the fewest spills that ptxas reports for sm90 (1,672 / 2,340 bytes, against 3,860 / 5,692
+          # with 4 warps; benchmarks/kernel_resources.py)
+          "_backward_blocks": dict(num_warps=8, num_stages=1)}
 # launch options of every kernel where D or Dv exceeds 64 (tiles 128 wide): one stage, 8 warps. With 16-bit inputs at
 # D = Dv = 128, ptxas for sm90 gives every kernel at most 139,264 bytes of shared memory so (`_states` asked for
 # 262,656 at 3 stages); in float32, `_backward_keys` asks for 294,912, more than the 232,448 of an H100 or H200
@@ -883,6 +1022,16 @@ SCAN_SLOTS = 8
 # the states L_b of forward kept for backward, (directions, B*H, Lq / BLOCK, D, Dv + 1) float32 held from one to the
 # other, instead of recomputed there: one walk fewer, 7-13% less time on an H200 at B=4, H=16 (benchmarks/README.md)
 KEEP_STATES = True
+# backward by `_backward_blocks`, where windows overlap their neighbours' only (`_fused_backward`): one program per
+# query block computes each pair of its window once, for the block's dq and for the dk and dv of the window's first
+# BLOCK keys (the next program computes the pairs of the keys that the next window holds too again), instead of
+# `_backward_queries` and `_backward_keys` computing every pair once each. Off until a GPU has timed it against them
+# (`bench_attention_gpu.py --variants fused_backward`, `run_gpu.sh attention_backward`)
+FUSED_BACKWARD = False
+# `_backward_keys`' blocks of keys start where two windows' overlap ends (s_b + 2h, s_b + h when causal; `_key_origin`)
+# rather than at key 0: at h = 16, a block of 32 keys then meets one window or two, 1.5 on average, where from key 0
+# it meets two in the bidirectional case (the same 1.5 when causal)
+ALIGNED_KEY_BLOCKS = True
 # eager calls run the operators' bodies through `_EagerAttention`, without `torch.library`'s dispatch (else through
 # the operators, as traced calls do)
 EAGER_FUNCTION = True
@@ -896,6 +1045,20 @@ def _launch(kernel: str, d: int, dv: int) -> dict:
 def fits(horizon: int, dim: int, value_dim: int) -> bool:
     """Whether the kernels take a horizon and head dimensions this large."""
     return horizon <= MAX_HORIZON and dim <= MAX_DIM and value_dim <= MAX_DIM
+
+
+def _fused_backward(horizon: int, causal: bool) -> bool:
+    """Whether backward takes `_backward_blocks` (`FUSED_BACKWARD`): its windows (BLOCK + 2h keys, BLOCK + h when
+    causal, every BLOCK positions) must overlap their neighbours' only."""
+    return FUSED_BACKWARD and horizon * (1 if causal else 2) <= BLOCK
+
+
+def _key_origin(offset: int, horizon: int, causal: bool) -> int:
+    """Where `_backward_keys`' first block of KEY_BLOCK keys starts (at most 0; `ALIGNED_KEY_BLOCKS`): at a key where
+    two windows' overlap ends (s_b + 2h, s_b + h when causal), or at key 0."""
+    if not ALIGNED_KEY_BLOCKS:
+        return 0
+    return -((KEY_BLOCK - (offset + horizon * (0 if causal else 1)) % KEY_BLOCK) % KEY_BLOCK)
 
 
 def _parallel_walks(rows: int, directions: int) -> bool:
@@ -1047,23 +1210,42 @@ def _backward_body(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
     adjoints, adjoint_norms, scales, grad_rate_walk = _walk_adjoints(q, lk, rate, states, norms, g, out, shift, den,
                                                                      delta, walk, heads, offset, common)
     dq, dk, dv_, grad_table, grad_rate = _gradient_buffers(q, k, v, table, horizon)
-    dtable = None if table is None else den.new_empty(rows, walk.nq, 2 * horizon + 1, d)
-    grad_rate_queries = den.new_empty(rows, walk.nq)
     scale = 1.0 / math.sqrt(d)
-    _backward_queries[(walk.nq, rows)](
-        q, k, v, mask_arg, q if table is None else table, rate, states, norms, g, shift, den, delta, dq,
-        den if dtable is None else dtable, grad_rate_queries, lq, lk, heads, rows, offset, walk.nq, walk.n_states,
-        *walk.starts, d, dv, *_strides(q, k, v, g, dq), scale, CAUSAL=causal, HAS_TABLE=table is not None, **sizes,
-        **{key: common[key] for key in ("HORIZON", "HAS_MASK", "DOT")}, **_launch("_backward_queries", d, dv))
-    key_blocks = triton.cdiv(lk, KEY_BLOCK)
-    grad_rate_keys = den.new_empty(rows, key_blocks)
-    _backward_keys[(key_blocks, rows)](
-        q, k, v, mask_arg, q if table is None else table, rate, adjoints, adjoint_norms, scales, g, shift, den,
-        delta, dk, dv_, grad_rate_keys, lq, lk, heads, rows, offset, walk.nq, walk.n_states, *walk.starts, d, dv,
-        *_strides(q, k, v, g, dk, dv_), scale, CAUSAL=causal, HAS_TABLE=table is not None, BLOCK_K=KEY_BLOCK,
-        BLOCK_R=sizes["BLOCK_R"], **common, **_launch("_backward_keys", d, dv))
+    tensors = (q, k, v, mask_arg, q if table is None else table, rate)
+    flags = dict(CAUSAL=causal, HAS_TABLE=table is not None, **{key: common[key] for key in ("HORIZON", "HAS_MASK",
+                                                                                              "DOT")})
+    lo = hi = 0  # the keys outside lo .. hi - 1 are `_backward_keys`' (all where lo = hi)
+    if _fused_backward(horizon, causal):
+        lo = offset - horizon
+        hi = walk.nq * BLOCK + offset + horizon * (0 if causal else 1)  # s_nq plus the windows' overlap
+        blocks = walk.nq + 1
+        dtable = None if table is None else den.new_empty(rows, blocks, 2 * horizon + 1, d)
+        grad_rate_queries = den.new_empty(rows, blocks)
+        _backward_blocks[(blocks, rows)](
+            *tensors, states, norms, adjoints, adjoint_norms, scales, g, shift, den, delta, dq, dk, dv_,
+            den if dtable is None else dtable, grad_rate_queries, lq, lk, heads, rows, offset, walk.nq, walk.n_states,
+            *walk.starts, d, dv, *_strides(q, k, v, g, dq, dk, dv_), scale, **flags, **sizes,
+            **_launch("_backward_blocks", d, dv))
+    else:
+        dtable = None if table is None else den.new_empty(rows, walk.nq, 2 * horizon + 1, d)
+        grad_rate_queries = den.new_empty(rows, walk.nq)
+        _backward_queries[(walk.nq, rows)](
+            *tensors, states, norms, g, shift, den, delta, dq, den if dtable is None else dtable, grad_rate_queries,
+            lq, lk, heads, rows, offset, walk.nq, walk.n_states, *walk.starts, d, dv, *_strides(q, k, v, g, dq),
+            scale, **flags, **sizes, **_launch("_backward_queries", d, dv))
+    grad_rate_keys = []
+    for first, end in ((0, min(max(lo, 0), lk)), (min(max(hi, 0), lk), lk)) if lo < hi else ((_key_origin(
+            offset, horizon, causal), lk),):
+        key_blocks = triton.cdiv(end - first, KEY_BLOCK)
+        if key_blocks:
+            grad_rate_keys.append(den.new_empty(rows, key_blocks))
+            _backward_keys[(key_blocks, rows)](
+                *tensors, adjoints, adjoint_norms, scales, g, shift, den, delta, dk, dv_, grad_rate_keys[-1], lq, lk,
+                heads, rows, offset, walk.nq, walk.n_states, *walk.starts, first, lo, hi, d, dv,
+                *_strides(q, k, v, g, dk, dv_), scale, BLOCK_K=KEY_BLOCK, BLOCK_R=sizes["BLOCK_R"], **flags,
+                **{key: common[key] for key in ("BLOCK", "BLOCK_D", "BLOCK_V")}, **_launch("_backward_keys", d, dv))
     torch.sum((grad_rate_walk.flatten(2).sum(2).sum(0) + grad_rate_queries.sum(1)
-               + grad_rate_keys.sum(1)).view(b, heads), 0, out=grad_rate)
+               + sum(part.sum(1) for part in grad_rate_keys)).view(b, heads), 0, out=grad_rate)
     if dtable is not None:
         torch.sum(dtable.sum(1).view(b, heads, -1, d), 0, out=grad_table)
     return dq, dk, dv_, grad_table, grad_rate

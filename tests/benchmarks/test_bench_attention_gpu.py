@@ -58,9 +58,9 @@ def test_run_gpu_refuses_an_unknown_step(tmp_path):
     result = subprocess.run(["bash", str(RUN_GPU), str(tmp_path), "atention"],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 64
-    assert ("unknown step: atention (expected env, compile, attention, attention_variants, attention_small_batch, "
-            "attention_rows, attention_block32, tune, tests, compile_tests, accelerate, train, train_compiled, "
-            "train_graphs, generate)") in result.stderr
+    assert ("unknown step: atention (expected env, compile, attention, attention_variants, attention_backward, "
+            "attention_small_batch, attention_rows, attention_block32, tune, tune_backward, tests, compile_tests, "
+            "accelerate, train, train_compiled, train_graphs, generate)") in result.stderr
 
 
 def test_bench_attention_gpu_does_not_time_a_path_that_fails_its_check(import_benchmark, monkeypatch, tmp_path,
@@ -119,6 +119,11 @@ def test_bench_attention_gpu_tune_skips_each_kernels_own_setting(import_benchmar
     with pytest.raises(SystemExit):
         bench.parse_args(["--device", "cpu", "--tune", "--tune-kernels", "_nope"])
     assert "--tune-kernels takes names of ops_local_softmax_triton.LAUNCH" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--device", "cpu", "--tune", "--tune-kernels", "_backward_blocks"])
+    assert "--tune-kernels _backward_blocks needs --fused-backward" in capsys.readouterr().err
+    args = bench.parse_args(["--device", "cpu", "--tune", "--fused-backward", "--tune-kernels", "_backward_blocks"])
+    assert bench.command_options(args) == {"FUSED_BACKWARD": True}
 
 
 def test_bench_attention_gpu_launches_the_kernels_as_a_tune_report_found_best(import_benchmark, tmp_path, capsys):

@@ -116,7 +116,7 @@ def test_attention_kernels_lower(shape, options, causal, dtype):
           **{key: common[key] for key in ("BLOCK", "BLOCK_D", "BLOCK_V", "DOT")})
     lower(kernels._states_backward, kernel_dtype, operands, operand_names=INPUTS,
           **{key: common[key] for key in ("BLOCK", "BLOCK_D", "BLOCK_V", "DOT")})
-    for kernel in (kernels._forward, kernels._backward_queries):
+    for kernel in (kernels._forward, kernels._backward_queries, kernels._backward_blocks):
         lower(kernel, kernel_dtype, operands, operand_names=INPUTS, CAUSAL=causal, **options, **sizes,
               **{key: common[key] for key in ("HORIZON", "DOT")})
     lower(kernels._backward_keys, kernel_dtype, operands, operand_names=INPUTS, CAUSAL=causal,
@@ -140,7 +140,7 @@ def test_attention_kernels_assemble_for_sm90(causal):
     queries = {key: walk[key] for key in ("BLOCK", "BLOCK_D", "BLOCK_V", "DOT")}
     for name, constexprs in (("_states", walk), ("_chunk_sums", walk), ("_scan_sums", dict(scan, REVERSE=True)),
                              ("_query_sums", queries), ("_states_backward", queries), ("_forward", tiles),
-                             ("_backward_queries", tiles),
+                             ("_backward_queries", tiles), ("_backward_blocks", tiles),
                              ("_backward_keys", dict(walk, CAUSAL=causal, HAS_TABLE=True, BLOCK_K=kernels.KEY_BLOCK,
                                                      BLOCK_R=sizes["BLOCK_R"]))):
         compiled = triton.compile(source(getattr(kernels, name), torch.float32, torch.bfloat16, INPUTS, **constexprs),
