@@ -666,6 +666,99 @@ def _forward(
 
 
 @triton.jit
+def _block_backward_inputs(Q, DO, SHIFT, DEN, DELTA, tab, row, b, lq, heads, d, dv, sqb, sqh, sql, sgb, sgh, sgl,
+                           HAS_TABLE: tl.constexpr, ACC: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr,
+                           BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr, DOT: tl.constexpr):
+    """What backward reads of query block b: `_block_queries`' rows, q, phi(q) / D and q's products with the table,
+    gs = g / den in the inputs' dtype (`_output_gradient`), delta, the row shift m and exp(-m) (`_shift_scale`)."""
+    i, queries, q, features_q, qr = _block_queries(Q, tab, row, b, lq, heads, d, sqb, sqh, sql, HAS_TABLE, ACC, BLOCK,
+                                                   BLOCK_D, BLOCK_R, DOT)
+    at, gs, m, _ = _output_gradient(DO, SHIFT, DEN, row, heads, lq, i, queries, dv, sgb, sgh, sgl, ACC, BLOCK_V)
+    delta = tl.load(DELTA + at, mask=queries, other=0.0)
+    return i, queries, q, features_q, qr, gs.to(q.dtype), delta, m, _shift_scale(m)
+
+
+@triton.jit
+def _query_state_grads(S, Z, row, b, rows, nq, n_states, start0, start1, d, dv, q, queries, gs, delta, shift_scale,
+                       rate, CAUSAL: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr,
+                       DOT: tl.constexpr):
+    """The gradients of a query block's queries (q, gs, delta, exp(-m)) through the states of block b: phi(q_i) / D
+    gets exp(-m_i) decay_i (S gs_i - delta_i z), and lambda the decay's distance (by query)."""
+    acc = shift_scale.dtype
+    op = q.dtype
+    a = tl.arange(0, BLOCK)
+    features = _query_features(q, queries, d, acc, BLOCK_D)
+    from_before, _, _, state_before, norm_before, from_after, _, _, state_after, norm_after = _block_states(
+        S, Z, row, b, rows, nq, n_states, start0, start1, d, dv, features, rate, CAUSAL, op, BLOCK, BLOCK_D, BLOCK_V,
+        DOT)
+    grad_features = (tl.dot(gs, tl.trans(state_before.to(op)), input_precision=DOT)
+                     - delta[:, None] * norm_before[None, :]) * (shift_scale * from_before)[:, None]
+    grad_rate = -a.to(acc) * tl.sum(features * grad_features, 1)
+    if not CAUSAL:
+        grad_after = (tl.dot(gs, tl.trans(state_after.to(op)), input_precision=DOT)
+                      - delta[:, None] * norm_after[None, :]) * (shift_scale * from_after)[:, None]
+        grad_rate -= (BLOCK - 1 - a).to(acc) * tl.sum(features * grad_after, 1)
+        grad_features += grad_after
+    return grad_features, grad_rate
+
+
+@triton.jit
+def _query_tile(K, V, MASK, row, heads, lk, start, w0, queries, q, features_q, qr, gs, delta, m, shift_scale, rate,
+                scale, d, dv, skb, skh, skl, svb, svh, svl, dq, grad_features, grad_rel, grad_rate,
+                HORIZON: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_TABLE: tl.constexpr,
+                BLOCK: tl.constexpr, TILE: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr,
+                BLOCK_R: tl.constexpr, DOT: tl.constexpr):
+    """Slots w0 .. w0 + TILE - 1 of query block b's window (`_window_tile`): their pairs' shares of the block's
+    gradients, added to dq (through the band logits), grad_features (through phi(q) / D), grad_rel (the band logits'
+    gradient by table row) and grad_rate (lambda's, by query); and what the keys' gradients take of the pairs: k,
+    phi(k), v, m_j, the band weights exp(l - m) m_j, the logits' and the kernel weights' gradients and the kernel
+    weights."""
+    op = q.dtype
+    a = tl.arange(0, BLOCK)
+    rr = tl.arange(0, BLOCK_R)
+    k, features_k, v, mk, band, logits, beyond, decay, distance, kernel = _window_tile(
+        K, V, MASK, row, heads, lk, start, w0, queries, q, features_q, qr, rate, scale, d, dv, skb, skh, skl, svb, svh,
+        svl, HORIZON, CAUSAL, HAS_MASK, HAS_TABLE, BLOCK, TILE, BLOCK_D, BLOCK_V, BLOCK_R, DOT)
+    # out = sums / den: a weight w_ij gets gs_i . v_j - delta_i
+    grad_weights = tl.dot(gs, tl.trans(v), input_precision=DOT) - delta[:, None]
+    band_weights = tl.where(band, tl.exp(logits - m[:, None]) * mk[None, :], 0.0)
+    grad_logits = band_weights * grad_weights * scale
+    grad_rate -= tl.sum(distance * (shift_scale[:, None] * kernel) * grad_weights, 1)
+    dq = tl.dot(grad_logits.to(op), k, dq, input_precision=DOT)
+    # d/d(phi(q).phi(k) / D); exp(-m) first meets the decay, 0 for the keys that are hidden or in the band
+    grad_kernel = grad_weights * (shift_scale[:, None] * decay)
+    grad_features = tl.dot(grad_kernel.to(op), features_k.to(op), grad_features, input_precision=DOT)
+    if HAS_TABLE:
+        # the pair (a, w) reads table row r = a + 2h - w: row r of query a is window slot a + 2h - r
+        slot = a[:, None] + 2 * HORIZON - rr[None, :] - w0
+        here = (slot >= 0) & (slot < TILE) & (rr[None, :] < 2 * HORIZON + 1)
+        grad_rel += tl.where(here, tl.gather(grad_logits, tl.minimum(tl.maximum(slot, 0), TILE - 1), axis=1), 0.0)
+    return dq, grad_features, grad_rel, grad_rate, k, features_k, v, mk, band_weights, grad_logits, grad_kernel, kernel
+
+
+@triton.jit
+def _store_query_grads(DQ, DTAB, GRAD_RATE, tab, q, i, queries, row, heads, b, d, sdqb, sdqh, sdql, dq, grad_features,
+                       grad_rel, rate_share, HORIZON: tl.constexpr, HAS_TABLE: tl.constexpr, BLOCK_D: tl.constexpr,
+                       BLOCK_R: tl.constexpr, DOT: tl.constexpr):
+    """Query block b's dq (with the parts through the table and phi(q) / D), and its shares of the table's gradient
+    and lambda's (`rate_share`), one per program (`tl.num_programs(0)` of them per row), stored."""
+    op = q.dtype
+    blocks = tl.num_programs(0)
+    if HAS_TABLE:
+        rr = tl.arange(0, BLOCK_R)
+        dd = tl.arange(0, BLOCK_D)
+        dq += tl.dot(grad_rel.to(op), tab, input_precision=DOT)
+        dtab = tl.dot(tl.trans(grad_rel.to(op)), q, input_precision=DOT)
+        # this block's share, summed over blocks and batch on the host (atomic adds would contend per head)
+        tl.store(DTAB + ((row.to(tl.int64) * blocks + b) * (2 * HORIZON + 1) + rr[:, None]) * d + dd[None, :], dtab,
+                 mask=(rr[:, None] < 2 * HORIZON + 1) & (dd[None, :] < d))
+    dq += grad_features * _elu_slope(q.to(dq.dtype)) / d
+    ptr, mask = _row_ptrs(DQ, row, heads, sdqb, sdqh, sdql, i, queries, d, BLOCK_D)
+    tl.store(ptr, dq, mask=mask)
+    tl.store(GRAD_RATE + row.to(tl.int64) * blocks + b, rate_share)
+
+
+@triton.jit
 def _backward_queries(
     Q, K, V, MASK, TAB, RATE, S, Z, DO, SHIFT, DEN, DELTA, DQ, DTAB, GRAD_RATE,
     lq, lk, heads, rows, offset, nq, n_states, start0, start1, d, dv, sqb, sqh, sql, skb, skh, skl, svb, svh, svl,
@@ -675,63 +768,23 @@ def _backward_queries(
 ):
     b, row = tl.program_id(0), tl.program_id(1)
     acc = S.dtype.element_ty
-    op = Q.dtype.element_ty
     rate = tl.load(RATE + row % heads).to(acc)
     tab = _table_tile(TAB, row, heads, d, HORIZON, HAS_TABLE, BLOCK_R, BLOCK_D)
-    i, queries, q, features_q, qr = _block_queries(Q, tab, row, b, lq, heads, d, sqb, sqh, sql, HAS_TABLE, acc,
-                                                   BLOCK, BLOCK_D, BLOCK_R, DOT)
-    at, gs, m, _ = _output_gradient(DO, SHIFT, DEN, row, heads, lq, i, queries, dv, sgb, sgh, sgl, acc, BLOCK_V)
-    gs = gs.to(op)
-    delta = tl.load(DELTA + at, mask=queries, other=0.0)
-    shift_scale = _shift_scale(m)
-    a = tl.arange(0, BLOCK)
-    rr = tl.arange(0, BLOCK_R)
-    # the states: dphi(q_i) / D gets exp(-m_i) decay_i (S gs_i - delta_i z), and lambda the decay's distance
-    features = _query_features(q, queries, d, acc, BLOCK_D)
-    from_before, _, _, state_before, norm_before, from_after, _, _, state_after, norm_after = _block_states(
-        S, Z, row, b, rows, nq, n_states, start0, start1, d, dv, features, rate, CAUSAL, op, BLOCK, BLOCK_D,
-        BLOCK_V, DOT)
-    # through phi(q) / D
-    grad_features = (tl.dot(gs, tl.trans(state_before.to(op)), input_precision=DOT)
-                     - delta[:, None] * norm_before[None, :]) * (shift_scale * from_before)[:, None]
-    grad_rate = -a.to(acc) * tl.sum(features * grad_features, 1)
-    if not CAUSAL:
-        grad_after = (tl.dot(gs, tl.trans(state_after.to(op)), input_precision=DOT)
-                      - delta[:, None] * norm_after[None, :]) * (shift_scale * from_after)[:, None]
-        grad_rate -= (BLOCK - 1 - a).to(acc) * tl.sum(features * grad_after, 1)
-        grad_features += grad_after
+    i, queries, q, features_q, qr, gs, delta, m, shift_scale = _block_backward_inputs(
+        Q, DO, SHIFT, DEN, DELTA, tab, row, b, lq, heads, d, dv, sqb, sqh, sql, sgb, sgh, sgl, HAS_TABLE, acc, BLOCK,
+        BLOCK_D, BLOCK_V, BLOCK_R, DOT)
+    grad_features, grad_rate = _query_state_grads(S, Z, row, b, rows, nq, n_states, start0, start1, d, dv, q, queries,
+                                                  gs, delta, shift_scale, rate, CAUSAL, BLOCK, BLOCK_D, BLOCK_V, DOT)
     dq = tl.zeros((BLOCK, BLOCK_D), dtype=acc)  # through the band logits
     grad_rel = tl.zeros((BLOCK, BLOCK_R), dtype=acc)  # the band logits' gradient by table row
     start = b * BLOCK + offset - HORIZON
     for w0 in range(0, BLOCK + HORIZON + HORIZON * (1 - CAUSAL), TILE):
-        k, features_k, v, mk, band, logits, beyond, decay, distance, kernel = _window_tile(
-            K, V, MASK, row, heads, lk, start, w0, queries, q, features_q, qr, rate, scale, d, dv, skb, skh, skl,
-            svb, svh, svl, HORIZON, CAUSAL, HAS_MASK, HAS_TABLE, BLOCK, TILE, BLOCK_D, BLOCK_V, BLOCK_R, DOT)
-        # out = sums / den: a weight w_ij gets gs_i . v_j - delta_i
-        grad_weights = tl.dot(gs, tl.trans(v), input_precision=DOT) - delta[:, None]
-        grad_logits = tl.where(band, tl.exp(logits - m[:, None]) * mk[None, :], 0.0) * grad_weights * scale
-        grad_rate -= tl.sum(distance * (shift_scale[:, None] * kernel) * grad_weights, 1)
-        dq = tl.dot(grad_logits.to(op), k, dq, input_precision=DOT)
-        # d/d(phi(q).phi(k) / D); exp(-m) first meets the decay, 0 for the keys that are hidden or in the band
-        grad_kernel = grad_weights * (shift_scale[:, None] * decay)
-        grad_features = tl.dot(grad_kernel.to(op), features_k.to(op), grad_features, input_precision=DOT)
-        if HAS_TABLE:
-            # the pair (a, w) reads table row r = a + 2h - w: row r of query a is window slot a + 2h - r
-            slot = a[:, None] + 2 * HORIZON - rr[None, :] - w0
-            here = (slot >= 0) & (slot < TILE) & (rr[None, :] < 2 * HORIZON + 1)
-            grad_rel += tl.where(here, tl.gather(grad_logits, tl.minimum(tl.maximum(slot, 0), TILE - 1), axis=1),
-                                 0.0)
-    if HAS_TABLE:
-        dq += tl.dot(grad_rel.to(op), tab, input_precision=DOT)
-        dd = tl.arange(0, BLOCK_D)
-        dtab = tl.dot(tl.trans(grad_rel.to(op)), q, input_precision=DOT)
-        # this block's share, summed over blocks and batch on the host (atomic adds would contend per head)
-        tl.store(DTAB + ((row.to(tl.int64) * nq + b) * (2 * HORIZON + 1) + rr[:, None]) * d + dd[None, :], dtab,
-                 mask=(rr[:, None] < 2 * HORIZON + 1) & (dd[None, :] < d))
-    dq += grad_features * _elu_slope(q.to(acc)) / d
-    ptr, mask = _row_ptrs(DQ, row, heads, sdqb, sdqh, sdql, i, queries, d, BLOCK_D)
-    tl.store(ptr, dq, mask=mask)
-    tl.store(GRAD_RATE + row.to(tl.int64) * nq + b, tl.sum(grad_rate, 0))
+        dq, grad_features, grad_rel, grad_rate, _, _, _, _, _, _, _, _ = _query_tile(
+            K, V, MASK, row, heads, lk, start, w0, queries, q, features_q, qr, gs, delta, m, shift_scale, rate, scale,
+            d, dv, skb, skh, skl, svb, svh, svl, dq, grad_features, grad_rel, grad_rate, HORIZON, CAUSAL, HAS_MASK,
+            HAS_TABLE, BLOCK, TILE, BLOCK_D, BLOCK_V, BLOCK_R, DOT)
+    _store_query_grads(DQ, DTAB, GRAD_RATE, tab, q, i, queries, row, heads, b, d, sdqb, sdqh, sdql, dq, grad_features,
+                       grad_rel, tl.sum(grad_rate, 0), HORIZON, HAS_TABLE, BLOCK_D, BLOCK_R, DOT)
 
 
 @triton.jit
@@ -800,12 +853,9 @@ def _key_pairs(Q, DO, SHIFT, DEN, DELTA, tab, row, b, lq, heads, offset, j, keys
     dv_."""
     acc = mk.dtype
     op = k.dtype
-    i, queries, q, features_q, qr = _block_queries(Q, tab, row, b, lq, heads, d, sqb, sqh, sql, HAS_TABLE, acc, BLOCK,
-                                                   BLOCK_D, BLOCK_R, DOT)
-    at, gs, m, _ = _output_gradient(DO, SHIFT, DEN, row, heads, lq, i, queries, dv, sgb, sgh, sgl, acc, BLOCK_V)
-    gs = gs.to(op)
-    delta = tl.load(DELTA + at, mask=queries, other=0.0)
-    shift_scale = _shift_scale(m)
+    i, queries, q, features_q, qr, gs, delta, m, shift_scale = _block_backward_inputs(
+        Q, DO, SHIFT, DEN, DELTA, tab, row, b, lq, heads, d, dv, sqb, sqh, sql, sgb, sgh, sgl, HAS_TABLE, acc, BLOCK,
+        BLOCK_D, BLOCK_V, BLOCK_R, DOT)
     start = b * BLOCK + offset - HORIZON
     window = (j >= start) & (j < start + BLOCK + HORIZON + HORIZON * (1 - CAUSAL)) & keys
     t = (i + offset)[:, None] - j[None, :]
@@ -830,8 +880,8 @@ def _backward_keys(
     BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr, DOT: tl.constexpr,
 ):
     """dk and dv of BLOCK_K keys a program from key_first on (those of 0 .. lk - 1 outside lo .. hi - 1, all of them
-    where lo = hi), and their part of lambda's gradient (by program, into GRAD_RATE): the shares of the query blocks whose
-    windows hold them (`_key_pairs`) and of the states' gradients (`_key_shares`)."""
+    where lo = hi), and their part of lambda's gradient (by program, into GRAD_RATE): the shares of the query blocks
+    whose windows hold them (`_key_pairs`) and of the states' gradients (`_key_shares`)."""
     kb, row = tl.program_id(0), tl.program_id(1)
     acc = A.dtype.element_ty
     op = Q.dtype.element_ty
@@ -891,27 +941,13 @@ def _backward_blocks(
     op = Q.dtype.element_ty
     rate = tl.load(RATE + row % heads).to(acc)
     tab = _table_tile(TAB, row, heads, d, HORIZON, HAS_TABLE, BLOCK_R, BLOCK_D)
-    i, queries, q, features_q, qr = _block_queries(Q, tab, row, b, lq, heads, d, sqb, sqh, sql, HAS_TABLE, acc,
-                                                   BLOCK, BLOCK_D, BLOCK_R, DOT)
-    at, gs, m, _ = _output_gradient(DO, SHIFT, DEN, row, heads, lq, i, queries, dv, sgb, sgh, sgl, acc, BLOCK_V)
-    gs = gs.to(op)
-    delta = tl.load(DELTA + at, mask=queries, other=0.0)
-    shift_scale = _shift_scale(m)
-    a = tl.arange(0, BLOCK)
-    rr = tl.arange(0, BLOCK_R)
-    # the states, as in `_backward_queries` (program nq reads block nq - 1's, and has no query to weigh them)
-    features = _query_features(q, queries, d, acc, BLOCK_D)
-    from_before, _, _, state_before, norm_before, from_after, _, _, state_after, norm_after = _block_states(
-        S, Z, row, tl.minimum(b, nq - 1), rows, nq, n_states, start0, start1, d, dv, features, rate, CAUSAL, op, BLOCK,
-        BLOCK_D, BLOCK_V, DOT)
-    grad_features = (tl.dot(gs, tl.trans(state_before.to(op)), input_precision=DOT)
-                     - delta[:, None] * norm_before[None, :]) * (shift_scale * from_before)[:, None]
-    grad_rate = -a.to(acc) * tl.sum(features * grad_features, 1)
-    if not CAUSAL:
-        grad_after = (tl.dot(gs, tl.trans(state_after.to(op)), input_precision=DOT)
-                      - delta[:, None] * norm_after[None, :]) * (shift_scale * from_after)[:, None]
-        grad_rate -= (BLOCK - 1 - a).to(acc) * tl.sum(features * grad_after, 1)
-        grad_features += grad_after
+    i, queries, q, features_q, qr, gs, delta, m, shift_scale = _block_backward_inputs(
+        Q, DO, SHIFT, DEN, DELTA, tab, row, b, lq, heads, d, dv, sqb, sqh, sql, sgb, sgh, sgl, HAS_TABLE, acc, BLOCK,
+        BLOCK_D, BLOCK_V, BLOCK_R, DOT)
+    # program nq reads block nq - 1's states, and has no query to weigh them
+    grad_features, grad_rate = _query_state_grads(S, Z, row, tl.minimum(b, nq - 1), rows, nq, n_states, start0,
+                                                  start1, d, dv, q, queries, gs, delta, shift_scale, rate, CAUSAL,
+                                                  BLOCK, BLOCK_D, BLOCK_V, DOT)
     dq = tl.zeros((BLOCK, BLOCK_D), dtype=acc)
     grad_rel = tl.zeros((BLOCK, BLOCK_R), dtype=acc)
     key_rate = tl.zeros((TILE,), dtype=acc)  # lambda's gradient through the owned keys' states
@@ -919,21 +955,11 @@ def _backward_blocks(
     start = b * BLOCK + offset - HORIZON
     hi = nq * BLOCK + offset - HORIZON + width - BLOCK  # past the last window
     for w0 in range(0, width, TILE):
-        k, features_k, v, mk, band, logits, beyond, decay, distance, kernel = _window_tile(
-            K, V, MASK, row, heads, lk, start, w0, queries, q, features_q, qr, rate, scale, d, dv, skb, skh, skl,
-            svb, svh, svl, HORIZON, CAUSAL, HAS_MASK, HAS_TABLE, BLOCK, TILE, BLOCK_D, BLOCK_V, BLOCK_R, DOT)
-        grad_weights = tl.dot(gs, tl.trans(v), input_precision=DOT) - delta[:, None]
-        band_weights = tl.where(band, tl.exp(logits - m[:, None]) * mk[None, :], 0.0)
-        grad_logits = band_weights * grad_weights * scale
-        grad_rate -= tl.sum(distance * (shift_scale[:, None] * kernel) * grad_weights, 1)
-        dq = tl.dot(grad_logits.to(op), k, dq, input_precision=DOT)
-        grad_kernel = grad_weights * (shift_scale[:, None] * decay)
-        grad_features = tl.dot(grad_kernel.to(op), features_k.to(op), grad_features, input_precision=DOT)
-        if HAS_TABLE:
-            slot = a[:, None] + 2 * HORIZON - rr[None, :] - w0
-            here = (slot >= 0) & (slot < TILE) & (rr[None, :] < 2 * HORIZON + 1)
-            grad_rel += tl.where(here, tl.gather(grad_logits, tl.minimum(tl.maximum(slot, 0), TILE - 1), axis=1),
-                                 0.0)
+        (dq, grad_features, grad_rel, grad_rate, k, features_k, v, mk, band_weights, grad_logits, grad_kernel,
+         kernel) = _query_tile(
+            K, V, MASK, row, heads, lk, start, w0, queries, q, features_q, qr, gs, delta, m, shift_scale, rate, scale,
+            d, dv, skb, skh, skl, svb, svh, svl, dq, grad_features, grad_rel, grad_rate, HORIZON, CAUSAL, HAS_MASK,
+            HAS_TABLE, BLOCK, TILE, BLOCK_D, BLOCK_V, BLOCK_R, DOT)
         if w0 < BLOCK:  # a tile of the keys this program owns: their dk and dv
             w = w0 + tl.arange(0, TILE)
             j = start + w
@@ -956,17 +982,8 @@ def _backward_blocks(
             tl.store(ptr, dk, mask=mask)
             ptr, mask = _row_ptrs(DV, row, heads, sdvb, sdvh, sdvl, j, mine, dv, BLOCK_V)
             tl.store(ptr, dv_, mask=mask)
-    blocks = tl.num_programs(0)
-    if HAS_TABLE:
-        dq += tl.dot(grad_rel.to(op), tab, input_precision=DOT)
-        dd = tl.arange(0, BLOCK_D)
-        dtab = tl.dot(tl.trans(grad_rel.to(op)), q, input_precision=DOT)
-        tl.store(DTAB + ((row.to(tl.int64) * blocks + b) * (2 * HORIZON + 1) + rr[:, None]) * d + dd[None, :], dtab,
-                 mask=(rr[:, None] < 2 * HORIZON + 1) & (dd[None, :] < d))
-    dq += grad_features * _elu_slope(q.to(acc)) / d
-    ptr, mask = _row_ptrs(DQ, row, heads, sdqb, sdqh, sdql, i, queries, d, BLOCK_D)
-    tl.store(ptr, dq, mask=mask)
-    tl.store(GRAD_RATE + row.to(tl.int64) * blocks + b, tl.sum(grad_rate, 0) + tl.sum(key_rate, 0))
+    _store_query_grads(DQ, DTAB, GRAD_RATE, tab, q, i, queries, row, heads, b, d, sdqb, sdqh, sdql, dq, grad_features,
+                       grad_rel, tl.sum(grad_rate, 0) + tl.sum(key_rate, 0), HORIZON, HAS_TABLE, BLOCK_D, BLOCK_R, DOT)
 
 
 BLOCK = 64  # queries per block of the forward and backward kernels, keys per chunk of the states
