@@ -923,8 +923,8 @@ def _backward_keys(
 @triton.jit
 def _backward_blocks(
     Q, K, V, MASK, TAB, RATE, S, Z, A, AZ, NU, DO, SHIFT, DEN, DELTA, DQ, DK, DV, DTAB, GRAD_RATE,
-    lq, lk, heads, rows, offset, nq, n_states, start0, start1, d, dv, sqb, sqh, sql, skb, skh, skl, svb, svh, svl,
-    sgb, sgh, sgl, sdqb, sdqh, sdql, sdkb, sdkh, sdkl, sdvb, sdvh, sdvl, scale,
+    lq, lk, heads, rows, offset, nq, n_states, start0, start1, hi, d, dv, sqb, sqh, sql, skb, skh, skl, svb, svh,
+    svl, sgb, sgh, sgl, sdqb, sdqh, sdql, sdkb, sdkh, sdkl, sdvb, sdvh, sdvl, scale,
     HORIZON: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_TABLE: tl.constexpr, BLOCK: tl.constexpr,
     TILE: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr, DOT: tl.constexpr,
 ):
@@ -935,7 +935,7 @@ def _backward_blocks(
     the tiles, and block b - 1's window holds the first width - BLOCK of them (`_key_pairs`); with the states'
     shares (`_key_shares`) their dk and dv are whole. The pairs are computed once each and twice where windows
     overlap, instead of once by queries and once or twice by keys; keys outside every window (before s_0, or past
-    s_nq + width - BLOCK) are `_backward_keys`'."""
+    s_nq + width - BLOCK: `hi`, `_overlap_end`) are `_backward_keys`'."""
     b, row = tl.program_id(0), tl.program_id(1)
     acc = S.dtype.element_ty
     op = Q.dtype.element_ty
@@ -953,7 +953,6 @@ def _backward_blocks(
     key_rate = tl.zeros((TILE,), dtype=acc)  # lambda's gradient through the owned keys' states
     width = BLOCK + HORIZON + HORIZON * (1 - CAUSAL)
     start = b * BLOCK + offset - HORIZON
-    hi = nq * BLOCK + offset - HORIZON + width - BLOCK  # past the last window
     for w0 in range(0, width, TILE):
         (dq, grad_features, grad_rel, grad_rate, k, features_k, v, mk, band_weights, grad_logits, grad_kernel,
          kernel) = _query_tile(
@@ -1070,12 +1069,18 @@ def _fused_backward(horizon: int, causal: bool) -> bool:
     return FUSED_BACKWARD and horizon * (1 if causal else 2) <= BLOCK
 
 
+def _overlap_end(block: int, offset: int, horizon: int, causal: bool) -> int:
+    """The key past the overlap of query block `block`'s window with the previous one's: s_b + 2h, s_b + h when
+    causal (s_b = b BLOCK + offset - h, the window's first key); for block nq, the key past the last window."""
+    return block * BLOCK + offset + (0 if causal else horizon)
+
+
 def _key_origin(offset: int, horizon: int, causal: bool) -> int:
     """Where `_backward_keys`' first block of KEY_BLOCK keys starts (at most 0; `ALIGNED_KEY_BLOCKS`): at a key where
-    two windows' overlap ends (s_b + 2h, s_b + h when causal), or at key 0."""
+    two windows' overlap ends (`_overlap_end`), or at key 0."""
     if not ALIGNED_KEY_BLOCKS:
         return 0
-    return -((KEY_BLOCK - (offset + horizon * (0 if causal else 1)) % KEY_BLOCK) % KEY_BLOCK)
+    return -((KEY_BLOCK - _overlap_end(0, offset, horizon, causal) % KEY_BLOCK) % KEY_BLOCK)
 
 
 def _parallel_walks(rows: int, directions: int) -> bool:
@@ -1233,15 +1238,14 @@ def _backward_body(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
                                                                                               "DOT")})
     lo = hi = 0  # the keys outside lo .. hi - 1 are `_backward_keys`' (all where lo = hi)
     if _fused_backward(horizon, causal):
-        lo = offset - horizon
-        hi = walk.nq * BLOCK + offset + horizon * (0 if causal else 1)  # s_nq plus the windows' overlap
+        lo, hi = offset - horizon, _overlap_end(walk.nq, offset, horizon, causal)  # s_0, past the last window
         blocks = walk.nq + 1
         dtable = None if table is None else den.new_empty(rows, blocks, 2 * horizon + 1, d)
         grad_rate_queries = den.new_empty(rows, blocks)
         _backward_blocks[(blocks, rows)](
             *tensors, states, norms, adjoints, adjoint_norms, scales, g, shift, den, delta, dq, dk, dv_,
             den if dtable is None else dtable, grad_rate_queries, lq, lk, heads, rows, offset, walk.nq, walk.n_states,
-            *walk.starts, d, dv, *_strides(q, k, v, g, dq, dk, dv_), scale, **flags, **sizes,
+            *walk.starts, hi, d, dv, *_strides(q, k, v, g, dq, dk, dv_), scale, **flags, **sizes,
             **_launch("_backward_blocks", d, dv))
     else:
         dtable = None if table is None else den.new_empty(rows, walk.nq, 2 * horizon + 1, d)
