@@ -9,7 +9,9 @@ def pytest_collection_finish(session):
     (tests/ops/test_triton_interpreted.py), so that they run beside the rest of the suite."""
     for item in session.items:
         if item.name == "test_triton_kernels_through_the_interpreter":
-            item.module.start()
+            item.module.start("not slow")
+        elif item.name == "test_slow_triton_kernels_through_the_interpreter":
+            item.module.start("slow")
 
 
 @pytest.fixture(autouse=True)

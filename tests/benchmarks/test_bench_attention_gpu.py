@@ -90,6 +90,7 @@ def test_bench_attention_gpu_check_only_times_nothing(import_benchmark, tmp_path
     assert checked["check"]["scaleformer"]["ok"] and checked["timings"] == []
 
 
+@pytest.mark.slow  # the quick run and the tune report's reading stay in the default run
 def test_bench_attention_gpu_tune(run_command, tmp_path):
     """`--tune` on CPU (`--quick`): the settings are checked in two processes at once, then timed against the
     baseline; on CPU the op takes its PyTorch path, so this checks the script's path, not the kernels."""

@@ -5,6 +5,9 @@ Smoke runs, narrowed so that each takes seconds; timings are not checked. What i
 are N/A.
 """
 
+import pytest
+
+
 MODELS = ["scaleformer", "scaleformer:softmax", "bart", "t5"]
 
 
@@ -43,6 +46,7 @@ def test_bench_generate_models(run_report):
     assert all(s in ("PASS", "FAIL") for s in statuses.values()) and any(n.startswith("(c)") for n in statuses)
 
 
+@pytest.mark.slow
 def test_bench_generate_targets_without_bart(run_report):
     stdout, report = run_report(
         ["benchmarks/bench_generate.py", "--quick", "--source-length", "16", "--new-tokens", "16",

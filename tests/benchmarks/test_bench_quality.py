@@ -89,6 +89,7 @@ def test_bench_quality_rejects_data_dir_for_docstrings(run_command, tmp_path):
     assert result.returncode == 2 and "--data_dir does not apply to --task docstrings" in result.stderr
 
 
+@pytest.mark.slow  # the long baselines: `pytest -m slow`
 def test_bench_quality_long_baselines_quick(run_report):
     """LED and LongT5 (opt-in) train with BART's recipe on the quick verses and get a loss and scores."""
     stdout, report = run_report(["benchmarks/bench_quality.py", "--quick", "--models", "led", "longt5",

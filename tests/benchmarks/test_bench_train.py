@@ -30,6 +30,7 @@ def test_bench_train_bf16_on_a_device(run_report):
     assert "fp32 under bf16 autocast" in stdout and report["cuda_peak_extra_mib"] == []
 
 
+@pytest.mark.slow  # options beyond the quick run: `pytest -m slow`
 def test_bench_train_profile(run_report):
     """`--profile L`: one profiled training step per model after the timings, its table printed and recorded."""
     stdout, report = run_report(["benchmarks/bench_train.py", "--quick", "--lengths", "64", "--repeats", "1",
@@ -57,6 +58,7 @@ def test_bench_train_steps_only(run_report):
         assert f"| {', '.join(f'{x:.4f}' for x in timing['loss'])} |" in stdout
 
 
+@pytest.mark.slow
 def test_bench_train_compile(run_report, monkeypatch):
     """`--compile [MODE]`: the steps of a model under torch.compile, said in the header and recorded in the settings.
     Dynamo is switched off here (compiling on CPU takes a minute; test_conformance.py compiles a model and checks
@@ -115,6 +117,7 @@ def test_bench_train_models(run_report):
     assert report["targets"][0]["status"] in ("PASS", "FAIL") and report["targets"][1]["status"] == "N/A"
 
 
+@pytest.mark.slow
 def test_bench_train_max_quadratic_length(run_report):
     stdout, report = run_report(
         ["benchmarks/bench_train.py", "--quick", "--lengths", "32", "64", "--repeats", "1", "--no-memory",
@@ -129,6 +132,7 @@ def test_bench_train_max_quadratic_length(run_report):
     assert report["settings"]["bart_max_position_embeddings"] == 128  # the table fits the target, not L=64
 
 
+@pytest.mark.slow
 def test_bench_train_targets_without_scaleformer(run_report):
     stdout, report = run_report(
         ["benchmarks/bench_train.py", "--quick", "--lengths", "32", "--repeats", "1", "--no-memory",
@@ -165,7 +169,8 @@ def test_bench_train_device_speedup_target(import_benchmark):
     assert [t.name[:3] for t in targets] == ["(a)", "(b)"]
 
 
-@pytest.mark.parametrize("model", ["scaleformer:softmax", "t5", "led", "longt5"])
+@pytest.mark.parametrize("model", ["scaleformer:softmax", *(pytest.param(name, marks=pytest.mark.slow)
+                                                            for name in ("t5", "led", "longt5"))])
 def test_bench_train_measure_memory(run_command, model):
     result = run_command(["benchmarks/bench_train.py", "--quick", "--lengths", "64", "--measure-memory", model, "64",
                           "--threads", "1"])
@@ -177,6 +182,7 @@ def test_bench_train_measure_memory(run_command, model):
 LONG_BASELINES = ["scaleformer", "led", "longt5"]
 
 
+@pytest.mark.slow
 def test_bench_train_long_baselines(run_report):
     """LED and LongT5 (opt-in) get a row of figures; --max-quadratic-length leaves them (local attention) running."""
     stdout, report = run_report(

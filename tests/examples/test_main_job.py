@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
         pytest.param("docstrings",
                      ["--config_overrides", "layer_norm_position=pre,rpe_horizon=8,absolute_positions=sinusoidal"],
                      dict(layer_norm_position="pre", absolute_positions="sinusoidal", rpe_horizon=8),
-                     id="docstrings-shipped-tokenizer-overrides"),
+                     id="docstrings-shipped-tokenizer-overrides", marks=pytest.mark.slow),
     ],
 )
 def test_main_job_smoke(tmp_path, task, extra, expected):

@@ -23,7 +23,8 @@ def models(tiny_config):
     return ScaleformerForConditionalGeneration(tiny_config(attention_mode="linear")).to(torch.float64)
 
 
-@pytest.mark.parametrize("checkpointing", [False, True], ids=["", "activation-checkpointing"])
+@pytest.mark.parametrize("checkpointing", [False, pytest.param(True, marks=pytest.mark.slow)],
+                         ids=["", "activation-checkpointing"])
 def test_loss_and_gradients_on_triton_paths(checkpointing, tiny_config, batch, triton_paths, monkeypatch):
     """Logits and every parameter's gradient with the attention on its kernels; with activation checkpointing, whose
     backward runs every layer's forward again, the kernels' forward included."""
@@ -54,7 +55,8 @@ def test_loss_and_gradients_on_triton_paths(checkpointing, tiny_config, batch, t
         torch.testing.assert_close(grad, expected_grads[name], rtol=1e-8, atol=1e-10, msg=lambda m: f"{name}: {m}")
 
 
-@pytest.mark.parametrize("kwargs", [dict(), dict(num_beams=3)], ids=["greedy", "beam"])
+@pytest.mark.parametrize("kwargs", [dict(), pytest.param(dict(num_beams=3), marks=pytest.mark.slow)],
+                         ids=["greedy", "beam"])
 def test_generate_on_triton_paths(kwargs, tiny_config, batch, triton_paths):
     """The tokens of greedy and beam search with the decoding steps on their kernels (beam search reorders the
     states between steps)."""
@@ -67,6 +69,7 @@ def test_generate_on_triton_paths(kwargs, tiny_config, batch, triton_paths):
     assert torch.equal(got, expected)
 
 
+@pytest.mark.slow  # about a minute through the interpreter; on CUDA the `compiles` tests compile the model
 def test_torch_compile_traces_the_kernels_operators(tiny_config, batch, triton_paths, attention_outside_the_graph):
     """`torch.compile(model)` traces every attention layer: the default attention's down to the kernels' operators,
     the count block's (running key sums) as tensor operations; none runs outside the graph, and the compiled loss

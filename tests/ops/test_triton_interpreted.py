@@ -3,7 +3,9 @@ tests/models/test_triton_paths.py) through Triton's interpreter, in a fresh proc
 machine without CUDA, in the default test run. Triton's own library functions (tl.sum among them) are interpreted
 only if the variable was set when Triton was first imported, so the kernels cannot share a process with tests that
 imported it before. The process starts as soon as the tests are collected (`start`, called by tests/conftest.py), so
-that it runs beside the rest of the suite, on another core, rather than after it."""
+that it runs beside the rest of the suite, on another core, rather than after it. It runs the kernel tests that the
+run selects by marker: the default run those not marked `slow`, `pytest -m slow` the slow ones (wider shapes, the
+models' other paths, compilation)."""
 
 import atexit
 import importlib.util
@@ -20,7 +22,7 @@ import torch
 KERNEL_TESTS = [Path(__file__).with_name(name) for name in ("test_local_softmax_triton.py", "test_decay_triton.py")]
 KERNEL_TESTS.append(Path(__file__).parents[1] / "models" / "test_triton_paths.py")  # the models on those kernels
 TIMEOUT = 900
-RUN = {}  # the process and the file holding its output, once started
+RUN = {}  # marker expression -> the process and the file holding its output, once started
 
 
 def runnable() -> bool:
@@ -29,30 +31,45 @@ def runnable() -> bool:
     return not torch.cuda.is_available() and all(importlib.util.find_spec(name) for name in ("triton", "numpy"))
 
 
-def start() -> None:
-    """Starts the interpreted run (once)."""
-    if RUN or not runnable():
+def start(markers: str = "not slow") -> None:
+    """Starts the interpreted run of the kernel tests selected by `markers` (once)."""
+    if markers in RUN or not runnable():
         return
     env = {**os.environ, "TRITON_INTERPRET": "1", "HF_HUB_OFFLINE": "1"}
     output = tempfile.TemporaryFile(mode="w+")
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *map(str, KERNEL_TESTS)]
-    RUN.update(process=subprocess.Popen(command, env=env, stdout=output, stderr=subprocess.STDOUT, text=True),
-               output=output)
-    atexit.register(RUN["process"].kill)  # a session that ends early does not leave it running
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", markers, *map(str, KERNEL_TESTS)]
+    process = subprocess.Popen(command, env=env, stdout=output, stderr=subprocess.STDOUT, text=True)
+    RUN[markers] = dict(process=process, output=output)
+    atexit.register(process.kill)  # a session that ends early does not leave it running
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="with CUDA the kernel tests run in this process, on the GPU")
-def test_triton_kernels_through_the_interpreter():
+def check_run(markers: str) -> None:
     if not runnable():
         pytest.skip("needs triton and numpy")
-    start()
+    start(markers)
+    run = RUN[markers]
     try:
-        returncode = RUN["process"].wait(timeout=TIMEOUT)
+        returncode = run["process"].wait(timeout=TIMEOUT)
     except subprocess.TimeoutExpired:
-        RUN["process"].kill()
+        run["process"].kill()
         raise
-    RUN["output"].seek(0)
-    output = RUN["output"].read()
+    run["output"].seek(0)
+    output = run["output"].read()
     assert returncode == 0, output[-6000:]
     summary = output.strip().splitlines()[-1]
     assert " passed" in summary and "failed" not in summary and "error" not in summary, summary
+
+
+NOT_ON_CUDA = pytest.mark.skipif(torch.cuda.is_available(),
+                                 reason="with CUDA the kernel tests run in this process, on the GPU")
+
+
+@NOT_ON_CUDA
+def test_triton_kernels_through_the_interpreter():
+    check_run("not slow")
+
+
+@NOT_ON_CUDA
+@pytest.mark.slow
+def test_slow_triton_kernels_through_the_interpreter():
+    check_run("slow")
