@@ -18,8 +18,10 @@ logit and the log of its weight beyond the band (`ops_common.row_shift`): the ra
 exceeds 1 and the largest is 1, so that rows neither overflow nor vanish. Hundreds of positions from every visible
 key, at a fast decay (a target far longer than its source, in cross attention), each weight beyond the band falls
 below the compute dtype's range while the row, a ratio, does not: the quadratic path and the decoding steps sum
-those weights relative to the row's largest decay and keep them; the chunked path, whose decayed sums underflow,
-gives a row whose sum beyond the band is below the dtype's smallest normal number none there
+those weights relative to the row's largest decay and keep them. The chunked path computes the rows past every key
+from the keys' decayed summary relative to the last visible key (`_rows_past_the_keys`), exact at any distance; its
+decayed sums underflow, and it gives any other row whose sum beyond the band is below the dtype's smallest normal
+number (rows past the last visible key of a padded input, within its length) none there
 (`ops_common.normal_tails`), where exp(-m) would pass the dtype's range and make the gradients inf and NaN.
 
 The algorithm is linear in length: the band is a local softmax over 2h+1 keys per query, by blocks of
@@ -258,6 +260,36 @@ def _differentiable(*tensors: Tensor | None) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
+def _rows_past_the_keys(out: Tensor, q: Tensor, k: Tensor, v: Tensor, decay: Tensor, *, key_mask: Tensor | None,
+                        query_offset: int, horizon: int) -> Tensor:
+    """`out` with its rows past every key (p_i - h > Lk - 1: no key in the band, all before it) replaced by their
+    exact value.
+
+    Such a row's weights share the factor exp(-lambda (p_i - h - e)), e its batch row's last visible key, which the
+    row's ratio cancels: out_i = phi(q_i) S / phi(q_i) s over the summary S = sum_j exp(-lambda (e - j))
+    phi(k_j) [m_j v_j, m_j]^T (s its last column), whose largest weight is 1. The chunked sums carry that factor, and
+    underflow once it passes the dtype's range (a target longer than its source by hundreds of positions, at a fast
+    decay); the summary does not. O((Lq - Lk) D Dv) per head for those rows, nothing where there are none;
+    differentiable by autograd. Rows within the keys' length whose visible keys all lie far before them (past a
+    padded row's last key) keep the chunked sums.
+    """
+    b, heads, lq, _ = q.shape
+    lk = k.shape[2]
+    first = max(lk + horizon - query_offset, 0)
+    if first >= lq:
+        return out
+    dtype = compute_dtype(q.dtype)
+    keys = torch.arange(lk, device=q.device)
+    last = keys[-1].expand(b) if key_mask is None else torch.where(key_mask.bool(), keys, -1).amax(-1)
+    distance = (last[:, None] - keys).clamp(min=0).to(dtype)  # from e; 0 for the hidden keys after it
+    weight = torch.exp(-decay.to(dtype)[:, None] * distance[:, None])  # (B, H, Lk)
+    summary = (elu_feature_map(k.to(dtype)) * weight[..., None]).transpose(-1, -2) @ augment_values(v.to(dtype),
+                                                                                                     key_mask)
+    sums = elu_feature_map(q[:, :, first:].to(dtype)) @ summary  # (B, H, Lq - first, Dv + 1)
+    rows = normalise_rows(sums[..., :-1], sums[..., -1:]).to(out.dtype)  # 0 for a batch row with no visible key
+    return torch.cat([out[:, :, :first], rows], dim=2)
+
+
 def chunk_local_softmax_decay_attention(
     q: Tensor, k: Tensor, v: Tensor, rel: Tensor | None, decay: Tensor,
     *, causal: bool = False, key_mask: Tensor | None = None, query_offset: int = 0, horizon: int | None = None,
@@ -270,10 +302,12 @@ def chunk_local_softmax_decay_attention(
     h = resolve_horizon(rel, horizon)
     b, heads, lq, d = q.shape
     lk = k.shape[2]
+    past = dict(key_mask=key_mask, query_offset=query_offset, horizon=h)
     kernels = _attention_function(q.device, h, d, v.shape[-1])
     if kernels is not None:
-        return kernels(q, k, v, head_table(rel, heads, q.dtype), decay, causal=causal, key_mask=key_mask,
-                       query_offset=query_offset, horizon=h)
+        out = kernels(q, k, v, head_table(rel, heads, q.dtype), decay, causal=causal, key_mask=key_mask,
+                      query_offset=query_offset, horizon=h)
+        return _rows_past_the_keys(out, q, k, v, decay, **past)
     dtype = compute_dtype(q.dtype)
     vm = augment_values(v.to(dtype), key_mask)
     chunk = max(chunk_size, 1)
@@ -291,7 +325,7 @@ def chunk_local_softmax_decay_attention(
     out = _LocalSoftmaxBand.apply(q.reshape(b * heads, lq, d), k.reshape(b * heads, -1, d),
                                   vm.reshape(b * heads, -1, vm.shape[-1]), row_table(rel, b, heads, dtype),
                                   tail.reshape(b * heads, lq, -1), band)
-    return out.view(b, heads, lq, -1).to(q.dtype)
+    return _rows_past_the_keys(out.view(b, heads, lq, -1).to(q.dtype), q, k, v, decay, **past)
 
 
 def local_softmax_decay_attention(

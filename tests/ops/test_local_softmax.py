@@ -67,28 +67,76 @@ def test_large_logits_stay_finite(decay_inputs, check_decay_op):
 
 @pytest.mark.parametrize("mode", ["naive", "linear"])
 @pytest.mark.parametrize("lk, visible", [(20, 20), (600, 20)], ids=["short-source", "keys-hidden-after-20"])
-def test_rows_far_from_their_keys_get_finite_gradients(mode, lk, visible):
+def test_rows_far_from_their_keys(mode, lk, visible, monkeypatch):
     """float32 attention of 600 queries whose visible keys are the first 20 (cross attention on a short source, and
     keys hidden by the mask; rates 0.25 and 0.02): far from the keys each decayed weight falls below float32's range,
     while the row, a ratio, does not, and exp(-m) on the underflowed weights had made the gradients inf and NaN. The
-    quadratic path sums each row's weights relative to its largest decay and keeps the float64 reference's output at
-    every row; the chunked path, whose decayed sums underflow, gives those rows no weight beyond the band (output 0
-    where the band is empty too). Every gradient stays finite, with gradient on every row."""
+    quadratic path sums each row's weights relative to its largest decay and keeps the float64 reference's output and
+    gradients at every row; so does the chunked path on a short source, whose rows past the keys it computes from
+    the keys' summary (`_rows_past_the_keys`, without which it loses hundreds of the fast head's rows). Past keys
+    hidden by the mask its decayed sums underflow, and it gives those rows no weight beyond the band (output 0 where
+    the band is empty too). Every gradient stays finite."""
     gen = torch.Generator().manual_seed(0)
     q = torch.randn(1, 2, 600, 8, dtype=F64, generator=gen)
     k, v = (torch.randn(1, 2, lk, 8, dtype=F64, generator=gen) for _ in range(2))
     rel, decay = 0.1 * torch.randn(2, 7, 8, dtype=F64, generator=gen), torch.tensor([0.25, 0.02], dtype=F64)
     key_mask = (torch.arange(lk) < visible).long()[None]
     args = [x.float().requires_grad_() for x in (q, k, v, rel, decay)]
+    wide = [x.detach().double().requires_grad_() for x in args]
+    expected = naive_local_softmax_decay_attention(*wide, key_mask=key_mask)
+    upstream = torch.randn(expected.shape, dtype=F64, generator=gen)
     got = local_softmax_decay_attention(*args, key_mask=key_mask, mode=mode)
-    grads = torch.autograd.grad(got, args, torch.randn(got.shape, generator=gen))
+    grads = torch.autograd.grad(got, args, upstream.float())
     assert all(bool(torch.isfinite(g).all()) for g in grads)
-    expected = naive_local_softmax_decay_attention(q, k, v, rel, decay, key_mask=key_mask)
-    near = 600 if mode == "naive" else 100
+    near = 100 if (mode, lk) == ("linear", 600) else 600
     torch.testing.assert_close(got[:, :, :near].double(), expected[:, :, :near], rtol=1e-4, atol=1e-5)
+    if near == 600:
+        for name, g, e in zip("q k v rel decay".split(), grads, torch.autograd.grad(expected, wide, upstream)):
+            torch.testing.assert_close(g.double(), e, rtol=1e-4, atol=1e-4 * max(1.0, float(e.abs().max())),
+                                       msg=lambda m: f"grad {name}: {m}")
     if mode == "linear":
+        if lk == 20:
+            monkeypatch.setattr(ops_local_softmax, "_rows_past_the_keys", lambda out, *args, **kwargs: out)
+            got = local_softmax_decay_attention(*args, key_mask=key_mask, mode=mode)
         lost = got[0, 0].abs().sum(-1) == 0  # rows of the fast head that the chunked sums lose
         assert 100 < int(lost.sum()) < 600 and not bool(lost[:100].any())
+
+
+@pytest.mark.parametrize("case", [
+    dict(lq=250, lk=10, lost=True), dict(lq=250, lk=10, causal=True, lost=True),
+    dict(lq=12, lk=30, offset=250, lost=True), dict(lq=220, lk=20, mask="last-keys-hidden", lost=True),
+    dict(lq=220, lk=20, causal=True, mask="last-keys-hidden", lost=True),
+    dict(lq=30, lk=20, offset=4, mask="hidden-row"), dict(lq=1, lk=1, offset=300, lost=True),
+    dict(lq=1, lk=1, offset=6, mask="hidden-row"),
+], ids=["past-the-keys", "past-the-keys-causal", "offset", "last-keys-hidden", "last-keys-hidden-causal",
+        "a-batch-row-without-keys", "length-1", "length-1-hidden"])
+def test_rows_past_every_key(case, monkeypatch):
+    """Rows past every key (h = 3; Lq > Lk, an offset, the last keys of a batch row hidden, a batch row with no visible
+    key, length 1), rates 0.3 and 4: the chunked path (chunks of 4) against the float64 reference, output and
+    gradients. Where rows lie 200 positions or more past their keys (`lost`), the fast head's chunked sums underflow
+    even in float64: without `_rows_past_the_keys` those rows would be lost."""
+    gen = torch.Generator().manual_seed(0)
+    lq, lk, offset, causal = case["lq"], case["lk"], case.get("offset", 0), case.get("causal", False)
+    q = torch.randn(2, 2, lq, 4, dtype=F64, generator=gen)
+    k, v = (torch.randn(2, 2, lk, 4, dtype=F64, generator=gen) for _ in range(2))
+    rel, decay = torch.randn(2, 7, 4, dtype=F64, generator=gen), torch.tensor([0.3, 4.0], dtype=F64)
+    key_mask = torch.ones(2, lk, dtype=torch.long)
+    if case.get("mask") == "last-keys-hidden":
+        key_mask[1, lk // 2:] = 0
+    elif case.get("mask") == "hidden-row":
+        key_mask[1] = 0
+    kwargs = dict(causal=causal, key_mask=key_mask if "mask" in case else None, query_offset=offset)
+    args = [x.clone().requires_grad_() for x in (q, k, v, rel, decay)]
+    got = chunk_local_softmax_decay_attention(*args, **kwargs, chunk_size=4)
+    expected = naive_local_softmax_decay_attention(*args, **kwargs)
+    torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-12)
+    upstream = torch.randn(expected.shape, dtype=F64, generator=gen)
+    for name, g, e in zip("q k v rel decay".split(), torch.autograd.grad(got, args, upstream),
+                          torch.autograd.grad(expected, args, upstream)):
+        torch.testing.assert_close(g, e, rtol=1e-9, atol=1e-11, msg=lambda m: f"grad {name}: {m}")
+    monkeypatch.setattr(ops_local_softmax, "_rows_past_the_keys", lambda out, *args, **kwargs: out)
+    kept = chunk_local_softmax_decay_attention(*args, **kwargs, chunk_size=4)
+    assert torch.allclose(kept, expected, rtol=1e-6, atol=1e-8) != case.get("lost", False)
 
 
 def test_softmax_rows_are_shift_invariant(decay_inputs):

@@ -83,7 +83,7 @@ def test_triton_attention_with_tiles_128_wide(dims, causal, decay_inputs, check_
 @pytest.mark.parametrize("case", [
     dict(lq=40, lk=23, offset=5, causal=False, slots=2), dict(lq=5, lk=40, offset=100, causal=False, slots=16),
     dict(lq=70, lk=30, offset=0, causal=False, slots=4), dict(lq=37, lk=37, offset=0, causal=True, slots=1),
-    dict(lq=150, lk=150, offset=0, causal=False, slots=4),
+    pytest.param(dict(lq=150, lk=150, offset=0, causal=False, slots=4), marks=pytest.mark.slow),
 ], ids=["offset-5", "queries-past-the-keys", "lq>lk", "causal", "ten-chunks"])
 def test_parallel_walks_equal_the_sequential_walks(case, monkeypatch, triton_paths):
     """The states of every query block by `_chunk_sums` and `_scan_sums` (`PARALLEL_WALKS`) equal those of
@@ -126,7 +126,8 @@ def test_parallel_walks_equal_the_sequential_walks(case, monkeypatch, triton_pat
 
 
 @pytest.mark.parametrize("case", [
-    dict(causal=False, keep=True, table=True, mask=True), dict(causal=True, keep=True, table=True, mask=False),
+    pytest.param(dict(causal=False, keep=True, table=True, mask=True), marks=pytest.mark.slow),
+    pytest.param(dict(causal=True, keep=True, table=True, mask=False), marks=pytest.mark.slow),
     dict(causal=True, keep=False, table=False, mask=False),
 ], ids=["bidirectional-kept-states", "causal-kept-states", "causal-recomputed-states"])
 def test_kernels_operator_passes_opcheck(case, decay_inputs, monkeypatch, triton_paths):
@@ -304,7 +305,7 @@ def test_kept_states_give_the_recomputed_gradients(causal, decay_inputs, monkeyp
         assert torch.equal(got, expected), name
 
 
-@CAUSAL
+@pytest.mark.parametrize("causal", [pytest.param(False, marks=pytest.mark.slow), True], ids=["bidirectional", "causal"])
 def test_key_tiles_do_not_change_the_result(causal, decay_inputs, monkeypatch, triton_paths):
     """Windows read in one tile (KEY_TILE as wide as the window, KEY_BLOCK = BLOCK, the layout that
     `bench_attention_gpu.py --key-tile 128 --key-block 64` times), and backward programs over more keys than a chunk
@@ -397,22 +398,24 @@ def test_triton_attention_extreme_logits(decay_inputs, triton_paths):
                                rtol=1e-9, atol=1e-12)
 
 
-def test_triton_attention_rows_far_from_their_keys(monkeypatch, triton_paths):
+@pytest.mark.parametrize("lk", [300, 60], ids=["keys-hidden-after-60", "60-keys"])
+def test_triton_attention_rows_far_from_their_keys(lk, monkeypatch, triton_paths):
     """float32 rows whose visible keys all lie 80 to 240 positions back (rate 0.5: total weights from e^-40 to
     e^-120; exp(-m) / den, their weight in the states' gradient, passes e^88 from about 180 positions): as long as
     the weights are normal float32 numbers (rows up to 180 positions from the keys), the kernels keep the float64
     reference's output and gradients, as the PyTorch path does; beyond, both paths' outputs and gradients stay
-    finite."""
+    finite. Past the last of 60 keys, both keep the reference at every row (`_rows_past_the_keys`)."""
     gen = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(1, 2, 300, 4, dtype=F64, generator=gen) for _ in range(3))
+    q = torch.randn(1, 2, 300, 4, dtype=F64, generator=gen)
+    k, v = (torch.randn(1, 2, lk, 4, dtype=F64, generator=gen) for _ in range(2))
     rel, decay = 0.1 * torch.randn(2, 7, 4, dtype=F64, generator=gen), torch.tensor([0.5, 0.05], dtype=F64)
-    key_mask = torch.ones(1, 300, dtype=torch.long)
+    key_mask = torch.ones(1, lk, dtype=torch.long)
     key_mask[0, 60:] = 0
     args = [x.float().requires_grad_() for x in (q, k, v, rel, decay)]
     wide = [x.detach().double().requires_grad_() for x in args]
     expected = naive_local_softmax_decay_attention(*wide, key_mask=key_mask, causal=True)
     upstream = torch.randn(expected.shape, dtype=F64, generator=gen)
-    near = 240  # rows up to 180 positions from key 59
+    near = 240 if lk > 60 else 300  # rows up to 180 positions from key 59
     upstream_near = upstream.clone()
     upstream_near[:, :, near:] = 0
     expected_grads = torch.autograd.grad(expected, wide, upstream_near)
