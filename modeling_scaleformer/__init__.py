@@ -7,8 +7,9 @@ from .ops_kernelized import KernelizedRPECrossSummary, KernelizedRPEState, chunk
 from .ops_kernelized import choose_mode, kernelized_rpe_attention, kernelized_rpe_choose_mode
 from .ops_kernelized import kernelized_rpe_cross_step, kernelized_rpe_cross_summary, kernelized_rpe_initial_state
 from .ops_kernelized import kernelized_rpe_prefill_state, kernelized_rpe_step
-from .ops_local_softmax import LocalSoftmaxDecayState, chunk_local_softmax_decay_attention
-from .ops_local_softmax import local_softmax_decay_attention, local_softmax_decay_cross_step
+from .ops_local_softmax import LocalSoftmaxDecayCrossSummary, LocalSoftmaxDecayState
+from .ops_local_softmax import chunk_local_softmax_decay_attention, local_softmax_decay_attention
+from .ops_local_softmax import local_softmax_decay_cross_step, local_softmax_decay_cross_summary
 from .ops_local_softmax import local_softmax_decay_initial_state, local_softmax_decay_prefill_state
 from .ops_local_softmax import local_softmax_decay_step
 from .ops_naive import naive_local_softmax_decay_attention
@@ -33,9 +34,9 @@ __all__ = [
     "kernelized_rpe_cross_summary", "kernelized_rpe_initial_state", "kernelized_rpe_prefill_state",
     "kernelized_rpe_step",
     # ops_local_softmax
-    "LocalSoftmaxDecayState", "chunk_local_softmax_decay_attention", "local_softmax_decay_attention",
-    "local_softmax_decay_cross_step", "local_softmax_decay_initial_state", "local_softmax_decay_prefill_state",
-    "local_softmax_decay_step",
+    "LocalSoftmaxDecayCrossSummary", "LocalSoftmaxDecayState", "chunk_local_softmax_decay_attention",
+    "local_softmax_decay_attention", "local_softmax_decay_cross_step", "local_softmax_decay_cross_summary",
+    "local_softmax_decay_initial_state", "local_softmax_decay_prefill_state", "local_softmax_decay_step",
     # ops_naive
     "naive_local_softmax_decay_attention", "naive_fourier_attention", "naive_kernelized_rpe_attention", "naive_shaw_softmax_attention",
     "naive_softmax_attention", "naive_toeplitz_attention", "naive_xl_relative_attention",

@@ -459,26 +459,165 @@ def local_softmax_decay_step(
     return out, LocalSoftmaxDecayState(keys=keys, values=values, tail=tail, seen=state.seen + q.shape[2])
 
 
+CROSS_CHUNK = 256  # keys per chunk of a cross summary's decayed sums
+
+
+class LocalSoftmaxDecayCrossSummary(NamedTuple):
+    """The fixed keys of cross attention for `local_softmax_decay_cross_step`, with their decayed sums by chunks of C
+    keys, so that a decoding step reads the window of chunks around its band and two sums instead of every key.
+
+    With n = ceil(Lk / C) and values_j = [m_j v_j, m_j] (m the key mask):
+
+    Fields:
+        keys (`Tensor` of shape `(B, H, Lk, D)`): the keys.
+        values (`Tensor` of shape `(B, H, Lk, Dv+1)`): [m_j v_j, m_j].
+        before (`Tensor` of shape `(B, H, n+1, D, Dv+1)`): sum over j < cC of exp(-lambda (cC - j)) phi(k_j)
+            values_j^T: the keys before chunk c as seen from position cC.
+        after (`Tensor` of shape `(B, H, n+1, D, Dv+1)`): sum over j >= cC of exp(-lambda (j - cC + 1)) phi(k_j)
+            values_j^T: the keys from chunk c on as seen from position cC - 1.
+        past (`Tensor` of shape `(B, H, D, Dv+1)`): sum over j of exp(-lambda |e - j|) phi(k_j) values_j^T, e the
+            batch row's last visible key: what a query past every visible key reads, its common decay cancelled.
+        ahead (`Tensor` of shape `(B, H, D, Dv+1)`): the same around s, the batch row's first visible key, for a
+            query before every visible key.
+        last (`Tensor` of shape `(B,)`): e, -1 for a batch row with no visible key.
+        first (`Tensor` of shape `(B,)`): s, Lk for a batch row with no visible key.
+        chunk (`int`): C.
+    """
+
+    keys: Tensor
+    values: Tensor
+    before: Tensor
+    after: Tensor
+    past: Tensor
+    ahead: Tensor
+    last: Tensor
+    first: Tensor
+    chunk: int
+
+
+def local_softmax_decay_cross_summary(
+    k: Tensor, v: Tensor, decay: Tensor, *, key_mask: Tensor | None = None, chunk_size: int = CROSS_CHUNK,
+) -> LocalSoftmaxDecayCrossSummary | KernelizedDecayCrossSummary:
+    """What `local_softmax_decay_cross_step` keeps of the keys k and values v (B, H, Lk, .) of cross attention at the
+    decay rates `decay` (H,), which its steps must use too: the keys and masked values, and on CPU their decayed sums
+    by chunks of `chunk_size` keys (`LocalSoftmaxDecayCrossSummary`), built in O(Lk D Dv) and holding 2 (Lk / C + 2)
+    D (Dv + 1) more numbers per head; on CUDA, where one kernel reads every key, the keys and values only
+    (`KernelizedDecayCrossSummary`)."""
+    if not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"`chunk_size` must be a positive int, got {chunk_size!r}")
+    check_decay(decay, k.shape[1], k.dtype)
+    dtype = compute_dtype(k.dtype)
+    keys, values = k.to(dtype), augment_values(v.to(dtype), key_mask)
+    if _cross_decode_function(k.device) is not None:
+        return KernelizedDecayCrossSummary(keys=keys, values=values)
+    b, heads, lk, d = keys.shape
+    n = -(-lk // chunk_size)
+    rate = decay.to(dtype)[:, None]  # (H, 1)
+    position = torch.arange(chunk_size, device=k.device, dtype=dtype)
+    features = torch.nn.functional.pad(elu_feature_map(keys), (0, 0, 0, n * chunk_size - lk))
+    features = features.view(b, heads, n, chunk_size, d)
+    chunked = torch.nn.functional.pad(values, (0, 0, 0, n * chunk_size - lk)).view(b, heads, n, chunk_size, -1)
+    # each chunk's keys as seen from the start of the next chunk, and from the position before their own
+    to_end = features * torch.exp(-rate * (chunk_size - position))[None, :, None, :, None]
+    to_start = features * torch.exp(-rate * (position + 1))[None, :, None, :, None]
+    local_before = to_end.transpose(-1, -2) @ chunked  # (B, H, n, D, Dv+1)
+    local_after = to_start.transpose(-1, -2) @ chunked
+    carry = torch.exp(-decay.to(dtype) * chunk_size)[None, :, None, None]
+    before = keys.new_zeros(b, heads, n + 1, d, values.shape[-1])
+    after = torch.zeros_like(before)
+    for c in range(n):
+        before[:, :, c + 1] = carry * before[:, :, c] + local_before[:, :, c]
+        after[:, :, n - 1 - c] = carry * after[:, :, n - c] + local_after[:, :, n - 1 - c]
+    index = torch.arange(lk, device=k.device)
+    visible = values[:, 0, :, -1] > 0  # (B, Lk)
+    last = torch.where(visible, index, -1).amax(-1)
+    first = torch.where(visible, index, lk).amin(-1)
+    sums = []
+    for edge in (last, first):
+        distance = (edge[:, None] - index).abs().to(dtype)  # (B, Lk)
+        weighted = elu_feature_map(keys) * torch.exp(-decay.to(dtype)[:, None] * distance[:, None])[..., None]
+        sums.append(weighted.transpose(-1, -2) @ values)
+    return LocalSoftmaxDecayCrossSummary(keys=keys, values=values, before=before, after=after, past=sums[0],
+                                         ahead=sums[1], last=last, first=first, chunk=chunk_size)
+
+
+def _windowed_cross_step(q: Tensor, table: Tensor | None, decay: Tensor, summary: LocalSoftmaxDecayCrossSummary,
+                         position: int, h: int) -> Tensor:
+    """One query per batch row and head (B, H, 1, D) at `position` on the summary's keys: the keys of the chunks
+    that hold its band's edges (at most 2C + 2h + 1), and the decayed sums of the chunks before and after them, each
+    taken to the band's edge by its decay. A row past every visible key (or before every one) reads `past` (`ahead`),
+    its factor exp(-lambda (|p - e| - h)), which may lie below the dtype's range, cancelled by its ratio. O((C + h)
+    (D + Dv) + D Dv) per head, whatever the number of keys."""
+    dtype = summary.keys.dtype
+    d = q.shape[-1]
+    lk, chunk, n = summary.keys.shape[2], summary.chunk, summary.before.shape[2] - 1
+    start, end = position - h, position + h + 1  # the band: keys start .. end - 1
+    c0 = min(max(start, 0) // chunk, n)  # `before` holds the keys before chunk c0
+    c1 = min(-(-end // chunk), n)  # `after` the keys from chunk c1 on
+    lo, hi = c0 * chunk, min(c1 * chunk, lk)
+    if hi <= lo:  # past every key: the row reads `past`
+        return _beyond_the_keys(q, summary, start, end, q.new_zeros(*q.shape[:3], summary.values.shape[-1] - 1))
+    keys, values = summary.keys[:, :, lo:hi], summary.values[:, :, lo:hi]
+    index = torch.arange(lo, hi, device=q.device)
+    distance = (position - index).abs()
+    visible = values[..., -1] > 0  # (B, H, W)
+    band = (distance <= h) & visible
+    logits = q @ keys.transpose(-1, -2)  # (B, H, 1, W)
+    if table is not None:
+        offsets = (position - index).clamp(-h, h) + h  # table row of each key
+        logits = logits + (q @ table.transpose(-1, -2)[None])[..., offsets]
+    logits = torch.where(band[:, :, None], logits / math.sqrt(d), float("-inf"))
+    rate = decay.to(dtype)[:, None]  # (H, 1)
+    fq = elu_feature_map(q) / d
+    kernel = (fq @ elu_feature_map(keys).transpose(-1, -2)) * torch.exp(-rate * (distance - h).clamp(min=0))[:, None]
+    tail = (kernel * ((distance > h) & visible)[:, :, None]) @ values  # (B, H, 1, Dv+1)
+    if c0 > 0:
+        tail = tail + (fq @ summary.before[:, :, c0]) * torch.exp(-rate * (start - lo))[..., None]
+    if c1 < n:
+        tail = tail + (fq @ summary.after[:, :, c1]) * torch.exp(-rate * (c1 * chunk - end))[..., None]
+    m = row_shift(logits, tail[..., -1:])
+    sums = torch.exp(logits - m) @ values + shift_scale(m) * tail
+    return _beyond_the_keys(q, summary, start, end, normalise_rows(sums[..., :-1], sums[..., -1:]))
+
+
+def _beyond_the_keys(q: Tensor, summary: LocalSoftmaxDecayCrossSummary, start: int, end: int, out: Tensor) -> Tensor:
+    """`out` (B, H, 1, Dv) with the batch rows whose visible keys all lie before the band start .. end - 1 (or all
+    after it) read from `summary.past` (`summary.ahead`)."""
+    for sums, beyond in ((summary.past, start > summary.last), (summary.ahead, end <= summary.first)):
+        sums = elu_feature_map(q) @ sums  # (B, H, 1, Dv+1)
+        out = torch.where(beyond[:, None, None, None], normalise_rows(sums[..., :-1], sums[..., -1:]), out)
+    return out
+
+
 def local_softmax_decay_cross_step(
-    q: Tensor, rel: Tensor | None, decay: Tensor, summary: KernelizedDecayCrossSummary, *, query_offset: int,
+    q: Tensor, rel: Tensor | None, decay: Tensor,
+    summary: LocalSoftmaxDecayCrossSummary | KernelizedDecayCrossSummary, *, query_offset: int,
     horizon: int | None = None,
 ) -> Tensor:
     """Bidirectional attention of queries (B, H, n, D) at positions query_offset.. on the keys of `summary`
-    (`ops_decay.kernelized_decay_cross_summary`: the keys and [m v, m]).
+    (`local_softmax_decay_cross_summary`, built with the same decay rates, or `ops_decay.kernelized_decay_cross_summary`:
+    the keys and [m v, m]).
 
     Equals `local_softmax_decay_attention(q, k, v, rel, decay, query_offset=query_offset)` for the keys the
-    summary was built from. Each query reads every key once: O(n Lk (D + Dv)), like softmax cross attention. On
-    CUDA without autograd (generation) it runs in one Triton launch (`_cross_decode_function`).
+    summary was built from. One query without autograd (generation) reads, on CPU, the window of chunks around its
+    band and the chunks' decayed sums (`_windowed_cross_step`): O((C + h) (D + Dv) + D Dv) whatever the number of
+    keys; on CUDA one Triton launch reads every key (`_cross_decode_function`). Otherwise each query reads every key
+    once: O(n Lk (D + Dv)), like softmax cross attention.
     """
-    if not isinstance(summary, KernelizedDecayCrossSummary):
-        raise ValueError(f"`summary` must be a KernelizedDecayCrossSummary, got {type(summary).__name__}")
+    if not isinstance(summary, (LocalSoftmaxDecayCrossSummary, KernelizedDecayCrossSummary)):
+        raise ValueError(f"`summary` must be a LocalSoftmaxDecayCrossSummary or a KernelizedDecayCrossSummary, got "
+                         f"{type(summary).__name__}")
     dtype = summary.keys.dtype
     h = resolve_horizon(rel, horizon)
+    differentiable = _differentiable(q, rel, decay, *summary[:2])
     decode = _cross_decode_function(q.device)
-    if decode is not None and not _differentiable(q, rel, decay, summary.keys, summary.values):
+    if decode is not None and not differentiable:
         # without autograd (generation): one kernel launch instead of the reference's some fifty operations
         out = decode(q.to(dtype), summary.keys, summary.values, head_table(rel, q.shape[1], dtype),
                      decay.to(dtype), query_offset, h)
+        return out.to(q.dtype)
+    if isinstance(summary, LocalSoftmaxDecayCrossSummary) and q.shape[2] == 1 and not differentiable:
+        out = _windowed_cross_step(q.to(dtype), head_table(rel, q.shape[1], dtype), decay, summary, query_offset, h)
         return out.to(q.dtype)
     weights = naive_local_softmax_decay_weights(
         q.to(dtype), summary.keys, None if rel is None else rel.to(dtype), decay.to(dtype),
@@ -489,10 +628,13 @@ def local_softmax_decay_cross_step(
 
 
 __all__ = [
+    "CROSS_CHUNK",
+    "LocalSoftmaxDecayCrossSummary",
     "LocalSoftmaxDecayState",
     "chunk_local_softmax_decay_attention",
     "local_softmax_decay_cross_step",
     "local_softmax_decay_attention",
+    "local_softmax_decay_cross_summary",
     "local_softmax_decay_initial_state",
     "local_softmax_decay_is_operator",
     "local_softmax_decay_prefill_state",

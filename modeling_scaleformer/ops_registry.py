@@ -46,6 +46,7 @@ from .ops_decay import (
 from .ops_local_softmax import (
     local_softmax_decay_attention,
     local_softmax_decay_cross_step,
+    local_softmax_decay_cross_summary,
     local_softmax_decay_is_operator,
     local_softmax_decay_prefill_state,
     local_softmax_decay_step,
@@ -412,6 +413,10 @@ def local_softmax_decay_decode(q, k, v, params, state, *, key_mask):
     return local_softmax_decay_step(q, k, v, _rel(params), _decay_rates(params), state, key_mask=key_mask)
 
 
+def local_softmax_decay_cross_prefill(k, v, params, *, key_mask):
+    return local_softmax_decay_cross_summary(k, v, _decay_rates(params), key_mask=key_mask)
+
+
 def local_softmax_decay_cross_decode(q, params, summary, *, query_offset):
     return local_softmax_decay_cross_step(q, _rel(params), _decay_rates(params), summary, query_offset=query_offset)
 
@@ -421,7 +426,7 @@ LOCAL_SOFTMAX_DECAY = AttentionVariant(
     "(|i - j| - h)) beyond, over its row sum: a local softmax with a fading linear tail, linear",
     softmax=False, modes=LINEAR_MODES, constant_state=True, rpe_shareable=True, cross_attention_rpe=True,
     parameters=decay_parameters, attention=local_softmax_decay_forward, prefill_state=local_softmax_decay_prefill,
-    step=local_softmax_decay_decode, cross_summary=kernelized_decay_cross_prefill,
+    step=local_softmax_decay_decode, cross_summary=local_softmax_decay_cross_prefill,
     cross_step=local_softmax_decay_cross_decode, traced=local_softmax_decay_traced,
 )
 

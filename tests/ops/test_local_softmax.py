@@ -10,10 +10,12 @@ import torch
 from modeling_scaleformer import ops_common, ops_local_softmax
 from modeling_scaleformer.ops_decay import kernelized_decay_cross_summary
 from modeling_scaleformer.ops_local_softmax import (
+    LocalSoftmaxDecayCrossSummary,
     LocalSoftmaxDecayState,
     chunk_local_softmax_decay_attention,
     local_softmax_decay_attention,
     local_softmax_decay_cross_step,
+    local_softmax_decay_cross_summary,
     local_softmax_decay_initial_state,
     local_softmax_decay_prefill_state,
     local_softmax_decay_step,
@@ -284,15 +286,69 @@ def test_state_size_is_constant(decay_inputs):
     assert len(sizes) == 1
 
 
+@pytest.mark.parametrize("summarise", ["keys", "chunks"])
 @pytest.mark.parametrize("mask", [None, "random"])
-def test_cross_summary_and_steps_match_the_full_attention(mask, decay_inputs):
+def test_cross_summary_and_steps_match_the_full_attention(mask, summarise, decay_inputs):
+    """One query at a time on the keys and values (`kernelized_decay_cross_summary`, every key read) and on their
+    decayed sums by chunks of 4 (`local_softmax_decay_cross_summary`): the rows of the full attention."""
     q, k, v, rel, decay, key_mask, horizon = decay_inputs(b=2, h=2, lq=12, lk=30, horizon=2, mask=mask)
     full = naive_local_softmax_decay_attention(q, k, v, rel, decay, key_mask=key_mask)
-    summary = kernelized_decay_cross_summary(k, v, key_mask=key_mask)
+    if summarise == "keys":
+        summary = kernelized_decay_cross_summary(k, v, key_mask=key_mask)
+    else:
+        summary = local_softmax_decay_cross_summary(k, v, decay, key_mask=key_mask, chunk_size=4)
+        assert isinstance(summary, LocalSoftmaxDecayCrossSummary) and summary.before.shape[2] == 9
     steps = [local_softmax_decay_cross_step(q[:, :, i:i + 1], rel, decay, summary, query_offset=i) for i in range(12)]
     torch.testing.assert_close(torch.cat(steps, dim=2), full, rtol=1e-10, atol=1e-12)
-    with pytest.raises(ValueError, match="`summary` must be a KernelizedDecayCrossSummary"):
+    with pytest.raises(ValueError, match="`summary` must be a LocalSoftmaxDecayCrossSummary or a Kernelized"):
         local_softmax_decay_cross_step(q, rel, decay, (k, v), query_offset=0)
+
+
+@pytest.mark.parametrize("lk, horizon, chunk", [(1, 3, 4), (13, 0, 1), (13, 3, 4), (40, 3, 4), (40, 9, 4), (40, 3, 16)],
+                         ids=["length-1", "h0-chunks-of-1", "lk13", "lk40", "h-wider-than-a-chunk", "chunks-of-16"])
+@pytest.mark.parametrize("mask", [None, "right", "left", "hidden-row", "holes"])
+def test_windowed_cross_step(lk, horizon, chunk, mask, monkeypatch):
+    """The decoding step on the decayed sums by chunks (`_windowed_cross_step`) against the float64 reference at every
+    position from 0 to past the keys and 200 and 400 positions beyond (rates 0.3 and 4: there the weights of the
+    fast head fall below float64's range, and the rows read `past`), with right and left padding, a batch row without
+    keys, and holes; the reference's weights are never computed (they would raise). At a position inside the keys,
+    keys and values outside the window of chunks around the band are replaced by NaN: the step does not read them."""
+    gen = torch.Generator().manual_seed(0)
+    k = torch.randn(2, 2, lk, 4, dtype=F64, generator=gen)
+    v = torch.randn(2, 2, lk, 3, dtype=F64, generator=gen)
+    rel, decay = torch.randn(2, 2 * horizon + 1, 4, dtype=F64, generator=gen), torch.tensor([0.3, 4.0], dtype=F64)
+    key_mask = torch.ones(2, lk)
+    if mask == "right":
+        key_mask[1, lk // 2 + 1:] = 0
+    elif mask == "left":
+        key_mask[0, :lk // 2] = 0
+    elif mask == "hidden-row":
+        key_mask[1] = 0
+    elif mask == "holes":
+        key_mask = (torch.rand(2, lk, generator=gen) > 0.3).double()
+    summary = local_softmax_decay_cross_summary(k, v, decay, key_mask=key_mask if mask else None, chunk_size=chunk)
+    positions = [*range(lk + horizon + 3), lk + 200, lk + 400]
+    queries = torch.randn(2, 2, len(positions), 4, dtype=F64, generator=gen)
+    expected = [naive_local_softmax_decay_attention(queries[:, :, i:i + 1], k, v, rel, decay, query_offset=p,
+                                                    key_mask=key_mask if mask else None)
+                for i, p in enumerate(positions)]
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the step computed every key's weight")
+
+    monkeypatch.setattr(ops_local_softmax, "naive_local_softmax_decay_weights", refuse)
+    for i, p in enumerate(positions):
+        got = local_softmax_decay_cross_step(queries[:, :, i:i + 1], rel, decay, summary, query_offset=p)
+        torch.testing.assert_close(got, expected[i], rtol=1e-10, atol=1e-12, msg=lambda m: f"position {p}: {m}")
+    if lk == 40:
+        p = 20
+        lo, hi = (p - horizon) // chunk * chunk, -(-(p + horizon + 1) // chunk) * chunk
+        poisoned = summary._replace(keys=summary.keys.clone(), values=summary.values.clone())
+        for t in (poisoned.keys, poisoned.values):
+            t[:, :, :lo] = float("nan")
+            t[:, :, hi:] = float("nan")
+        got = local_softmax_decay_cross_step(queries[:, :, p:p + 1], rel, decay, poisoned, query_offset=p)
+        torch.testing.assert_close(got, expected[p], rtol=1e-10, atol=1e-12)
 
 
 def test_errors_name_the_argument(decay_inputs):
