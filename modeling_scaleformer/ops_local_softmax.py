@@ -514,8 +514,8 @@ def local_softmax_decay_cross_summary(
     n = -(-lk // chunk_size)
     rate = decay.to(dtype)[:, None]  # (H, 1)
     position = torch.arange(chunk_size, device=k.device, dtype=dtype)
-    features = torch.nn.functional.pad(elu_feature_map(keys), (0, 0, 0, n * chunk_size - lk))
-    features = features.view(b, heads, n, chunk_size, d)
+    phi = elu_feature_map(keys)
+    features = torch.nn.functional.pad(phi, (0, 0, 0, n * chunk_size - lk)).view(b, heads, n, chunk_size, d)
     chunked = torch.nn.functional.pad(values, (0, 0, 0, n * chunk_size - lk)).view(b, heads, n, chunk_size, -1)
     # each chunk's keys as seen from the start of the next chunk, and from the position before their own
     to_end = features * torch.exp(-rate * (chunk_size - position))[None, :, None, :, None]
@@ -535,7 +535,7 @@ def local_softmax_decay_cross_summary(
     sums = []
     for edge in (last, first):
         distance = (edge[:, None] - index).abs().to(dtype)  # (B, Lk)
-        weighted = elu_feature_map(keys) * torch.exp(-decay.to(dtype)[:, None] * distance[:, None])[..., None]
+        weighted = phi * torch.exp(-rate * distance[:, None])[..., None]
         sums.append(weighted.transpose(-1, -2) @ values)
     return LocalSoftmaxDecayCrossSummary(keys=keys, values=values, before=before, after=after, past=sums[0],
                                          ahead=sums[1], last=last, first=first, chunk=chunk_size)
