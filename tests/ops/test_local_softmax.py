@@ -367,3 +367,7 @@ def test_errors_name_the_argument(decay_inputs):
     with pytest.raises(ValueError, match="`state` does not fit these inputs"):
         local_softmax_decay_step(q[:, :, :1], k[:, :, :1], v[:, :, :1], rel, decay, wrong)
     assert isinstance(wrong, LocalSoftmaxDecayState)
+    with pytest.raises(ValueError, match="`chunk_size` must be a positive int, got 0"):
+        local_softmax_decay_cross_summary(k, v, decay, chunk_size=0)
+    with pytest.raises(ValueError, match="`decay` must be a tensor of shape \\(heads,\\)"):
+        local_softmax_decay_cross_summary(k, v, decay[:2])
