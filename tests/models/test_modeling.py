@@ -53,6 +53,47 @@ def test_seq2seq_cached_decoding_equals_teacher_forcing(overrides, padding, tiny
 
 
 @pytest.mark.parametrize("padding", ["left", "right"])
+def test_cached_decoding_on_cross_sums_by_chunks(padding, tiny_config, batch, monkeypatch):
+    """The default cross attention's decoding steps on the source's decayed sums by chunks of 2 keys (h = 3: each
+    step reads the chunks around its band and the sums before and after them), over a target longer than the source
+    by 9 positions, one token at a time, and beam search: teacher forcing's logits, and the tokens of `generate`
+    without a cache."""
+    import functools
+
+    from modeling_scaleformer import ops_local_softmax, ops_registry
+    from modeling_scaleformer.ops_local_softmax import LocalSoftmaxDecayCrossSummary
+
+    monkeypatch.setattr(ops_registry, "local_softmax_decay_cross_summary", functools.partial(
+        ops_registry.local_softmax_decay_cross_summary, chunk_size=2))
+    steps = []
+    windowed = ops_local_softmax._windowed_cross_step
+    monkeypatch.setattr(ops_local_softmax, "_windowed_cross_step",
+                        lambda *args: steps.append(args[4]) or windowed(*args))  # args[4]: the position
+    torch.manual_seed(0)
+    model = ScaleformerForConditionalGeneration(tiny_config()).double().eval()
+    src, src_mask = batch(padding=padding)
+    tgt, tgt_mask = batch(ls=20, padding=padding, seed=1)
+    full = model(input_ids=src, attention_mask=src_mask, decoder_input_ids=tgt, decoder_attention_mask=tgt_mask).logits
+    encoder_outputs = model.get_encoder()(input_ids=src, attention_mask=src_mask)
+    cache, logits = None, []
+    for t in range(20):  # without autograd, as in generation: with it the step reads every key
+        with torch.no_grad():
+            out = model(encoder_outputs=encoder_outputs, attention_mask=src_mask, decoder_input_ids=tgt[:, t:t + 1],
+                        decoder_attention_mask=tgt_mask[:, :t + 1], past_key_values=cache, use_cache=True)
+        cache = out.past_key_values
+        logits.append(out.logits)
+    # the decoder layers' cross attention (the count block keeps sums of its own)
+    summaries = [layer.cross_summary for layer in cache.layers
+                 if isinstance(layer.cross_summary, LocalSoftmaxDecayCrossSummary)]
+    assert len(summaries) == 2 and all(s.before.shape[2] == 7 for s in summaries)  # 11 keys: 6 chunks
+    # every later step, in each layer (the first token's pass builds the summaries from the whole source)
+    assert steps == [t for t in range(1, 20) for _ in summaries]
+    torch.testing.assert_close(torch.cat(logits, 1), full, rtol=0, atol=1e-9)
+    kwargs = dict(attention_mask=src_mask, num_beams=3, max_new_tokens=16, min_new_tokens=16)
+    torch.testing.assert_close(model.generate(src, **kwargs), model.generate(src, use_cache=False, **kwargs))
+
+
+@pytest.mark.parametrize("padding", ["left", "right"])
 @pytest.mark.parametrize("overrides", CONFIGS)
 def test_causal_lm_cached_decoding_equals_full_forward(overrides, padding, tiny_config, batch):
     torch.manual_seed(0)
