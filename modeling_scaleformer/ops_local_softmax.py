@@ -32,9 +32,11 @@ and keep every temporary about `BLOCK_ELEMENTS` large, so that long inputs do no
 band's backward is written by hand (`_LocalSoftmaxBand`, which saves its inputs, output and m_i and
 recomputes the weights), the tails are recomputed group by group in backward (`ops_common.grouped_rows`).
 The decoding state (`LocalSoftmaxDecayState`) keeps the last h keys and values and the decayed tail sum:
-constant size. On CUDA, with Triton, the linear path runs in the kernels of `ops_local_softmax_triton` (band,
+constant size. Cross attention's summary (`LocalSoftmaxDecayCrossSummary`) keeps the source's keys and values and
+their decayed sums by chunks, so that a decoding step reads the chunks around its band and two sums, whatever the
+source's length. On CUDA, with Triton, the linear path runs in the kernels of `ops_local_softmax_triton` (band,
 tails and normaliser together, by blocks of queries and chunks of keys) and the one-token decoding steps in one
-kernel each.
+kernel each (cross attention's reads every key, and its summary keeps only the keys and values).
 """
 
 from __future__ import annotations
