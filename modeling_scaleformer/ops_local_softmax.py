@@ -262,6 +262,15 @@ def _differentiable(*tensors: Tensor | None) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
+def _sums_around(features: Tensor, values: Tensor, rate: Tensor, edge: Tensor) -> Tensor:
+    """sum_j exp(-lambda |e - j|) phi(k_j) values_j^T (B, H, D, Dv+1) for features phi(k) (B, H, Lk, D), values
+    (B, H, Lk, Dv+1), rates (H,) and a key e (B,) of each batch row: the keys as seen from e, whose own weight is 1."""
+    index = torch.arange(features.shape[2], device=features.device)
+    distance = (edge[:, None] - index).abs().to(features.dtype)  # (B, Lk)
+    weight = torch.exp(-rate[:, None] * distance[:, None])  # (B, H, Lk)
+    return (features * weight[..., None]).transpose(-1, -2) @ values
+
+
 def _rows_past_the_keys(out: Tensor, q: Tensor, k: Tensor, v: Tensor, decay: Tensor, *, key_mask: Tensor | None,
                         query_offset: int, horizon: int) -> Tensor:
     """`out` with its rows past every key (p_i - h > Lk - 1: no key in the band, all before it) replaced by their
@@ -283,10 +292,7 @@ def _rows_past_the_keys(out: Tensor, q: Tensor, k: Tensor, v: Tensor, decay: Ten
     dtype = compute_dtype(q.dtype)
     keys = torch.arange(lk, device=q.device)
     last = keys[-1].expand(b) if key_mask is None else torch.where(key_mask.bool(), keys, -1).amax(-1)
-    distance = (last[:, None] - keys).clamp(min=0).to(dtype)  # from e; 0 for the hidden keys after it
-    weight = torch.exp(-decay.to(dtype)[:, None] * distance[:, None])  # (B, H, Lk)
-    summary = (elu_feature_map(k.to(dtype)) * weight[..., None]).transpose(-1, -2) @ augment_values(v.to(dtype),
-                                                                                                     key_mask)
+    summary = _sums_around(elu_feature_map(k.to(dtype)), augment_values(v.to(dtype), key_mask), decay.to(dtype), last)
     sums = elu_feature_map(q[:, :, first:].to(dtype)) @ summary  # (B, H, Lq - first, Dv + 1)
     rows = normalise_rows(sums[..., :-1], sums[..., -1:]).to(out.dtype)  # 0 for a batch row with no visible key
     return torch.cat([out[:, :, :first], rows], dim=2)
@@ -514,7 +520,8 @@ def local_softmax_decay_cross_summary(
         return KernelizedDecayCrossSummary(keys=keys, values=values)
     b, heads, lk, d = keys.shape
     n = -(-lk // chunk_size)
-    rate = decay.to(dtype)[:, None]  # (H, 1)
+    rates = decay.to(dtype)
+    rate = rates[:, None]  # (H, 1)
     position = torch.arange(chunk_size, device=k.device, dtype=dtype)
     phi = elu_feature_map(keys)
     features = torch.nn.functional.pad(phi, (0, 0, 0, n * chunk_size - lk)).view(b, heads, n, chunk_size, d)
@@ -524,7 +531,7 @@ def local_softmax_decay_cross_summary(
     to_start = features * torch.exp(-rate * (position + 1))[None, :, None, :, None]
     local_before = to_end.transpose(-1, -2) @ chunked  # (B, H, n, D, Dv+1)
     local_after = to_start.transpose(-1, -2) @ chunked
-    carry = torch.exp(-decay.to(dtype) * chunk_size)[None, :, None, None]
+    carry = torch.exp(-rates * chunk_size)[None, :, None, None]
     before = keys.new_zeros(b, heads, n + 1, d, values.shape[-1])
     after = torch.zeros_like(before)
     for c in range(n):
@@ -534,13 +541,9 @@ def local_softmax_decay_cross_summary(
     visible = values[:, 0, :, -1] > 0  # (B, Lk)
     last = torch.where(visible, index, -1).amax(-1)
     first = torch.where(visible, index, lk).amin(-1)
-    sums = []
-    for edge in (last, first):
-        distance = (edge[:, None] - index).abs().to(dtype)  # (B, Lk)
-        weighted = phi * torch.exp(-rate * distance[:, None])[..., None]
-        sums.append(weighted.transpose(-1, -2) @ values)
-    return LocalSoftmaxDecayCrossSummary(keys=keys, values=values, before=before, after=after, past=sums[0],
-                                         ahead=sums[1], last=last, first=first, chunk=chunk_size)
+    return LocalSoftmaxDecayCrossSummary(
+        keys=keys, values=values, before=before, after=after, past=_sums_around(phi, values, rates, last),
+        ahead=_sums_around(phi, values, rates, first), last=last, first=first, chunk=chunk_size)
 
 
 def _windowed_cross_step(q: Tensor, table: Tensor | None, decay: Tensor, summary: LocalSoftmaxDecayCrossSummary,
@@ -558,7 +561,8 @@ def _windowed_cross_step(q: Tensor, table: Tensor | None, decay: Tensor, summary
     c1 = min(-(-end // chunk), n)  # `after` the keys from chunk c1 on
     lo, hi = c0 * chunk, min(c1 * chunk, lk)
     if hi <= lo:  # past every key: the row reads `past`
-        return _beyond_the_keys(q, summary, start, end, q.new_zeros(*q.shape[:3], summary.values.shape[-1] - 1))
+        return _beyond_the_keys(elu_feature_map(q), summary, start, end,
+                                q.new_zeros(*q.shape[:3], summary.values.shape[-1] - 1))
     keys, values = summary.keys[:, :, lo:hi], summary.values[:, :, lo:hi]
     index = torch.arange(lo, hi, device=q.device)
     distance = (position - index).abs()
@@ -570,7 +574,8 @@ def _windowed_cross_step(q: Tensor, table: Tensor | None, decay: Tensor, summary
         logits = logits + (q @ table.transpose(-1, -2)[None])[..., offsets]
     logits = torch.where(band[:, :, None], logits / math.sqrt(d), float("-inf"))
     rate = decay.to(dtype)[:, None]  # (H, 1)
-    fq = elu_feature_map(q) / d
+    features_q = elu_feature_map(q)
+    fq = features_q / d
     kernel = (fq @ elu_feature_map(keys).transpose(-1, -2)) * torch.exp(-rate * (distance - h).clamp(min=0))[:, None]
     tail = (kernel * ((distance > h) & visible)[:, :, None]) @ values  # (B, H, 1, Dv+1)
     if c0 > 0:
@@ -579,14 +584,15 @@ def _windowed_cross_step(q: Tensor, table: Tensor | None, decay: Tensor, summary
         tail = tail + (fq @ summary.after[:, :, c1]) * torch.exp(-rate * (c1 * chunk - end))[..., None]
     m = row_shift(logits, tail[..., -1:])
     sums = torch.exp(logits - m) @ values + shift_scale(m) * tail
-    return _beyond_the_keys(q, summary, start, end, normalise_rows(sums[..., :-1], sums[..., -1:]))
+    return _beyond_the_keys(features_q, summary, start, end, normalise_rows(sums[..., :-1], sums[..., -1:]))
 
 
-def _beyond_the_keys(q: Tensor, summary: LocalSoftmaxDecayCrossSummary, start: int, end: int, out: Tensor) -> Tensor:
+def _beyond_the_keys(features_q: Tensor, summary: LocalSoftmaxDecayCrossSummary, start: int, end: int,
+                     out: Tensor) -> Tensor:
     """`out` (B, H, 1, Dv) with the batch rows whose visible keys all lie before the band start .. end - 1 (or all
-    after it) read from `summary.past` (`summary.ahead`)."""
+    after it) read from `summary.past` (`summary.ahead`); features_q = phi(q)."""
     for sums, beyond in ((summary.past, start > summary.last), (summary.ahead, end <= summary.first)):
-        sums = elu_feature_map(q) @ sums  # (B, H, 1, Dv+1)
+        sums = features_q @ sums  # (B, H, 1, Dv+1)
         out = torch.where(beyond[:, None, None, None], normalise_rows(sums[..., :-1], sums[..., -1:]), out)
     return out
 
