@@ -8,10 +8,9 @@ def pytest_collection_finish(session):
     """Starts the interpreted Triton tests in their own process as soon as collection ends when they were selected
     (tests/ops/test_triton_interpreted.py), so that they run beside the rest of the suite."""
     for item in session.items:
-        if item.name == "test_triton_kernels_through_the_interpreter":
-            item.module.start("not slow")
-        elif item.name == "test_slow_triton_kernels_through_the_interpreter":
-            item.module.start("slow")
+        markers = getattr(item.module, "INTERPRETED_RUNS", {}).get(item.name)
+        if markers is not None:
+            item.module.start(markers)
 
 
 @pytest.fixture(autouse=True)

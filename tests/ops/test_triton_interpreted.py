@@ -64,12 +64,17 @@ NOT_ON_CUDA = pytest.mark.skipif(torch.cuda.is_available(),
                                  reason="with CUDA the kernel tests run in this process, on the GPU")
 
 
+# each test's marker expression for the kernel tests it runs (tests/conftest.py starts the selected ones)
+INTERPRETED_RUNS = {"test_triton_kernels_through_the_interpreter": "not slow",
+                    "test_slow_triton_kernels_through_the_interpreter": "slow"}
+
+
 @NOT_ON_CUDA
 def test_triton_kernels_through_the_interpreter():
-    check_run("not slow")
+    check_run(INTERPRETED_RUNS["test_triton_kernels_through_the_interpreter"])
 
 
 @NOT_ON_CUDA
 @pytest.mark.slow
 def test_slow_triton_kernels_through_the_interpreter():
-    check_run("slow")
+    check_run(INTERPRETED_RUNS["test_slow_triton_kernels_through_the_interpreter"])
