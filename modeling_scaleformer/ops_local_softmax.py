@@ -18,10 +18,12 @@ logit and the log of its weight beyond the band (`ops_common.row_shift`): the ra
 exceeds 1 and the largest is 1, so that rows neither overflow nor vanish. Hundreds of positions from every visible
 key, at a fast decay (a target far longer than its source, in cross attention), each weight beyond the band falls
 below the compute dtype's range while the row, a ratio, does not: the quadratic path and the decoding steps sum
-those weights relative to the row's largest decay and keep them. The chunked path computes the rows past every key
-from the keys' decayed summary relative to the last visible key (`_rows_past_the_keys`), exact at any distance; its
-decayed sums underflow, and it gives any other row whose sum beyond the band is below the dtype's smallest normal
-number (rows past the last visible key of a padded input, within its length) none there
+those weights relative to the row's largest decay and keep them. The chunked path computes the rows whose visible
+keys all lie on one side of their band (past every key, past a padded row's last visible key, before its first)
+from the keys' decayed summary relative to the nearest visible key (`_rows_beyond_the_keys`), exact at any distance;
+on CUDA only the rows past every key, since a padded row's edges would be read on the host. Its decayed sums
+underflow, and it gives any other row whose sum beyond the band is below the dtype's smallest normal number (inside
+a long gap of hidden keys; on CUDA, past a padded row's last key within the keys' length) none there
 (`ops_common.normal_tails`), where exp(-m) would pass the dtype's range and make the gradients inf and NaN.
 
 The algorithm is linear in length: the band is a local softmax over 2h+1 keys per query, by blocks of
@@ -271,31 +273,62 @@ def _sums_around(features: Tensor, values: Tensor, rate: Tensor, edge: Tensor) -
     return (features * weight[..., None]).transpose(-1, -2) @ values
 
 
-def _rows_past_the_keys(out: Tensor, q: Tensor, k: Tensor, v: Tensor, decay: Tensor, *, key_mask: Tensor | None,
-                        query_offset: int, horizon: int) -> Tensor:
-    """`out` with its rows past every key (p_i - h > Lk - 1: no key in the band, all before it) replaced by their
-    exact value.
-
-    Such a row's weights share the factor exp(-lambda (p_i - h - e)), e its batch row's last visible key, which the
-    row's ratio cancels: out_i = phi(q_i) S / phi(q_i) s over the summary S = sum_j exp(-lambda (e - j))
-    phi(k_j) [m_j v_j, m_j]^T (s its last column), whose largest weight is 1. The chunked sums carry that factor, and
-    underflow once it passes the dtype's range (a target longer than its source by hundreds of positions, at a fast
-    decay); the summary does not. O((Lq - Lk) D Dv) per head for those rows, nothing where there are none;
-    differentiable by autograd. Rows within the keys' length whose visible keys all lie far before them (past a
-    padded row's last key) keep the chunked sums.
-    """
-    b, heads, lq, _ = q.shape
-    lk = k.shape[2]
-    first = max(lk + horizon - query_offset, 0)
-    if first >= lq:
-        return out
+def _exact_rows(q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None, decay: Tensor, edge: Tensor) -> Tensor:
+    """phi(q_i) S / phi(q_i) s for queries q (B, H, L, D) whose visible keys all lie on one side of their band, S the
+    keys' summary around the nearest visible key `edge` (B,) (`_sums_around`, s its last column): the rows' common
+    factor exp(-lambda (distance to the edge)) cancels. 0 for a batch row with no visible key."""
     dtype = compute_dtype(q.dtype)
+    summary = _sums_around(elu_feature_map(k.to(dtype)), augment_values(v.to(dtype), key_mask), decay.to(dtype), edge)
+    sums = elu_feature_map(q.to(dtype)) @ summary
+    return normalise_rows(sums[..., :-1], sums[..., -1:])
+
+
+def _edges_on_host(device: torch.device) -> bool:
+    """Whether `_rows_beyond_the_keys` reads a padded row's first and last visible keys from the mask on the host:
+    not on CUDA, where the copy would wait for every queued kernel and stall the launches."""
+    return device.type != "cuda"
+
+
+def _rows_beyond_the_keys(out: Tensor, q: Tensor, k: Tensor, v: Tensor, decay: Tensor, *, causal: bool,
+                          key_mask: Tensor | None, query_offset: int, horizon: int) -> Tensor:
+    """`out` with its rows beyond the visible keys replaced by their exact value: the rows past their batch row's
+    last visible key e (p_i - h > e: every visible key before the band) and, without causality, before its first f
+    (p_i + h < f).
+
+    Such a row's weights share the factor exp(-lambda (p_i - h - e)) (or exp(-lambda (f - p_i - h))), which the row's
+    ratio cancels: out_i = phi(q_i) S / phi(q_i) s over the summary S = sum_j exp(-lambda |e - j|) phi(k_j)
+    [m_j v_j, m_j]^T (s its last column), whose largest weight is 1 (`_exact_rows`). The chunked sums carry that
+    factor, and underflow once it passes the dtype's range (a target longer than its source by hundreds of positions,
+    at a fast decay); the summary does not. O(D Dv) per such row and O(e D Dv) per batch row that has some, nothing
+    where there are none; differentiable by autograd. The edges of a padded row are read from `key_mask` on the
+    host, where that costs nothing; on CUDA, where it would stall the launches, only the rows past every key
+    (p_i - h > Lk - 1, known from the shapes) are replaced, and rows past a padded row's last key within the keys'
+    length keep the chunked sums (`_edges_on_host`). Rows inside a gap of hidden keys keep them on every device.
+    """
+    b, lq, lk = q.shape[0], q.shape[2], k.shape[2]
     keys = torch.arange(lk, device=q.device)
-    last = keys[-1].expand(b) if key_mask is None else torch.where(key_mask.bool(), keys, -1).amax(-1)
-    summary = _sums_around(elu_feature_map(k.to(dtype)), augment_values(v.to(dtype), key_mask), decay.to(dtype), last)
-    sums = elu_feature_map(q[:, :, first:].to(dtype)) @ summary  # (B, H, Lq - first, Dv + 1)
-    rows = normalise_rows(sums[..., :-1], sums[..., -1:]).to(out.dtype)  # 0 for a batch row with no visible key
-    return torch.cat([out[:, :, :first], rows], dim=2)
+    if key_mask is None or not _edges_on_host(q.device):
+        first = max(lk + horizon - query_offset, 0)
+        if first >= lq:
+            return out
+        last = keys[-1].expand(b) if key_mask is None else torch.where(key_mask.bool(), keys, -1).amax(-1)
+        out = out.clone()  # in out's layout, which the kernels choose so that merging the heads is a view
+        out[:, :, first:] = _exact_rows(q[:, :, first:], k, v, key_mask, decay, last)
+        return out
+    visible = key_mask.bool()
+    edges = zip(torch.where(visible, keys, lk).amin(-1).tolist(), torch.where(visible, keys, -1).amax(-1).tolist())
+    result = out
+    for row, (f, e) in enumerate(edges):
+        before = 0 if causal or e < 0 else min(max(f - horizon - query_offset, 0), lq)  # rows i < before: p_i + h < f
+        past = lq if e < 0 else min(max(e + horizon + 1 - query_offset, before), lq)  # rows i >= past: p_i - h > e
+        seen = slice(row, row + 1), slice(None), slice(f, e + 1)  # the batch row's keys f..e
+        for rows, edge in ((slice(0, before), 0), (slice(past, lq), e - f)):
+            if rows.stop > rows.start:
+                result = out.clone() if result is out else result
+                result[row:row + 1, :, rows] = _exact_rows(q[row:row + 1, :, rows], k[seen], v[seen],
+                                                           key_mask[row:row + 1, f:e + 1], decay,
+                                                           keys.new_tensor([edge]))
+    return result
 
 
 def chunk_local_softmax_decay_attention(
@@ -310,12 +343,12 @@ def chunk_local_softmax_decay_attention(
     h = resolve_horizon(rel, horizon)
     b, heads, lq, d = q.shape
     lk = k.shape[2]
-    past = dict(key_mask=key_mask, query_offset=query_offset, horizon=h)
+    beyond = dict(causal=causal, key_mask=key_mask, query_offset=query_offset, horizon=h)
     kernels = _attention_function(q.device, h, d, v.shape[-1])
     if kernels is not None:
         out = kernels(q, k, v, head_table(rel, heads, q.dtype), decay, causal=causal, key_mask=key_mask,
                       query_offset=query_offset, horizon=h)
-        return _rows_past_the_keys(out, q, k, v, decay, **past)
+        return _rows_beyond_the_keys(out, q, k, v, decay, **beyond)
     dtype = compute_dtype(q.dtype)
     vm = augment_values(v.to(dtype), key_mask)
     chunk = max(chunk_size, 1)
@@ -333,7 +366,7 @@ def chunk_local_softmax_decay_attention(
     out = _LocalSoftmaxBand.apply(q.reshape(b * heads, lq, d), k.reshape(b * heads, -1, d),
                                   vm.reshape(b * heads, -1, vm.shape[-1]), row_table(rel, b, heads, dtype),
                                   tail.reshape(b * heads, lq, -1), band)
-    return _rows_past_the_keys(out.view(b, heads, lq, -1).to(q.dtype), q, k, v, decay, **past)
+    return _rows_beyond_the_keys(out.view(b, heads, lq, -1).to(q.dtype), q, k, v, decay, **beyond)
 
 
 def local_softmax_decay_attention(

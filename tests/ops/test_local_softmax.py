@@ -74,10 +74,9 @@ def test_rows_far_from_their_keys(mode, lk, visible, monkeypatch):
     keys hidden by the mask; rates 0.25 and 0.02): far from the keys each decayed weight falls below float32's range,
     while the row, a ratio, does not, and exp(-m) on the underflowed weights had made the gradients inf and NaN. The
     quadratic path sums each row's weights relative to its largest decay and keeps the float64 reference's output and
-    gradients at every row; so does the chunked path on a short source, whose rows past the keys it computes from
-    the keys' summary (`_rows_past_the_keys`, without which it loses hundreds of the fast head's rows). Past keys
-    hidden by the mask its decayed sums underflow, and it gives those rows no weight beyond the band (output 0 where
-    the band is empty too). Every gradient stays finite."""
+    gradients at every row; so does the chunked path, whose rows past the last visible key it computes from the
+    keys' summary (`_rows_beyond_the_keys`, without which its decayed sums underflow and it loses hundreds of the
+    fast head's rows). Every gradient stays finite."""
     gen = torch.Generator().manual_seed(0)
     q = torch.randn(1, 2, 600, 8, dtype=F64, generator=gen)
     k, v = (torch.randn(1, 2, lk, 8, dtype=F64, generator=gen) for _ in range(2))
@@ -90,55 +89,85 @@ def test_rows_far_from_their_keys(mode, lk, visible, monkeypatch):
     got = local_softmax_decay_attention(*args, key_mask=key_mask, mode=mode)
     grads = torch.autograd.grad(got, args, upstream.float())
     assert all(bool(torch.isfinite(g).all()) for g in grads)
-    near = 100 if (mode, lk) == ("linear", 600) else 600
-    torch.testing.assert_close(got[:, :, :near].double(), expected[:, :, :near], rtol=1e-4, atol=1e-5)
-    if near == 600:
-        for name, g, e in zip("q k v rel decay".split(), grads, torch.autograd.grad(expected, wide, upstream)):
-            torch.testing.assert_close(g.double(), e, rtol=1e-4, atol=1e-4 * max(1.0, float(e.abs().max())),
-                                       msg=lambda m: f"grad {name}: {m}")
+    torch.testing.assert_close(got.double(), expected, rtol=1e-4, atol=1e-5)
+    for name, g, e in zip("q k v rel decay".split(), grads, torch.autograd.grad(expected, wide, upstream)):
+        torch.testing.assert_close(g.double(), e, rtol=1e-4, atol=1e-4 * max(1.0, float(e.abs().max())),
+                                   msg=lambda m: f"grad {name}: {m}")
     if mode == "linear":
-        if lk == 20:
-            monkeypatch.setattr(ops_local_softmax, "_rows_past_the_keys", lambda out, *args, **kwargs: out)
-            got = local_softmax_decay_attention(*args, key_mask=key_mask, mode=mode)
+        monkeypatch.setattr(ops_local_softmax, "_rows_beyond_the_keys", lambda out, *args, **kwargs: out)
+        got = local_softmax_decay_attention(*args, key_mask=key_mask, mode=mode)
         lost = got[0, 0].abs().sum(-1) == 0  # rows of the fast head that the chunked sums lose
         assert 100 < int(lost.sum()) < 600 and not bool(lost[:100].any())
 
 
-@pytest.mark.parametrize("case", [
-    dict(lq=250, lk=10, lost=True), dict(lq=250, lk=10, causal=True, lost=True),
-    dict(lq=12, lk=30, offset=250, lost=True), dict(lq=220, lk=20, mask="last-keys-hidden", lost=True),
-    dict(lq=220, lk=20, causal=True, mask="last-keys-hidden", lost=True),
-    dict(lq=30, lk=20, offset=4, mask="hidden-row"), dict(lq=1, lk=1, offset=300, lost=True),
-    dict(lq=1, lk=1, offset=6, mask="hidden-row"),
-], ids=["past-the-keys", "past-the-keys-causal", "offset", "last-keys-hidden", "last-keys-hidden-causal",
-        "a-batch-row-without-keys", "length-1", "length-1-hidden"])
-def test_rows_past_every_key(case, monkeypatch):
-    """Rows past every key (h = 3; Lq > Lk, an offset, the last keys of a batch row hidden, a batch row with no visible
-    key, length 1), rates 0.3 and 4: the chunked path (chunks of 4) against the float64 reference, output and
-    gradients. Where rows lie 200 positions or more past their keys (`lost`), the fast head's chunked sums underflow
-    even in float64: without `_rows_past_the_keys` those rows would be lost."""
+BEYOND_THE_KEYS = dict(
+    past_the_keys=dict(lq=250, lk=10, lost=True), past_the_keys_causal=dict(lq=250, lk=10, causal=True, lost=True),
+    offset=dict(lq=12, lk=30, offset=250, lost=True),
+    last_keys_hidden=dict(lq=220, lk=20, mask="last-keys-hidden", lost=True),
+    last_keys_hidden_causal=dict(lq=220, lk=20, causal=True, mask="last-keys-hidden", lost=True),
+    right_padding=dict(lq=250, lk=240, mask="right-padding", lost=True),
+    right_padding_causal=dict(lq=250, lk=240, causal=True, mask="right-padding", lost=True),
+    left_padding=dict(lq=240, lk=250, offset=3, mask="left-padding", lost=True),
+    left_padding_causal=dict(lq=240, lk=250, causal=True, mask="left-padding"),
+    both_paddings=dict(lq=250, lk=250, mask="both-paddings", lost=True),
+    a_batch_row_without_keys=dict(lq=30, lk=20, offset=4, mask="hidden-row"),
+    length_1=dict(lq=1, lk=1, offset=300, lost=True), length_1_hidden=dict(lq=1, lk=1, offset=6, mask="hidden-row"),
+    length_1_right_padding=dict(lq=1, lk=240, offset=239, mask="right-padding", lost=True),
+)
+
+
+def beyond_the_keys_inputs(case):
+    """(args, kwargs) of a `BEYOND_THE_KEYS` case in float64: B = 2, H = 2, D = 4, h = 3, rates 0.3 and 4; the second
+    batch row's keys hidden by `mask` (padding leaves it 20 keys)."""
     gen = torch.Generator().manual_seed(0)
-    lq, lk, offset, causal = case["lq"], case["lk"], case.get("offset", 0), case.get("causal", False)
+    lq, lk = case["lq"], case["lk"]
     q = torch.randn(2, 2, lq, 4, dtype=F64, generator=gen)
     k, v = (torch.randn(2, 2, lk, 4, dtype=F64, generator=gen) for _ in range(2))
     rel, decay = torch.randn(2, 7, 4, dtype=F64, generator=gen), torch.tensor([0.3, 4.0], dtype=F64)
     key_mask = torch.ones(2, lk, dtype=torch.long)
-    if case.get("mask") == "last-keys-hidden":
-        key_mask[1, lk // 2:] = 0
-    elif case.get("mask") == "hidden-row":
-        key_mask[1] = 0
-    kwargs = dict(causal=causal, key_mask=key_mask if "mask" in case else None, query_offset=offset)
-    args = [x.clone().requires_grad_() for x in (q, k, v, rel, decay)]
+    hidden = {"last-keys-hidden": slice(lk // 2, None), "hidden-row": slice(None), "right-padding": slice(20, None),
+              "left-padding": slice(None, -20), "both-paddings": slice(None, 200)}
+    if "mask" in case:
+        key_mask[1, hidden[case["mask"]]] = 0
+    if case.get("mask") == "both-paddings":
+        key_mask[0, 20:] = 0
+    kwargs = dict(causal=case.get("causal", False), key_mask=key_mask if "mask" in case else None,
+                  query_offset=case.get("offset", 0))
+    return [x.clone().requires_grad_() for x in (q, k, v, rel, decay)], kwargs
+
+
+@pytest.mark.parametrize("case", BEYOND_THE_KEYS.values(), ids=BEYOND_THE_KEYS.keys())
+def test_rows_beyond_the_keys(case, monkeypatch):
+    """Rows past every key, past a padded row's last visible key, before its first (without causality): the chunked
+    path (chunks of 4) against the float64 reference, output and gradients. Where rows lie 200 positions or more from
+    their keys (`lost`), the fast head's chunked sums underflow even in float64: without `_rows_beyond_the_keys`
+    those rows would be lost."""
+    args, kwargs = beyond_the_keys_inputs(case)
     got = chunk_local_softmax_decay_attention(*args, **kwargs, chunk_size=4)
     expected = naive_local_softmax_decay_attention(*args, **kwargs)
     torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-12)
-    upstream = torch.randn(expected.shape, dtype=F64, generator=gen)
+    upstream = torch.randn(expected.shape, dtype=F64, generator=torch.Generator().manual_seed(1))
     for name, g, e in zip("q k v rel decay".split(), torch.autograd.grad(got, args, upstream),
                           torch.autograd.grad(expected, args, upstream)):
         torch.testing.assert_close(g, e, rtol=1e-9, atol=1e-11, msg=lambda m: f"grad {name}: {m}")
-    monkeypatch.setattr(ops_local_softmax, "_rows_past_the_keys", lambda out, *args, **kwargs: out)
+    monkeypatch.setattr(ops_local_softmax, "_rows_beyond_the_keys", lambda out, *args, **kwargs: out)
     kept = chunk_local_softmax_decay_attention(*args, **kwargs, chunk_size=4)
     assert torch.allclose(kept, expected, rtol=1e-6, atol=1e-8) != case.get("lost", False)
+
+
+@pytest.mark.parametrize("name", ["past_the_keys", "last_keys_hidden", "right_padding", "left_padding"])
+def test_rows_beyond_the_keys_without_reading_the_mask(name, monkeypatch):
+    """Where a padded row's edges are not read on the host (`_edges_on_host`: CUDA), the rows past every key are still
+    replaced, from each batch row's last visible key, and the rows past a padded row's last key within the keys'
+    length, or before its first, keep the chunked sums: 220 keys hidden by padding lose rows, 10 do not."""
+    monkeypatch.setattr(ops_local_softmax, "_edges_on_host", lambda device: False)
+    args, kwargs = beyond_the_keys_inputs(BEYOND_THE_KEYS[name])
+    got = chunk_local_softmax_decay_attention(*args, **kwargs, chunk_size=4)
+    expected = naive_local_softmax_decay_attention(*args, **kwargs)
+    lk, offset, h = args[1].shape[2], kwargs["query_offset"], 3
+    past = max(lk + h - offset, 0)  # rows past every key
+    torch.testing.assert_close(got[:, :, past:], expected[:, :, past:], rtol=1e-10, atol=1e-12)
+    assert torch.allclose(got, expected, rtol=1e-6, atol=1e-8) != name.endswith("padding")
 
 
 def test_softmax_rows_are_shift_invariant(decay_inputs):

@@ -404,7 +404,7 @@ def test_triton_attention_rows_far_from_their_keys(lk, monkeypatch, triton_paths
     e^-120; exp(-m) / den, their weight in the states' gradient, passes e^88 from about 180 positions): as long as
     the weights are normal float32 numbers (rows up to 180 positions from the keys), the kernels keep the float64
     reference's output and gradients, as the PyTorch path does; beyond, both paths' outputs and gradients stay
-    finite. Past the last of 60 keys, both keep the reference at every row (`_rows_past_the_keys`)."""
+    finite. Past the last of 60 keys, both keep the reference at every row (`_rows_beyond_the_keys`)."""
     gen = torch.Generator().manual_seed(0)
     q = torch.randn(1, 2, 300, 4, dtype=F64, generator=gen)
     k, v = (torch.randn(1, 2, lk, 4, dtype=F64, generator=gen) for _ in range(2))
