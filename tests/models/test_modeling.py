@@ -94,6 +94,32 @@ def test_cached_decoding_on_cross_sums_by_chunks(padding, tiny_config, batch, mo
 
 
 @pytest.mark.parametrize("padding", ["left", "right"])
+def test_chunked_cross_attention_far_from_a_padded_source(padding, tiny_config, monkeypatch):
+    """A batch whose second source keeps 20 of 220 tokens, padded on the left or the right, and targets of 220 tokens,
+    decay rates 4 to 2 (float64): most target positions lie hundreds of positions from every visible source token,
+    where the chunked path's decayed sums underflow. Its teacher-forced logits (`attention_mode="linear"`) equal the
+    quadratic path's at every position, and would not without `_rows_beyond_the_keys`."""
+    from modeling_scaleformer import ops_local_softmax
+
+    logits = {}
+    for mode in ("naive", "linear"):
+        torch.manual_seed(0)
+        model = ScaleformerForConditionalGeneration(tiny_config(attention_mode=mode, decay_rate_range=(4.0, 2.0)))
+        model = model.double().eval()
+        g = torch.Generator().manual_seed(0)
+        src, tgt = (torch.randint(3, 60, (2, 220), generator=g) for _ in range(2))
+        src_mask = torch.ones_like(src)
+        src_mask[1, slice(None, 200) if padding == "left" else slice(20, None)] = 0
+        kwargs = dict(input_ids=src, attention_mask=src_mask, decoder_input_ids=tgt)
+        logits[mode] = model(**kwargs).logits
+        if mode == "linear":
+            monkeypatch.setattr(ops_local_softmax, "_rows_beyond_the_keys", lambda out, *args, **kwargs: out)
+            unfixed = model(**kwargs).logits
+    torch.testing.assert_close(logits["linear"], logits["naive"], rtol=1e-9, atol=1e-9)
+    assert not torch.allclose(unfixed[1], logits["naive"][1], rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("padding", ["left", "right"])
 @pytest.mark.parametrize("overrides", CONFIGS)
 def test_causal_lm_cached_decoding_equals_full_forward(overrides, padding, tiny_config, batch):
     torch.manual_seed(0)
