@@ -157,12 +157,20 @@ def row_shift_of_log(band_logits: Tensor, log_tail_sum: Tensor) -> Tensor:
     return torch.where(torch.isfinite(m), m, torch.zeros_like(m)).detach()
 
 
-def normal_tails(tail: Tensor, tail_sum: Tensor) -> Tensor:
-    """`tail`, 0 on the rows whose weight beyond the band `tail_sum` is below the smallest normal number of its dtype
-    (subnormal or 0). Such a row's shift m is its log, and exp(-m) (`shift_scale`), which makes its largest weight
-    1, passes the dtype's largest number (float32: e^88): the gradients it scales overflow to inf and NaN. The row
+def tail_floor(dtype: torch.dtype) -> float:
+    """The smallest weight beyond the band that a row keeps (`tails_above_floor`): the smallest normal number of
+    `dtype` to the power 2/3 (float32: 5e-26, about e^-58; float64: 8e-206)."""
+    return torch.finfo(dtype).tiny ** (2 / 3)
+
+
+def tails_above_floor(tail: Tensor, tail_sum: Tensor) -> Tensor:
+    """`tail`, 0 on the rows whose weight beyond the band `tail_sum` is below `tail_floor` of its dtype. Such a row's
+    shift m can be the log of that weight, and exp(-m) (`shift_scale`), which makes its largest weight 1, scales the
+    row's gradient in backward: for a weight near the smallest normal number, exp(-m) times a gradient of a few
+    units passes the dtype's largest number and makes the gradients inf and NaN. Above the floor, gradients up to
+    the largest number times the floor (float32: 2e13, loss scaling included; float64: 1e103) stay finite. The row
     then has no weight beyond the band, as it has none when the weights underflow to 0 outright."""
-    return torch.where(tail_sum >= torch.finfo(tail.dtype).tiny, tail, torch.zeros_like(tail))
+    return torch.where(tail_sum >= tail_floor(tail.dtype), tail, torch.zeros_like(tail))
 
 
 def shift_scale(m: Tensor) -> Tensor:

@@ -17,14 +17,16 @@ Each row is computed with all its weights multiplied by exp(-m_i), m_i the large
 logit and the log of its weight beyond the band (`ops_common.row_shift`): the ratio is unchanged, no term
 exceeds 1 and the largest is 1, so that rows neither overflow nor vanish. Hundreds of positions from every visible
 key, at a fast decay (a target far longer than its source, in cross attention), each weight beyond the band falls
-below the compute dtype's range while the row, a ratio, does not: the quadratic path and the decoding steps sum
-those weights relative to the row's largest decay and keep them. The chunked path computes the rows whose visible
+below the compute dtype's range while the row, a ratio, does not: the quadratic path and the cross-attention
+decoding step sum those weights relative to the row's largest decay and keep them. (The self-attention decoding step
+reads every visible token's own key in its band; a hidden token's row far past every visible key, whose output no
+generation reads, gets nothing beyond the band.) The chunked path computes the rows whose visible
 keys all lie on one side of their band (past every key, past a padded row's last visible key, before its first)
 from the keys' decayed summary relative to the nearest visible key (`_rows_beyond_the_keys`), exact at any distance;
 on CUDA only the rows past every key, since a padded row's edges would be read on the host. Its decayed sums
-underflow, and it gives any other row whose sum beyond the band is below the dtype's smallest normal number (inside
-a long gap of hidden keys; on CUDA, past a padded row's last key within the keys' length) none there
-(`ops_common.normal_tails`), where exp(-m) would pass the dtype's range and make the gradients inf and NaN.
+underflow, and it gives any other row whose sum beyond the band is below a floor near the dtype's smallest normal
+number (inside a long gap of hidden keys; on CUDA, past a padded row's last key within the keys' length) none there
+(`ops_common.tails_above_floor`), where exp(-m) would make the gradients inf and NaN.
 
 The algorithm is linear in length: the band is a local softmax over 2h+1 keys per query, by blocks of
 queries; the tail is `ops_decay.decayed_tails` (a decayed linear attention by chunks, anticausal by reversal),
@@ -59,7 +61,7 @@ from .ops_common import (
     elu_feature_map,
     grouped_rows,
     head_table,
-    normal_tails,
+    tails_above_floor,
     row_shift,
     row_table,
     shift_scale,
@@ -361,7 +363,7 @@ def chunk_local_softmax_decay_attention(
     # the tails and the band take q and k as they are and compute in `dtype`
     rows = [x.reshape(b * heads, 1, x.shape[2], x.shape[3]) for x in (q, k, vm)]
     tail = grouped_rows(tails, max(lq, lk) * (chunk + d + vm.shape[-1]), *rows, decay.to(dtype).repeat(b))
-    tail = normal_tails(tail, tail[..., -1:])
+    tail = tails_above_floor(tail, tail[..., -1:])
     band = _band(lq, h, query_offset, causal, chunk, q.device)
     out = _LocalSoftmaxBand.apply(q.reshape(b * heads, lq, d), k.reshape(b * heads, -1, d),
                                   vm.reshape(b * heads, -1, vm.shape[-1]), row_table(rel, b, heads, dtype),
@@ -485,6 +487,7 @@ def local_softmax_decay_step(
             logits = logits + (qi @ table.transpose(-1, -2)[None])[..., h:].flip(-1)
         logits = torch.where(values[..., -1:].transpose(-1, -2) > 0, logits / math.sqrt(d), float("-inf"))
         far = elu_feature_map(qi) @ far / d
+        far = tails_above_floor(far, far[..., -1:])  # a hidden token far past the visible keys
         m = row_shift(logits, far[..., -1:])
         return torch.exp(logits - m) @ values + shift_scale(m) * far
 

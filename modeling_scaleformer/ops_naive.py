@@ -186,7 +186,7 @@ def naive_local_softmax_decay_weights(
     weights beyond the band) (`ops_common.row_shift`), so that every weight is at most 1 and the largest
     part is 1 (the attention, a ratio of sums over the row, does not depend on m). That log is taken around the
     row's largest decay exponent, so that rows however far from their keys keep their weights (where the chunked
-    path's decayed sums underflow, `ops_common.normal_tails`).
+    path's decayed sums underflow, `ops_common.tails_above_floor`).
     """
     dtype = compute_dtype(q.dtype)
     h = horizon_of(rel) if horizon is None else horizon

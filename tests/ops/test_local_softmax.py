@@ -170,6 +170,59 @@ def test_rows_beyond_the_keys_without_reading_the_mask(name, monkeypatch):
     assert torch.allclose(got, expected, rtol=1e-6, atol=1e-8) != name.endswith("padding")
 
 
+@pytest.mark.parametrize("scale", [10.0, 65536.0], ids=["upstream-x10", "loss-scale"])
+def test_gradients_stay_finite_inside_a_gap(scale):
+    """float32, rate 5, keys hidden over 38 to 48 positions: rows inside the gap have no visible key in their band and
+    a weight beyond it near float32's smallest normal number, which exp(-m) had turned into inf and NaN gradients
+    for an upstream gradient of a few units (`ops_common.tails_above_floor`). Every gradient is finite, loss
+    scaling included, and the rows with a visible key in their band keep the float64 reference."""
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 1, 64, 4, dtype=F64, generator=gen) for _ in range(3))
+    rel, decay = torch.randn(1, 5, 4, dtype=F64, generator=gen), torch.tensor([5.0], dtype=F64)
+    upstream = scale * torch.randn(1, 1, 64, 4, dtype=F64, generator=gen)
+    for gap in range(38, 50, 2):
+        key_mask = torch.ones(1, 64)
+        key_mask[:, 10:10 + gap] = 0
+        args = [x.float().requires_grad_() for x in (q, k, v, rel, decay)]
+        got = local_softmax_decay_attention(*args, key_mask=key_mask, mode="linear")
+        assert all(bool(torch.isfinite(g).all()) for g in torch.autograd.grad(got, args, upstream.float()))
+        expected = naive_local_softmax_decay_attention(q, k, v, rel, decay, key_mask=key_mask)
+        near = (torch.arange(64) < 12) | (torch.arange(64) >= 8 + gap)  # a visible key within h = 2
+        torch.testing.assert_close(got[:, :, near].double(), expected[:, :, near], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+def test_gradients_stay_finite_on_a_tail_near_the_smallest_normal(dtype):
+    """One query between two visible keys, its band key hidden (h = 0), its weight beyond the band 1.5 times the
+    dtype's smallest normal number: the chunked path gives it no weight beyond the band, with finite gradients."""
+    tiny = torch.finfo(dtype).tiny
+    decay = torch.tensor([-math.log(1.5 * tiny / 2)], dtype=dtype, requires_grad=True)
+    q, k = torch.zeros(1, 1, 1, 1, dtype=dtype, requires_grad=True), torch.zeros(1, 1, 3, 1, dtype=dtype)
+    v = torch.tensor([1.0, 0.0, -1.0], dtype=dtype).view(1, 1, 3, 1).requires_grad_()
+    k.requires_grad_()
+    out = chunk_local_softmax_decay_attention(q, k, v, None, decay, key_mask=torch.tensor([[1, 0, 1]]),
+                                              query_offset=1, horizon=0)
+    grads = torch.autograd.grad(out, (q, k, v, decay), torch.full_like(out, 10.0))
+    assert all(bool(torch.isfinite(g).all()) for g in grads)
+
+
+def test_step_gradients_stay_finite_far_past_the_visible_keys():
+    """float32 decoding steps under autograd, rate 5, only the first token visible: the hidden tokens' rows lie up to
+    60 positions past it, their weight beyond the band below float32's range. The visible token's row keeps the full
+    forward's value and every gradient is finite."""
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 1, 60, 4, generator=gen).requires_grad_() for _ in range(3))
+    rel, decay = torch.randn(1, 5, 4, generator=gen).requires_grad_(), torch.tensor([5.0], requires_grad=True)
+    key_mask = torch.zeros(1, 60, dtype=torch.long)
+    key_mask[:, 0] = 1
+    state = local_softmax_decay_initial_state(1, 1, 4, 4, 2, dtype=torch.float32)
+    out, _ = local_softmax_decay_step(q, k, v, rel, decay, state, key_mask=key_mask)
+    full = naive_local_softmax_decay_attention(q, k, v, rel, decay, causal=True, key_mask=key_mask)
+    torch.testing.assert_close(out[:, :, :1], full[:, :, :1])
+    grads = torch.autograd.grad(out, (q, k, v, rel, decay), torch.randn(out.shape, generator=gen))
+    assert all(bool(torch.isfinite(g).all()) for g in grads)
+
+
 def test_softmax_rows_are_shift_invariant(decay_inputs):
     """Band logits shifted by -2000 (exp underflows to 0): the row is still the softmax, not 0/0, on every path."""
     q, k, v, rel, decay, _, horizon = decay_inputs(b=1, h=2, lq=1, lk=4, horizon=3)
