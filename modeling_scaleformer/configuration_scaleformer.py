@@ -103,7 +103,10 @@ class ScaleformerConfig(PreTrainedConfig):
         cross_attention_rpe (`bool`, *optional*):
             Whether cross-attention uses the self-attention variant itself, with its relative positions and decay
             where it has them (decoder position minus encoder position); with `"kernelized_rpe"`, the decay types
-            and `"kernelized_sum"` only. `None` (default) turns it on for exactly those types.
+            and `"kernelized_sum"` only. `None` (default) turns it on for exactly those types. Encoder positions
+            count from the first token the source's attention mask keeps, so that a source padded on either side
+            reads as the source alone; decoder positions count every decoder input, padding included, so that
+            decoder inputs padded on the left (a prefix given to `generate`) do not read as the inputs alone.
         decay_rate_range (`tuple[float, float]`, *optional*, defaults to `(0.25, 0.00390625)`):
             The decay types (`"kernelized_decay"`, `"kernelized_decay_gated"`, `"kernelized_gated"`,
             `"local_softmax_decay"`): the initial decay rates per position beyond the horizon of the fastest and

@@ -55,6 +55,18 @@ def check_labels(labels: Tensor, vocab_size: int, what: str = "token ids", name:
         raise ValueError(f"`{name}` must be {what} in [0, {vocab_size}) or -100 (ignored), found {bad}")
 
 
+def first_kept_at_0(mask: Tensor, *tensors: Tensor | None) -> list[Tensor | None]:
+    """`tensors` (batch, length, ...) rolled along the length, batch row by batch row, so that the first token that
+    `mask` (batch, length) keeps sits at position 0 (a row without one stays as it is). Cross attention's relative
+    positions (decoder position minus encoder position) then count the source from its first kept token, so that a
+    source padded on the left reads as the same source padded on the right, and as the source alone."""
+    batch, length = mask.shape
+    first = mask.bool().int().argmax(-1)  # 0 for a row without a kept token
+    index = (torch.arange(length, device=mask.device) + first[:, None]) % length  # (batch, length)
+    return [None if t is None else t.gather(1, index.view(batch, length, *(1,) * (t.dim() - 2)).expand_as(t))
+            for t in tensors]
+
+
 def check_mask(mask: Tensor | None, name: str, batch: int, lengths: tuple[int, ...]) -> None:
     if mask is None:
         return
@@ -610,6 +622,11 @@ class ScaleformerDecoder(ScaleformerStack):
                     remaining.clamp(-1, self.config.remaining_count_max) + 1
                 )
 
+        if self.config.is_encoder_decoder and encoder_attention_mask is not None and not summarised:
+            # what the cache summarises, or every call reads, of the source: its first kept token at position 0
+            encoder_hidden_states, source_states, count_source_ids, encoder_attention_mask = first_kept_at_0(
+                encoder_attention_mask, encoder_hidden_states, source_states, count_source_ids, encoder_attention_mask
+            )
         hidden_states, all_hidden = self._run_layers(
             inputs_embeds,
             output_hidden_states,

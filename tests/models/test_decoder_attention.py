@@ -231,7 +231,7 @@ def test_cached_decoding_equals_teacher_forcing(overrides, padding, tiny_config,
 )
 @pytest.mark.parametrize("kwargs", [dict(do_sample=False), dict(num_beams=3, do_sample=False)], ids=["greedy", "beam"])
 def test_joint_generate_same_with_and_without_cache(kwargs, mode, tiny_config, batch):
-    torch.manual_seed(0)
+    torch.manual_seed(1)
     model = randomised(ScaleformerForConditionalGeneration(tiny_config(**mode, layer_norm_position="pre")).eval())
     src, src_mask = batch()
     results = [

@@ -93,6 +93,40 @@ def test_cached_decoding_on_cross_sums_by_chunks(padding, tiny_config, batch, mo
     torch.testing.assert_close(model.generate(src, **kwargs), model.generate(src, use_cache=False, **kwargs))
 
 
+@pytest.mark.parametrize("attention_type", ["local_softmax_decay", "kernelized_rpe"])
+def test_a_padded_source_reads_as_the_source_alone(attention_type, tiny_config):
+    """Cross attention's relative positions count the source from its first kept token (`first_kept_at_0`): a source
+    padded on the left, or on the right, in a batch with a longer one gives the logits of the source alone, in
+    teacher forcing and in each cached decoding step, and the same greedy tokens (the relative tables and decay
+    rates moved off their initial values, so that positions matter)."""
+    torch.manual_seed(0)
+    model = ScaleformerForConditionalGeneration(tiny_config(attention_type=attention_type)).double().eval()
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.endswith((".rel", ".decay")):
+                parameter.add_(0.3 * torch.randn_like(parameter))
+    source, longer = torch.tensor([[56, 45, 41, 3, 52]]), torch.arange(11, 19)[None]
+    target = torch.tensor([[1, 8, 9, 10, 24, 24]])
+    alone = model(input_ids=source, decoder_input_ids=target).logits
+    kwargs = dict(max_new_tokens=12, min_new_tokens=12)
+    tokens = model.generate(source, **kwargs)
+    for padding in ("left", "right"):
+        pads = torch.zeros(1, 3, dtype=torch.long)
+        ids = torch.cat([torch.cat([pads, source] if padding == "left" else [source, pads], 1), longer])
+        mask = (torch.arange(8) >= 3) if padding == "left" else (torch.arange(8) < 5)
+        mask = torch.stack([mask, torch.ones(8, dtype=torch.bool)]).long()
+        batch = model(input_ids=ids, attention_mask=mask, decoder_input_ids=target.expand(2, -1)).logits
+        torch.testing.assert_close(batch[:1], alone, rtol=0, atol=1e-9, msg=lambda m: f"{padding}: {m}")
+        encoder_outputs, cache = model.get_encoder()(input_ids=ids, attention_mask=mask), None
+        for t in range(target.shape[1]):
+            with torch.no_grad():
+                out = model(encoder_outputs=encoder_outputs, attention_mask=mask,
+                            decoder_input_ids=target[:, t:t + 1].expand(2, -1), past_key_values=cache, use_cache=True)
+            cache = out.past_key_values
+            torch.testing.assert_close(out.logits[:1], alone[:, t:t + 1], rtol=0, atol=1e-9)
+        assert torch.equal(model.generate(ids, attention_mask=mask, **kwargs)[:1], tokens), padding
+
+
 @pytest.mark.parametrize("padding", ["left", "right"])
 def test_chunked_cross_attention_far_from_a_padded_source(padding, tiny_config, monkeypatch):
     """A batch whose second source keeps 20 of 220 tokens, padded on the left or the right, and targets of 220 tokens,
@@ -499,11 +533,13 @@ def test_sinusoidal_positions_values():
 
 
 def test_sinusoidal_positions_ignore_padding_and_change_the_output(tiny_config, batch):
-    """A left-padded row gives the logits of the same row alone; the encodings are really added."""
+    """A row with its source padded on the left and its target on the right gives the logits of the same row alone;
+    the encodings are really added. (Cross attention's decoder positions count every decoder input: a target padded
+    on the left would not read as the target alone.)"""
     torch.manual_seed(0)
     model = ScaleformerForConditionalGeneration(tiny_config(absolute_positions="sinusoidal")).double().eval()
     src, src_mask = batch(padding="left")
-    tgt, tgt_mask = batch(ls=9, padding="left", seed=1)
+    tgt, tgt_mask = batch(ls=9, padding="right", seed=1)
     full = model(input_ids=src, attention_mask=src_mask, decoder_input_ids=tgt, decoder_attention_mask=tgt_mask).logits
     for row in range(src.shape[0]):
         s_keep, t_keep = src_mask[row].bool(), tgt_mask[row].bool()
