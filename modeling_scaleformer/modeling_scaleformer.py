@@ -591,6 +591,11 @@ class ScaleformerDecoder(ScaleformerStack):
         if self.config.is_encoder_decoder:
             if encoder_hidden_states is None:
                 raise ValueError("`encoder_hidden_states` is required by an encoder-decoder decoder")
+            if encoder_hidden_states.shape[0] != batch:
+                raise ValueError(
+                    f"the decoder inputs (`decoder_input_ids` or `decoder_inputs_embeds`) have batch size {batch}, the "
+                    f"source (`encoder_hidden_states`, from `input_ids`) {encoder_hidden_states.shape[0]}: they must match"
+                )
             check_mask(encoder_attention_mask, "encoder_attention_mask", batch, (encoder_hidden_states.shape[1],))
             summarised = past_key_values is not None and past_key_values.layers[count_slot or 0].cross_summary is not None
             counted = past_key_values is not None and past_key_values.layers[0].token_counts is not None

@@ -480,6 +480,9 @@ def test_bad_inputs_raise_clear_errors(tiny_config, batch):
         model(input_ids=src, labels=torch.tensor([[1, -5, 3]] * 3))
     with pytest.raises(ValueError, match="output_attentions"):
         model(input_ids=src, decoder_input_ids=src[:, :2], output_attentions=True)
+    for rows in (1, 4):  # the decoder's batch against the source's 3 rows
+        with pytest.raises(ValueError, match=f"batch size {rows}, the source .* 3: they must match"):
+            model(input_ids=src, decoder_input_ids=src[:1, :2].expand(rows, -1))
 
 
 def test_trainer_loss_goes_down(tmp_path, tiny_config):
