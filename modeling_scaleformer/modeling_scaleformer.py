@@ -594,7 +594,8 @@ class ScaleformerDecoder(ScaleformerStack):
             if encoder_hidden_states.shape[0] != batch:
                 raise ValueError(
                     f"the decoder inputs (`decoder_input_ids` or `decoder_inputs_embeds`) have batch size {batch}, the "
-                    f"source (`encoder_hidden_states`, from `input_ids`) {encoder_hidden_states.shape[0]}: they must match"
+                    f"source (`encoder_hidden_states`, from `input_ids`) {encoder_hidden_states.shape[0]}: they must "
+                    "match"
                 )
             check_mask(encoder_attention_mask, "encoder_attention_mask", batch, (encoder_hidden_states.shape[1],))
             summarised = past_key_values is not None and past_key_values.layers[count_slot or 0].cross_summary is not None

@@ -61,10 +61,10 @@ from .ops_common import (
     elu_feature_map,
     grouped_rows,
     head_table,
-    tails_above_floor,
     row_shift,
     row_table,
     shift_scale,
+    tails_above_floor,
 )
 from .ops_common import normalise as normalise_rows
 from .ops_decay import (
