@@ -445,6 +445,12 @@ class ScaleformerStack(ScaleformerPreTrainedModel):
         check_no_attention_outputs(kwargs, self.config)
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError(f"Pass exactly one of `input_ids` and `inputs_embeds` to the {type(self).__name__}")
+        if input_ids is not None and input_ids.dim() != 2:
+            raise ValueError(f"the {type(self).__name__}'s `input_ids` must have shape (batch, length), got "
+                             f"{tuple(input_ids.shape)}")
+        if inputs_embeds is not None and (inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != self.config.d_model):
+            raise ValueError(f"the {type(self).__name__}'s `inputs_embeds` must have shape (batch, length, "
+                             f"{self.config.d_model}), got {tuple(inputs_embeds.shape)}")
         return self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
 
     def _add_positions(self, inputs_embeds: Tensor, mask: Tensor | None, past_length: int = 0) -> Tensor:

@@ -480,6 +480,12 @@ def test_bad_inputs_raise_clear_errors(tiny_config, batch):
         model(input_ids=src, labels=torch.tensor([[1, -5, 3]] * 3))
     with pytest.raises(ValueError, match="output_attentions"):
         model(input_ids=src, decoder_input_ids=src[:, :2], output_attentions=True)
+    with pytest.raises(ValueError, match=r"Encoder's `input_ids` must have shape \(batch, length\), got \(11,\)"):
+        model(input_ids=src[0], decoder_input_ids=src[:, :2])
+    with pytest.raises(ValueError, match=r"ScaleformerDecoder's `input_ids` must have shape \(batch, length\)"):
+        model(input_ids=src, decoder_input_ids=src[:, :2, None])
+    with pytest.raises(ValueError, match=r"`inputs_embeds` must have shape \(batch, length, 16\), got \(3, 11, 8\)"):
+        model.get_encoder()(inputs_embeds=torch.randn(3, 11, 8))
     for rows in (1, 4):  # the decoder's batch against the source's 3 rows
         with pytest.raises(ValueError, match=f"batch size {rows}, the source .* 3: they must match"):
             model(input_ids=src, decoder_input_ids=src[:1, :2].expand(rows, -1))
