@@ -266,6 +266,13 @@ def _differentiable(*tensors: Tensor | None) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
+def _visible_edges(visible: Tensor) -> tuple[Tensor, Tensor]:
+    """(first, last) (B,): each batch row's first and last visible key of `visible` (B, Lk), Lk and -1 for a batch row
+    without one."""
+    index = torch.arange(visible.shape[1], device=visible.device)
+    return torch.where(visible, index, visible.shape[1]).amin(-1), torch.where(visible, index, -1).amax(-1)
+
+
 def _sums_around(features: Tensor, values: Tensor, rate: Tensor, edge: Tensor) -> Tensor:
     """sum_j exp(-lambda |e - j|) phi(k_j) values_j^T (B, H, D, Dv+1) for features phi(k) (B, H, Lk, D), values
     (B, H, Lk, Dv+1), rates (H,) and a key e (B,) of each batch row: the keys as seen from e, whose own weight is 1."""
@@ -308,17 +315,15 @@ def _rows_beyond_the_keys(out: Tensor, q: Tensor, k: Tensor, v: Tensor, decay: T
     length keep the chunked sums (`_edges_on_host`). Rows inside a gap of hidden keys keep them on every device.
     """
     b, lq, lk = q.shape[0], q.shape[2], k.shape[2]
-    keys = torch.arange(lk, device=q.device)
     if key_mask is None or not _edges_on_host(q.device):
         first = max(lk + horizon - query_offset, 0)
         if first >= lq:
             return out
-        last = keys[-1].expand(b) if key_mask is None else torch.where(key_mask.bool(), keys, -1).amax(-1)
+        last = q.new_full((b,), lk - 1, dtype=torch.long) if key_mask is None else _visible_edges(key_mask.bool())[1]
         out = out.clone()  # in out's layout, which the kernels choose so that merging the heads is a view
         out[:, :, first:] = _exact_rows(q[:, :, first:], k, v, key_mask, decay, last)
         return out
-    visible = key_mask.bool()
-    edges = zip(torch.where(visible, keys, lk).amin(-1).tolist(), torch.where(visible, keys, -1).amax(-1).tolist())
+    edges = zip(*(edge.tolist() for edge in _visible_edges(key_mask.bool())))
     result = out
     for row, (f, e) in enumerate(edges):
         before = 0 if causal or e < 0 else min(max(f - horizon - query_offset, 0), lq)  # rows i < before: p_i + h < f
@@ -329,7 +334,7 @@ def _rows_beyond_the_keys(out: Tensor, q: Tensor, k: Tensor, v: Tensor, decay: T
                 result = out.clone() if result is out else result
                 result[row:row + 1, :, rows] = _exact_rows(q[row:row + 1, :, rows], k[seen], v[seen],
                                                            key_mask[row:row + 1, f:e + 1], decay,
-                                                           keys.new_tensor([edge]))
+                                                           torch.tensor([edge], device=q.device))
     return result
 
 
@@ -573,10 +578,7 @@ def local_softmax_decay_cross_summary(
     for c in range(n):
         before[:, :, c + 1] = carry * before[:, :, c] + local_before[:, :, c]
         after[:, :, n - 1 - c] = carry * after[:, :, n - c] + local_after[:, :, n - 1 - c]
-    index = torch.arange(lk, device=k.device)
-    visible = values[:, 0, :, -1] > 0  # (B, Lk)
-    last = torch.where(visible, index, -1).amax(-1)
-    first = torch.where(visible, index, lk).amin(-1)
+    first, last = _visible_edges(values[:, 0, :, -1] > 0)
     return LocalSoftmaxDecayCrossSummary(
         keys=keys, values=values, before=before, after=after, past=_sums_around(phi, values, rates, last),
         ahead=_sums_around(phi, values, rates, first), last=last, first=first, chunk=chunk_size)
