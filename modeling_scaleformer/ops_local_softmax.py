@@ -20,13 +20,15 @@ key, at a fast decay (a target far longer than its source, in cross attention), 
 below the compute dtype's range while the row, a ratio, does not: the quadratic path and the cross-attention
 decoding step sum those weights relative to the row's largest decay and keep them. (The self-attention decoding step
 reads every visible token's own key in its band; a hidden token's row far past every visible key, whose output no
-generation reads, gets nothing beyond the band.) The chunked path computes the rows whose visible
-keys all lie on one side of their band (past every key, past a padded row's last visible key, before its first)
-from the keys' decayed summary relative to the nearest visible key (`_rows_beyond_the_keys`), exact at any distance;
-on CUDA only the rows past every key, since a padded row's edges would be read on the host. Its decayed sums
-underflow, and it gives any other row whose sum beyond the band is below a floor near the dtype's smallest normal
-number (inside a long gap of hidden keys; on CUDA, past a padded row's last key within the keys' length) none there
-(`ops_common.tails_above_floor`), where exp(-m) would make the gradients inf and NaN.
+generation reads, gets nothing beyond the band.) The Triton kernels hold each block's decayed sums relative to the
+last visible key before it, and keep the rows whose visible keys all lie beyond their window at any distance. The
+PyTorch chunked path computes the rows whose visible keys all lie on one side of their band (past every key, past a
+padded row's last visible key, before its first) from the keys' decayed summary relative to the nearest visible key
+(`_rows_beyond_the_keys`), exact at any distance; on CUDA (without the kernels) only the rows past every key, since a
+padded row's edges would be read on the host. Its decayed sums underflow, and it gives any other row whose sum
+beyond the band is below a floor near the dtype's smallest normal number (inside a long gap of hidden keys; on CUDA,
+past a padded row's last key within the keys' length) none there (`ops_common.tails_above_floor`), where exp(-m)
+would make the gradients inf and NaN.
 
 The algorithm is linear in length: the band is a local softmax over 2h+1 keys per query, by blocks of
 queries; the tail is `ops_decay.decayed_tails` (a decayed linear attention by chunks, anticausal by reversal),
@@ -294,15 +296,16 @@ def _exact_rows(q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None, decay:
 
 def _edges_on_host(device: torch.device) -> bool:
     """Whether `_rows_beyond_the_keys` reads a padded row's first and last visible keys from the mask on the host:
-    not on CUDA, where the copy would wait for every queued kernel and stall the launches."""
+    not on CUDA (the PyTorch path there, where the kernels do not run), where the copy would wait for every queued
+    kernel and stall the launches."""
     return device.type != "cuda"
 
 
 def _rows_beyond_the_keys(out: Tensor, q: Tensor, k: Tensor, v: Tensor, decay: Tensor, *, causal: bool,
                           key_mask: Tensor | None, query_offset: int, horizon: int) -> Tensor:
-    """`out` with its rows beyond the visible keys replaced by their exact value: the rows past their batch row's
-    last visible key e (p_i - h > e: every visible key before the band) and, without causality, before its first f
-    (p_i + h < f).
+    """`out`, the PyTorch path's output (the kernels keep these rows themselves), with its rows beyond the visible keys
+    replaced by their exact value: the rows past their batch row's last visible key e (p_i - h > e: every visible key
+    before the band) and, without causality, before its first f (p_i + h < f).
 
     Such a row's weights share the factor exp(-lambda (p_i - h - e)) (or exp(-lambda (f - p_i - h))), which the row's
     ratio cancels: out_i = phi(q_i) S / phi(q_i) s over the summary S = sum_j exp(-lambda |e - j|) phi(k_j)
@@ -350,12 +353,10 @@ def chunk_local_softmax_decay_attention(
     h = resolve_horizon(rel, horizon)
     b, heads, lq, d = q.shape
     lk = k.shape[2]
-    beyond = dict(causal=causal, key_mask=key_mask, query_offset=query_offset, horizon=h)
     kernels = _attention_function(q.device, h, d, v.shape[-1])
-    if kernels is not None:
-        out = kernels(q, k, v, head_table(rel, heads, q.dtype), decay, causal=causal, key_mask=key_mask,
-                      query_offset=query_offset, horizon=h)
-        return _rows_beyond_the_keys(out, q, k, v, decay, **beyond)
+    if kernels is not None:  # exact at any distance from the keys: their states keep exponents of their own
+        return kernels(q, k, v, head_table(rel, heads, q.dtype), decay, causal=causal, key_mask=key_mask,
+                       query_offset=query_offset, horizon=h)
     dtype = compute_dtype(q.dtype)
     vm = augment_values(v.to(dtype), key_mask)
     chunk = max(chunk_size, 1)
@@ -373,7 +374,8 @@ def chunk_local_softmax_decay_attention(
     out = _LocalSoftmaxBand.apply(q.reshape(b * heads, lq, d), k.reshape(b * heads, -1, d),
                                   vm.reshape(b * heads, -1, vm.shape[-1]), row_table(rel, b, heads, dtype),
                                   tail.reshape(b * heads, lq, -1), band)
-    return _rows_beyond_the_keys(out.view(b, heads, lq, -1).to(q.dtype), q, k, v, decay, **beyond)
+    return _rows_beyond_the_keys(out.view(b, heads, lq, -1).to(q.dtype), q, k, v, decay, causal=causal,
+                                 key_mask=key_mask, query_offset=query_offset, horizon=h)
 
 
 def local_softmax_decay_attention(

@@ -10,10 +10,17 @@ of the block: with phi(x) = elu(x) + 1 and m_j the key mask,
     L_b = sum_{j < s_b} exp(-lambda (s_b - j)) phi(k_j) m_j [v_j, 1]^T      (D, Dv + 1, held as S (D, Dv), z (D,))
 
 is the block's causal state; the anticausal state holds the keys after the window the same way (the causal state of
-the reversed sequences). Query i at a, its place in the block, weighs the pairs of its window (softmax logits in the
-band, phi(q_i).phi(k_j) / D exp(-lambda (|p_i - j| - h)) beyond it) and the states decayed by exp(-lambda a) and
-exp(-lambda (BLOCK - 1 - a)), all scaled by exp(-m_i) (`ops_common.row_shift`) and normalised together. The
-kernels, laid out like flash-linear-attention's chunk kernels:
+the reversed sequences). Each state is held as exp(nu_b) L'_b, with nu_b = -lambda (s_b - e), e the last visible key
+before s_b: L'_b weighs e by 1 and the other keys relative to it, so that a state whose keys all lie far back (a
+padded row's queries past its last visible key, queries past every key, a long gap of hidden keys) keeps its
+weights, which relative to s_b would fall below the dtype's range hundreds of positions away at a fast decay. Query i
+at a, its place in the block, weighs the pairs of its window (softmax logits in the band,
+phi(q_i).phi(k_j) / D exp(-lambda (|p_i - j| - h)) beyond it) and the states, decayed by exp(-lambda a) and
+exp(-lambda (BLOCK - 1 - a)), all scaled by exp(-m_i) (`ops_common.row_shift`) and normalised together; m_i and the
+states' factors exp(nu_b - lambda a - m_i) are formed from logs. The rows whose visible keys all lie beyond their
+window are exact at any distance; a row inside a gap keeps the weights of its window's keys down to the dtype's
+smallest normal number (float32: 87 / lambda positions beyond its band). The kernels, laid out like
+flash-linear-attention's chunk kernels:
 
 - `_states`, or `_chunk_sums` then `_scan_sums` (the parallel passes, `_parallel_walks`): L_b of every block (kept
   for backward, or recomputed there without `KEEP_STATES`). `_states` walks the chunks with one program per row and
@@ -150,14 +157,12 @@ def _walk_start(RATE, row, heads, direction, lq, lk, offset, nq, start0, start1,
                 BLOCK: tl.constexpr):
     """A walk's coordinates in its direction (see `_Walk`): the step and first rows of the queries and the keys, the
     queries' shift, the offset and the first chunk (direction 1 reads the sequences reversed); then the row's rate
-    lambda, the decay exp(-lambda BLOCK) from chunk to chunk and exp(-lambda (BLOCK - t)) from key t of a chunk to
-    the next chunk's start."""
+    lambda and the decay exp(-lambda BLOCK) from chunk to chunk."""
     back = direction == 1
     rate = tl.load(RATE + row % heads).to(ACC)
     return (tl.where(back, -1, 1), tl.where(back, lq - 1, 0), tl.where(back, lk - 1, 0),
             tl.where(back, nq * BLOCK - lq, 0), tl.where(back, lk - lq - offset, offset),
-            tl.where(back, start1, start0), rate, tl.exp(-rate * BLOCK),
-            tl.exp(-rate * (BLOCK - tl.arange(0, BLOCK)).to(ACC)))
+            tl.where(back, start1, start0), rate, tl.exp(-rate * BLOCK))
 
 
 @triton.jit
@@ -189,73 +194,85 @@ def _chunk_keys(K, V, MASK, row, heads, lk, c, kfirst, step, qshift, off_w, d, d
 
 
 @triton.jit
-def _chunk_sum(K, V, MASK, row, heads, lk, c, kfirst, step, qshift, off_w, to_next, d, dv, skb, skh, skl, svb, svh,
+def _chunk_sum(K, V, MASK, row, heads, lk, c, kfirst, step, qshift, off_w, rate, d, dv, skb, skh, skl, svb, svh,
                svl, HORIZON: tl.constexpr, HAS_MASK: tl.constexpr, ACC: tl.constexpr, BLOCK: tl.constexpr,
                BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, DOT: tl.constexpr):
-    """What the keys of chunk c add to the next block's state: sum_t exp(-lambda (BLOCK - t)) phi(k_t) m_t v_t^T
-    (D, Dv) and its normaliser (D,)."""
+    """What the keys of chunk c add to the next block's state, sum_t exp(-lambda (BLOCK - t)) phi(k_t) m_t v_t^T
+    (D, Dv) and its normaliser (D,), as exp(mu) times the sums relative to the chunk's last visible key e (weights
+    exp(-lambda (e - t)), the largest 1), with mu = -lambda (BLOCK - e) (-inf, and zero sums, where no key of the
+    chunk is visible): the sums underflow nowhere, however fast the decay."""
     j, exists, mk, features, v = _chunk_keys(K, V, MASK, row, heads, lk, c, kfirst, step, qshift, off_w, d, dv, skb,
                                              skh, skl, svb, svh, svl, HORIZON, HAS_MASK, ACC, BLOCK, BLOCK_D, BLOCK_V)
-    features = features * to_next[:, None]
+    t = tl.arange(0, BLOCK)
+    last = tl.max(tl.where(mk > 0, t, -1), 0)
+    mu = tl.where(last >= 0, -rate * (BLOCK - last).to(ACC), float("-inf"))
+    features = features * tl.where(t <= last, tl.exp(-rate * tl.maximum(last - t, 0).to(ACC)), 0.0)[:, None]
     op = K.dtype.element_ty
-    return tl.dot(tl.trans(features.to(op)), v.to(op), input_precision=DOT), tl.sum(features, 0)
+    return tl.dot(tl.trans(features.to(op)), v.to(op), input_precision=DOT), tl.sum(features, 0), mu
 
 
 @triton.jit
 def _states(
-    K, V, MASK, RATE, S, Z,
+    K, V, MASK, RATE, S, Z, SE,
     lq, lk, heads, rows, offset, nq, n_states, start0, start1, d, dv, skb, skh, skl, svb, svh, svl,
     HORIZON: tl.constexpr, HAS_MASK: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_V: tl.constexpr, DOT: tl.constexpr,
 ):
+    """The states of every query block by a sequential walk over the chunks, one program per batch*head row and
+    direction: L_c = exp(nu_c) L'_c, L'_c into slot c - start of S and Z, nu_c into SE (`_scaled_step`)."""
     row, direction = tl.program_id(0), tl.program_id(1)
     acc = S.dtype.element_ty
-    step, qfirst, kfirst, qshift, off_w, start, rate, carry, to_next = _walk_start(
+    step, qfirst, kfirst, qshift, off_w, start, rate, carry = _walk_start(
         RATE, row, heads, direction, lq, lk, offset, nq, start0, start1, acc, BLOCK)
     state = tl.zeros((BLOCK_D, BLOCK_V), dtype=acc)
     norm = tl.zeros((BLOCK_D,), dtype=acc)
+    nu = tl.max(tl.full((BLOCK_D,), float("-inf"), dtype=acc), 0)  # the state's exponent: -inf, an empty sum
     for c in range(start, nq):
         s_ptr, z_ptr, s_mask, z_mask = _state_ptrs(S, Z, direction, row, rows, c - start, n_states, d, dv, BLOCK_D,
                                                    BLOCK_V)
         tl.store(s_ptr, state, mask=s_mask)
         tl.store(z_ptr, norm, mask=z_mask)
-        chunk, chunk_norm = _chunk_sum(K, V, MASK, row, heads, lk, c, kfirst, step, qshift, off_w, to_next, d, dv,
-                                       skb, skh, skl, svb, svh, svl, HORIZON, HAS_MASK, acc, BLOCK, BLOCK_D, BLOCK_V,
-                                       DOT)
-        state = state * carry + chunk
-        norm = norm * carry + chunk_norm
+        tl.store(SE + (direction * rows + row).to(tl.int64) * n_states + c - start, nu)
+        chunk, chunk_norm, mu = _chunk_sum(K, V, MASK, row, heads, lk, c, kfirst, step, qshift, off_w, rate, d, dv,
+                                           skb, skh, skl, svb, svh, svl, HORIZON, HAS_MASK, acc, BLOCK, BLOCK_D,
+                                           BLOCK_V, DOT)
+        nu, old, new = _scaled_step(nu, mu, rate * BLOCK)
+        state = state * old + chunk * new
+        norm = norm * old + chunk_norm * new
 
 
 @triton.jit
 def _chunk_sums(
-    K, V, MASK, RATE, S, Z,
+    K, V, MASK, RATE, S, Z, SE,
     lq, lk, heads, rows, offset, nq, n_states, start0, start1, d, dv, skb, skh, skl, svb, svh, svl,
     HORIZON: tl.constexpr, HAS_MASK: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_V: tl.constexpr, DOT: tl.constexpr,
 ):
     """`_states` in parallel, first of two: one program per chunk c, row and direction stores what the keys of chunk c
-    add to the next block's state, sum_t exp(-lambda (BLOCK - t)) phi(k_t) m_t [v_t, 1]^T, in state slot c - start
-    (`_scan_sums` then turns the slots into the states)."""
+    add to the next block's state, sum_t exp(-lambda (BLOCK - t)) phi(k_t) m_t [v_t, 1]^T, as exp(mu) times the sums
+    (`_chunk_sum`), in state slot c - start, and mu in SE (`_scan_sums` then turns the slots into the states)."""
     index, row, direction = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     acc = S.dtype.element_ty
-    step, qfirst, kfirst, qshift, off_w, start, rate, carry, to_next = _walk_start(
+    step, qfirst, kfirst, qshift, off_w, start, rate, carry = _walk_start(
         RATE, row, heads, direction, lq, lk, offset, nq, start0, start1, acc, BLOCK)
     c = start + index
     if c < nq:
-        chunk, chunk_norm = _chunk_sum(K, V, MASK, row, heads, lk, c, kfirst, step, qshift, off_w, to_next, d, dv,
-                                       skb, skh, skl, svb, svh, svl, HORIZON, HAS_MASK, acc, BLOCK, BLOCK_D, BLOCK_V,
-                                       DOT)
+        chunk, chunk_norm, mu = _chunk_sum(K, V, MASK, row, heads, lk, c, kfirst, step, qshift, off_w, rate, d, dv,
+                                           skb, skh, skl, svb, svh, svl, HORIZON, HAS_MASK, acc, BLOCK, BLOCK_D,
+                                           BLOCK_V, DOT)
         s_ptr, z_ptr, s_mask, z_mask = _state_ptrs(S, Z, direction, row, rows, index, n_states, d, dv, BLOCK_D,
                                                    BLOCK_V)
         tl.store(s_ptr, chunk, mask=s_mask)
         tl.store(z_ptr, chunk_norm, mask=z_mask)
+        tl.store(SE + (direction * rows + row).to(tl.int64) * n_states + index, mu)
 
 
 @triton.jit
 def _scaled_step(nu, mu, carry_log):
-    """One step back of the states' gradient, G_c = exp(-lambda BLOCK) G_{c+1} + A_c, with G_{c+1} = exp(nu) G' and
-    A_c = exp(mu) A' (`carry_log` = lambda BLOCK): the exponent of G_c and the factors of G' and A' in it (0 for a
-    side whose exponent is -inf, a zero sum)."""
+    """One step of a walk whose sums each hold an exponent of their own, y' = exp(-lambda BLOCK) y + x with
+    y = exp(nu) Y and x = exp(mu) X (`carry_log` = lambda BLOCK): the states forward (y the state, x what a chunk
+    adds), their gradient back (G_c = exp(-lambda BLOCK) G_{c+1} + what query block c adds). Returns the exponent of
+    y' and the factors of Y and X in it (0 for a side whose exponent is -inf, a zero sum)."""
     new = tl.maximum(nu - carry_log, mu)
     base = tl.where(new > float("-inf"), new, 0.0)  # exp(-inf - base) = 0 for a side that is -inf
     return new, tl.exp(nu - carry_log - base), tl.exp(mu - base)
@@ -271,25 +288,25 @@ def _scaled(p, nu):
 
 @triton.jit
 def _scan_sums(
-    RATE, S, Z, MU, NU, L, LZ, CARRIED, heads, rows, nq, n_states, start0, start1, d, dv, parts,
+    RATE, S, Z, MU, NU, L, LZ, LE, CARRIED, heads, rows, nq, n_states, start0, start1, d, dv, parts,
     REVERSE: tl.constexpr, BLOCK: tl.constexpr, BLOCK_SD: tl.constexpr, BLOCK_V: tl.constexpr, SLOTS: tl.constexpr,
 ):
     """The parallel walks' sequential pass: one program per batch*head row, direction and BLOCK_SD rows of (D, Dv)
-    sums x_c (and their (D,) normalisers) in the slots of chunks c = start .. nq - 1 replaces them in place by
-    y_c = sum over the chunks c' before c of exp(-lambda BLOCK (c - c' - 1)) x_c' (y_start = 0): the states from the
-    chunks' sums (`_chunk_sums`). REVERSE, over the chunks after c, with each slot's sum held as exp(mu) x' (mu in
-    MU): the states' gradients G_{c+1} from the blocks' sums (`_query_sums`), each as exp(nu) G' (G' into the slot,
-    nu into NU, apart from MU, which the row's other parts still read); REVERSE also stores its rows' part of
-    lambda's gradient through the carries, -BLOCK exp(-lambda BLOCK) sum_c G_{c+1} . L_c with the states L (`L`,
-    `LZ`), in CARRIED (directions, rows, parts).
+    sums x_c (and their (D,) normalisers), each held as exp(mu_c) x'_c (x'_c in the slots of chunks
+    c = start .. nq - 1, mu_c in MU), replaces them in place by y_c = sum over the chunks c' before c of
+    exp(-lambda BLOCK (c - c' - 1)) x_c' (y_start = 0), each as exp(nu_c) y'_c (y'_c into the slot, nu_c into NU,
+    apart from MU, which the row's other parts still read): the states from the chunks' sums (`_chunk_sums`) or,
+    REVERSE, over the chunks after c, the states' gradients G_{c+1} from the blocks' sums (`_query_sums`). REVERSE
+    also stores its rows' part of lambda's gradient through the carries, -BLOCK exp(-lambda BLOCK) sum_c
+    G_{c+1} . L_c with the states L_c = exp(LE_c) L'_c (`L`, `LZ`, `LE`), in CARRIED (directions, rows, parts).
 
     The pass takes SLOTS slots a step: it reads them all, then writes each the carried sum decayed to it plus the
     decayed sums of the slots before it in the step, y_t = exp(-lambda BLOCK t) y_0 + sum_{u < t}
     exp(-lambda BLOCK (t - 1 - u)) x_u (t, u the step's positions in the pass's order), and carries y_SLOTS on, so
     that the pass waits on memory once per SLOTS slots rather than once per slot: elementwise work, where the walks
-    also read every chunk's keys or queries. In REVERSE each y_t gets its own exponent nu_t, the largest of its
-    terms', so that no factor exceeds 1. A step's slots are read, then written in place: a barrier between the two
-    keeps the program's threads from writing a slot that another of them, which holds a copy of the same values (the
+    also read every chunk's keys or queries. Each y_t gets its own exponent nu_t, the largest of its terms', so that
+    no factor exceeds 1. A step's slots are read, then written in place: a barrier between the two keeps the
+    program's threads from writing a slot that another of them, which holds a copy of the same values (the
     normalisers), has not read yet."""
     row, direction, part = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     acc = S.dtype.element_ty
@@ -304,27 +321,20 @@ def _scan_sums(
     t = tl.arange(0, SLOTS)
     total = tl.zeros((BLOCK_SD, BLOCK_V), dtype=acc)  # y at the step's first slot, as exp(nu) total
     total_norm = tl.zeros((BLOCK_SD,), dtype=acc)
-    if REVERSE:
-        nu = tl.max(tl.full((BLOCK_SD,), float("-inf"), dtype=acc), 0)  # the exponent of the sums in `total`
-    else:
-        nu = tl.sum(tl.zeros((BLOCK_SD,), dtype=acc), 0)
+    nu = tl.max(tl.full((BLOCK_SD,), float("-inf"), dtype=acc), 0)  # the exponent of the sums in `total`
     carried = tl.sum(tl.zeros((BLOCK_SD,), dtype=acc), 0)
     slots = nq - tl.where(direction == 1, start1, start0)
     for first in range(0, slots, SLOTS):
         pos = first + t
         valid = pos < slots
         index = slots - 1 - pos if REVERSE else pos
-        # y_t's exponent: the largest of nu - lambda BLOCK t and mu_u - lambda BLOCK (t - 1 - u), u < t (0 forward,
-        # where nothing is scaled); the exponent after the step likewise at t = SLOTS
-        if REVERSE:
-            mu = tl.load(MU + row_slots + index, mask=valid, other=float("-inf"))
-            terms = tl.where(t[None, :] < t[:, None], mu[None, :] + (t[None, :] + 1 - t[:, None]).to(acc) * carry_log,
-                             float("-inf"))
-            exponents = tl.maximum(nu - t.to(acc) * carry_log, tl.max(terms, 1))
-            after = tl.maximum(nu - SLOTS * carry_log, tl.max(mu + (t + 1 - SLOTS).to(acc) * carry_log, 0))
-        else:
-            exponents = tl.zeros((SLOTS,), dtype=acc)
-            after = nu
+        # y_t's exponent: the largest of nu - lambda BLOCK t and mu_u - lambda BLOCK (t - 1 - u), u < t; the
+        # exponent after the step likewise at t = SLOTS
+        mu = tl.load(MU + row_slots + index, mask=valid, other=float("-inf"))
+        terms = tl.where(t[None, :] < t[:, None], mu[None, :] + (t[None, :] + 1 - t[:, None]).to(acc) * carry_log,
+                         float("-inf"))
+        exponents = tl.maximum(nu - t.to(acc) * carry_log, tl.max(terms, 1))
+        after = tl.maximum(nu - SLOTS * carry_log, tl.max(mu + (t + 1 - SLOTS).to(acc) * carry_log, 0))
         bases = tl.where(exponents > float("-inf"), exponents, 0.0)  # exp(-inf - base) = 0 for an empty sum
         base_after = tl.where(after > float("-inf"), after, 0.0)
         to_slots = tl.exp(nu - t.to(acc) * carry_log - bases)  # the carried sum's factor at each slot of the step
@@ -339,10 +349,7 @@ def _scan_sums(
             present = tl.where(inside, d, 0)  # the slot's rows, none past the last slot
             x = tl.load(s_ptr + slot * d * dv, mask=(dd[:, None] < present) & (vv[None, :] < dv), other=0.0)
             x_norm = tl.load(z_ptr + slot * d, mask=dd < present, other=0.0)
-            if REVERSE:
-                mu_u = tl.load(MU + row_slots + slot, mask=inside, other=float("-inf"))
-            else:
-                mu_u = 0.0
+            mu_u = tl.load(MU + row_slots + slot, mask=inside, other=float("-inf"))
             weights = tl.where(t > u, tl.exp(mu_u + (u + 1 - t).to(acc) * carry_log - bases), 0.0)
             ys += weights[:, None, None] * x[None, :, :]
             ys_norm += weights[:, None] * x_norm[None, :]
@@ -353,9 +360,10 @@ def _scan_sums(
             states = tl.load(L + (at[None, :, None] + index[:, None, None] * d) * dv + vv[None, None, :],
                              mask=valid[:, None, None] & s_mask[None, :, :], other=0.0)
             norms = tl.load(LZ + at[None, :] + index[:, None] * d, mask=valid[:, None] & z_mask[None, :], other=0.0)
+            state_exponents = tl.load(LE + row_slots + index, mask=valid, other=float("-inf"))
             products = tl.sum(tl.sum(ys * states, 2), 1) + tl.sum(ys_norm * norms, 1)
-            carried += tl.sum(tl.where(valid, _scaled(products, exponents), 0.0), 0)
-            tl.store(NU + row_slots + index, exponents, mask=pos < tl.where(part == 0, slots, 0))  # part 0 writes
+            carried += tl.sum(tl.where(valid, _scaled(products, exponents + state_exponents), 0.0), 0)
+        tl.store(NU + row_slots + index, exponents, mask=pos < tl.where(part == 0, slots, 0))  # part 0 writes
         tl.debug_barrier()
         tl.store(s_ptr[None, :, :] + index[:, None, None] * d * dv, ys, mask=valid[:, None, None] & s_mask[None, :, :])
         tl.store(z_ptr[None, :] + index[:, None] * d, ys_norm, mask=valid[:, None] & z_mask[None, :])
@@ -381,14 +389,14 @@ def _output_gradient(DO, SHIFT, DEN, row, heads, lq, i, inside, dv, sgb, sgh, sg
 def _query_rows(Q, DO, OUT, SHIFT, DEN, row, heads, lq, x, inside, qfirst, step, d, dv, sqb, sqh, sql, sgb, sgh, sgl,
                 sob, soh, sol, ACC: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr):
     """Queries x (a direction's coordinates; memory rows qfirst + step x) with what the states' gradient needs of
-    them: their rows, q (raw, ACC), gs (`_output_gradient`), delta = g . out / den, the log of exp(-m)
-    (`_shift_scale`) and that of exp(-m) / den, the row's weight in the states' gradient (-inf for a row without a
-    visible key, den = 0, or without a gradient)."""
+    them: their rows, q (raw, ACC), gs (`_output_gradient`), delta = g . out / den, -m and the log of exp(-m) / den,
+    the row's weight in the states' gradient (-inf for a row without a visible key, den = 0, or without a gradient):
+    logs, uncapped, since m can lie anywhere below the dtype's range (a row far past its keys)."""
     i = qfirst + step * x
     q = _load_rows(Q, row, heads, sqb, sqh, sql, i, inside, d, BLOCK_D).to(ACC)
     out = _load_rows(OUT, row, heads, sob, soh, sol, i, inside, dv, BLOCK_V).to(ACC)
     _, gs, m, den = _output_gradient(DO, SHIFT, DEN, row, heads, lq, i, inside, dv, sgb, sgh, sgl, ACC, BLOCK_V)
-    shift = tl.minimum(-m, _max_exponent(m))
+    shift = -m
     weight = tl.where((den > 0) & (tl.max(tl.abs(gs), 1) > 0), shift - tl.log(tl.where(den > 0, den, 1.0)),
                       float("-inf"))
     return i, q, gs, tl.sum(gs * out, 1), shift, weight
@@ -419,17 +427,17 @@ def _query_sum(Q, DO, OUT, SHIFT, DEN, DELTA, row, heads, lq, direction, c, qfir
 
 @triton.jit
 def _states_backward(
-    Q, RATE, S, Z, A, AZ, NU, DO, OUT, SHIFT, DEN, DELTA, CARRIED,
+    Q, RATE, S, Z, SE, A, AZ, NU, DO, OUT, SHIFT, DEN, DELTA, CARRIED,
     lq, lk, heads, rows, offset, nq, n_states, start0, start1, d, dv, sqb, sqh, sql, sgb, sgh, sgl, sob, soh, sol,
     BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, DOT: tl.constexpr,
 ):
     """The states' gradient by a sequential walk back over the query blocks, one program per batch*head row and
     direction: G_{c+1}, the gradient of the state after chunk c, as exp(nu) G' (G' into slot c - start of A and AZ,
     nu into NU, as `_scan_sums` keeps them), and the walk's part of lambda's gradient through the carries into
-    CARRIED (directions, rows)."""
+    CARRIED (directions, rows), from the states L_c = exp(SE_c) L'_c (S, Z)."""
     row, direction = tl.program_id(0), tl.program_id(1)
     acc = A.dtype.element_ty
-    step, qfirst, kfirst, qshift, off_w, start, rate, carry, to_next = _walk_start(
+    step, qfirst, kfirst, qshift, off_w, start, rate, carry = _walk_start(
         RATE, row, heads, direction, lq, lk, offset, nq, start0, start1, acc, BLOCK)
     from_state = tl.exp(-rate * tl.arange(0, BLOCK).to(acc))  # query a of block b from its state L_b
     adjoint = tl.zeros((BLOCK_D, BLOCK_V), dtype=acc)  # G_{c+1} = exp(nu) adjoint
@@ -445,8 +453,9 @@ def _states_backward(
         tl.store(NU + (direction * rows + row).to(tl.int64) * n_states + c - start, nu)
         s_ptr, z_ptr, s_mask, z_mask = _state_ptrs(S, Z, direction, row, rows, c - start, n_states, d, dv, BLOCK_D,
                                                    BLOCK_V)
+        state_exponent = tl.load(SE + (direction * rows + row).to(tl.int64) * n_states + c - start)
         carried += _scaled(tl.sum(tl.sum(adjoint * tl.load(s_ptr, mask=s_mask, other=0.0), 1), 0)
-                           + tl.sum(adjoint_norm * tl.load(z_ptr, mask=z_mask, other=0.0), 0), nu)
+                           + tl.sum(adjoint_norm * tl.load(z_ptr, mask=z_mask, other=0.0), 0), nu + state_exponent)
         # G_c = exp(-lambda BLOCK) G_{c+1} + the gradient of L_c from query block c (none for c < 0)
         block, block_norm, mu = _query_sum(Q, DO, OUT, SHIFT, DEN, DELTA, row, heads, lq, direction, c, qfirst, step,
                                            qshift, from_state, d, dv, sqb, sqh, sql, sgb, sgh, sgl, sob, soh, sol, acc,
@@ -469,7 +478,7 @@ def _query_sums(
     direction 0); `_scan_sums` (REVERSE) then turns the slots into G_{c+1}, the gradient of the state after chunk c."""
     index, row, direction = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     acc = A.dtype.element_ty
-    step, qfirst, kfirst, qshift, off_w, start, rate, carry, to_next = _walk_start(
+    step, qfirst, kfirst, qshift, off_w, start, rate, carry = _walk_start(
         RATE, row, heads, direction, lq, lk, offset, nq, start0, start1, acc, BLOCK)
     if index < nq - start:
         block, block_norm, mu = _query_sum(Q, DO, OUT, SHIFT, DEN, DELTA, row, heads, lq, direction, start + index,
@@ -572,43 +581,54 @@ def _window_tile(K, V, MASK, row, heads, lk, start, w0, queries, q, features_q, 
 
 
 @triton.jit
-def _block_state(S, Z, direction, row, rows, index, n_states, d, dv, features_q, decay_in, OP: tl.constexpr,
+def _block_state(S, Z, SE, direction, row, rows, index, n_states, d, dv, features_q, OP: tl.constexpr,
                  BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, DOT: tl.constexpr):
-    """A query block's state in one direction, its product with the queries' features scaled by `decay_in` (the
-    decay from the state to each query): (M, Dv) and (M,), and the state itself."""
+    """A query block's state in one direction, L = exp(nu) L': the products of L' with the queries' features, (M, Dv)
+    and (M,), L' itself and nu."""
     s_ptr, z_ptr, s_mask, z_mask = _state_ptrs(S, Z, direction, row, rows, index, n_states, d, dv, BLOCK_D, BLOCK_V)
     state = tl.load(s_ptr, mask=s_mask, other=0.0)
     norm = tl.load(z_ptr, mask=z_mask, other=0.0)
-    product = tl.dot(features_q.to(OP), state.to(OP), input_precision=DOT) * decay_in[:, None]
-    return product, tl.sum(features_q * norm[None, :], 1) * decay_in, state, norm
+    nu = tl.load(SE + (direction * rows + row).to(tl.int64) * n_states + index)
+    product = tl.dot(features_q.to(OP), state.to(OP), input_precision=DOT)
+    return product, tl.sum(features_q * norm[None, :], 1), state, norm, nu
 
 
 @triton.jit
-def _block_states(S, Z, row, b, rows, nq, n_states, start0, start1, d, dv, features_q, rate, CAUSAL: tl.constexpr,
-                  OP: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr,
-                  DOT: tl.constexpr):
-    """Query block b's states in both directions (`_block_state`; the anticausal one is zero when causal) with the
-    decays from each to the queries."""
+def _block_states(S, Z, SE, row, b, rows, nq, n_states, start0, start1, d, dv, features_q, rate,
+                  CAUSAL: tl.constexpr, OP: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr,
+                  BLOCK_V: tl.constexpr, DOT: tl.constexpr):
+    """Query block b's states in both directions (`_block_state`; the anticausal one is zero when causal), and the
+    exponents of each state's weight at each query, nu - lambda a from the causal state to query a, nu - lambda
+    (BLOCK - 1 - a) from the anticausal one (-inf for an empty state)."""
     acc = features_q.dtype
     a = tl.arange(0, BLOCK)
-    from_before = tl.exp(-rate * a.to(acc))
-    before, before_norm, state_before, norm_before = _block_state(S, Z, 0, row, rows, b - start0, n_states, d, dv,
-                                                                  features_q, from_before, OP, BLOCK_D, BLOCK_V, DOT)
-    from_after = tl.exp(-rate * (BLOCK - 1 - a).to(acc))
+    before, before_norm, state_before, norm_before, nu = _block_state(S, Z, SE, 0, row, rows, b - start0, n_states, d,
+                                                                      dv, features_q, OP, BLOCK_D, BLOCK_V, DOT)
+    from_before = nu - rate * a.to(acc)
     if CAUSAL:  # no anticausal state
         after, after_norm = tl.zeros((BLOCK, BLOCK_V), dtype=acc), tl.zeros((BLOCK,), dtype=acc)
         state_after, norm_after = tl.zeros((BLOCK_D, BLOCK_V), dtype=acc), tl.zeros((BLOCK_D,), dtype=acc)
+        from_after = tl.full((BLOCK,), float("-inf"), dtype=acc)
     else:
-        after, after_norm, state_after, norm_after = _block_state(S, Z, 1, row, rows, nq - 1 - b - start1, n_states,
-                                                                  d, dv, features_q, from_after, OP, BLOCK_D, BLOCK_V,
-                                                                  DOT)
+        after, after_norm, state_after, norm_after, nu = _block_state(S, Z, SE, 1, row, rows, nq - 1 - b - start1,
+                                                                      n_states, d, dv, features_q, OP, BLOCK_D,
+                                                                      BLOCK_V, DOT)
+        from_after = nu - rate * (BLOCK - 1 - a).to(acc)
     return (from_before, before, before_norm, state_before, norm_before, from_after, after, after_norm, state_after,
             norm_after)
 
 
 @triton.jit
+def _state_weight(exponent, m):
+    """exp(exponent - m), a state's weight at a query whose row shift is m, capped where it would overflow (a row
+    whose product with the state is below exp(-88) while m is set by the state; forward and backward take the same
+    factor), 0 for an empty state."""
+    return tl.exp(tl.minimum(exponent - m, _max_exponent(m)))
+
+
+@triton.jit
 def _forward(
-    Q, K, V, MASK, TAB, RATE, S, Z, OUT, SHIFT, DEN,
+    Q, K, V, MASK, TAB, RATE, S, Z, SE, OUT, SHIFT, DEN,
     lq, lk, heads, rows, offset, nq, n_states, start0, start1, d, dv, sqb, sqh, sql, skb, skh, skl, svb, svh, svl,
     sob, soh, sol, scale,
     HORIZON: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_TABLE: tl.constexpr, BLOCK: tl.constexpr,
@@ -646,18 +666,28 @@ def _forward(
         far_den += tl.sum(kernel, 1)
         run_max = new_max
         band_max = tl.maximum(band_max, tile_band_max)
-    _, before, before_norm, _, _, _, after, after_norm, _, _ = _block_states(
-        S, Z, row, b, rows, nq, n_states, start0, start1, d, dv, _query_features(q, queries, d, acc, BLOCK_D), rate,
-        CAUSAL, op, BLOCK, BLOCK_D, BLOCK_V, DOT)
-    # the row shift m: the larger of the largest band logit and the log of the weight beyond the band (at least
-    # run_max, so that the window's factor exp(run_max - m) is at most 1)
-    beyond_sum = far_den + before_norm + after_norm
-    m = tl.maximum(band_max, _log_or_minus_inf(beyond_sum))
+    from_before, before, before_norm, _, _, from_after, after, after_norm, _, _ = _block_states(
+        S, Z, SE, row, b, rows, nq, n_states, start0, start1, d, dv, _query_features(q, queries, d, acc, BLOCK_D),
+        rate, CAUSAL, op, BLOCK, BLOCK_D, BLOCK_V, DOT)
+    # the row shift m: the larger of the largest band logit and the log of the weight beyond the band, far_den +
+    # exp(from_before) before_norm + exp(from_after) after_norm, summed in logs (the states' weights alone can pass
+    # the dtype's range, far past every visible key); at least run_max, so that the window's factor
+    # exp(run_max - m) is at most 1
+    logs_far = _log_or_minus_inf(far_den)
+    logs_before = from_before + _log_or_minus_inf(before_norm)
+    logs_after = from_after + _log_or_minus_inf(after_norm)
+    largest = tl.maximum(logs_far, tl.maximum(logs_before, logs_after))
+    base = tl.where(largest > float("-inf"), largest, 0.0)
+    beyond_log = base + _log_or_minus_inf(tl.exp(logs_far - base) + tl.exp(logs_before - base)
+                                          + tl.exp(logs_after - base))
+    m = tl.maximum(band_max, beyond_log)
     m = tl.where(m > float("-inf"), m, 0.0)
-    shift_scale = _shift_scale(m)
     window_scale = tl.exp(run_max - m)
-    sums = window_scale[:, None] * window_sums + shift_scale[:, None] * (before + after)
-    den = window_scale * band_den + shift_scale * beyond_sum
+    weight_before, weight_after = _state_weight(from_before, m), _state_weight(from_after, m)
+    sums = (window_scale[:, None] * window_sums + weight_before[:, None] * before
+            + weight_after[:, None] * after)
+    den = (window_scale * band_den + _shift_scale(m) * far_den + weight_before * before_norm
+           + weight_after * after_norm)
     out = tl.where(den[:, None] > 0, sums / tl.where(den > 0, den, 1.0)[:, None], 0.0)
     ptr, mask = _row_ptrs(OUT, row, heads, sob, soh, sol, i, queries, dv, BLOCK_V)
     tl.store(ptr, out, mask=mask)
@@ -679,24 +709,25 @@ def _block_backward_inputs(Q, DO, SHIFT, DEN, DELTA, tab, row, b, lq, heads, d, 
 
 
 @triton.jit
-def _query_state_grads(S, Z, row, b, rows, nq, n_states, start0, start1, d, dv, q, queries, gs, delta, shift_scale,
-                       rate, CAUSAL: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr,
+def _query_state_grads(S, Z, SE, row, b, rows, nq, n_states, start0, start1, d, dv, q, queries, gs, delta, m, rate,
+                       CAUSAL: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr,
                        DOT: tl.constexpr):
-    """The gradients of a query block's queries (q, gs, delta, exp(-m)) through the states of block b: phi(q_i) / D
-    gets exp(-m_i) decay_i (S gs_i - delta_i z), and lambda the decay's distance (by query)."""
-    acc = shift_scale.dtype
+    """The gradients of a query block's queries (q, gs, delta, the row shift m) through the states of block b:
+    phi(q_i) / D gets exp(-m_i) decay_i (S gs_i - delta_i z) (with L = exp(nu) L', the factor `_state_weight` of
+    forward), and lambda the decay's distance (by query)."""
+    acc = m.dtype
     op = q.dtype
     a = tl.arange(0, BLOCK)
     features = _query_features(q, queries, d, acc, BLOCK_D)
     from_before, _, _, state_before, norm_before, from_after, _, _, state_after, norm_after = _block_states(
-        S, Z, row, b, rows, nq, n_states, start0, start1, d, dv, features, rate, CAUSAL, op, BLOCK, BLOCK_D, BLOCK_V,
-        DOT)
+        S, Z, SE, row, b, rows, nq, n_states, start0, start1, d, dv, features, rate, CAUSAL, op, BLOCK, BLOCK_D,
+        BLOCK_V, DOT)
     grad_features = (tl.dot(gs, tl.trans(state_before.to(op)), input_precision=DOT)
-                     - delta[:, None] * norm_before[None, :]) * (shift_scale * from_before)[:, None]
+                     - delta[:, None] * norm_before[None, :]) * _state_weight(from_before, m)[:, None]
     grad_rate = -a.to(acc) * tl.sum(features * grad_features, 1)
     if not CAUSAL:
         grad_after = (tl.dot(gs, tl.trans(state_after.to(op)), input_precision=DOT)
-                      - delta[:, None] * norm_after[None, :]) * (shift_scale * from_after)[:, None]
+                      - delta[:, None] * norm_after[None, :]) * _state_weight(from_after, m)[:, None]
         grad_rate -= (BLOCK - 1 - a).to(acc) * tl.sum(features * grad_after, 1)
         grad_features += grad_after
     return grad_features, grad_rate
@@ -760,7 +791,7 @@ def _store_query_grads(DQ, DTAB, GRAD_RATE, tab, q, i, queries, row, heads, b, d
 
 @triton.jit
 def _backward_queries(
-    Q, K, V, MASK, TAB, RATE, S, Z, DO, SHIFT, DEN, DELTA, DQ, DTAB, GRAD_RATE,
+    Q, K, V, MASK, TAB, RATE, S, Z, SE, DO, SHIFT, DEN, DELTA, DQ, DTAB, GRAD_RATE,
     lq, lk, heads, rows, offset, nq, n_states, start0, start1, d, dv, sqb, sqh, sql, skb, skh, skl, svb, svh, svl,
     sgb, sgh, sgl, sdqb, sdqh, sdql, scale,
     HORIZON: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_TABLE: tl.constexpr, BLOCK: tl.constexpr,
@@ -773,8 +804,8 @@ def _backward_queries(
     i, queries, q, features_q, qr, gs, delta, m, shift_scale = _block_backward_inputs(
         Q, DO, SHIFT, DEN, DELTA, tab, row, b, lq, heads, d, dv, sqb, sqh, sql, sgb, sgh, sgl, HAS_TABLE, acc, BLOCK,
         BLOCK_D, BLOCK_V, BLOCK_R, DOT)
-    grad_features, grad_rate = _query_state_grads(S, Z, row, b, rows, nq, n_states, start0, start1, d, dv, q, queries,
-                                                  gs, delta, shift_scale, rate, CAUSAL, BLOCK, BLOCK_D, BLOCK_V, DOT)
+    grad_features, grad_rate = _query_state_grads(S, Z, SE, row, b, rows, nq, n_states, start0, start1, d, dv, q,
+                                                  queries, gs, delta, m, rate, CAUSAL, BLOCK, BLOCK_D, BLOCK_V, DOT)
     dq = tl.zeros((BLOCK, BLOCK_D), dtype=acc)  # through the band logits
     grad_rel = tl.zeros((BLOCK, BLOCK_R), dtype=acc)  # the band logits' gradient by table row
     start = b * BLOCK + offset - HORIZON
@@ -922,7 +953,7 @@ def _backward_keys(
 
 @triton.jit
 def _backward_blocks(
-    Q, K, V, MASK, TAB, RATE, S, Z, A, AZ, NU, DO, SHIFT, DEN, DELTA, DQ, DK, DV, DTAB, GRAD_RATE,
+    Q, K, V, MASK, TAB, RATE, S, Z, SE, A, AZ, NU, DO, SHIFT, DEN, DELTA, DQ, DK, DV, DTAB, GRAD_RATE,
     lq, lk, heads, rows, offset, nq, n_states, start0, start1, hi, d, dv, sqb, sqh, sql, skb, skh, skl, svb, svh,
     svl, sgb, sgh, sgl, sdqb, sdqh, sdql, sdkb, sdkh, sdkl, sdvb, sdvh, sdvl, scale,
     HORIZON: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_TABLE: tl.constexpr, BLOCK: tl.constexpr,
@@ -945,9 +976,9 @@ def _backward_blocks(
         Q, DO, SHIFT, DEN, DELTA, tab, row, b, lq, heads, d, dv, sqb, sqh, sql, sgb, sgh, sgl, HAS_TABLE, acc, BLOCK,
         BLOCK_D, BLOCK_V, BLOCK_R, DOT)
     # program nq reads block nq - 1's states, and has no query to weigh them
-    grad_features, grad_rate = _query_state_grads(S, Z, row, tl.minimum(b, nq - 1), rows, nq, n_states, start0,
-                                                  start1, d, dv, q, queries, gs, delta, shift_scale, rate, CAUSAL,
-                                                  BLOCK, BLOCK_D, BLOCK_V, DOT)
+    grad_features, grad_rate = _query_state_grads(S, Z, SE, row, tl.minimum(b, nq - 1), rows, nq, n_states, start0,
+                                                  start1, d, dv, q, queries, gs, delta, m, rate, CAUSAL, BLOCK,
+                                                  BLOCK_D, BLOCK_V, DOT)
     dq = tl.zeros((BLOCK, BLOCK_D), dtype=acc)
     grad_rel = tl.zeros((BLOCK, BLOCK_R), dtype=acc)
     key_rate = tl.zeros((TILE,), dtype=acc)  # lambda's gradient through the owned keys' states
@@ -1035,8 +1066,9 @@ PARALLEL_WALK_PROGRAMS = 64
 # for sm90 (`benchmarks/kernel_resources.py --kernels _scan_sums --scans ...`)
 SCAN_ROWS = 4
 SCAN_SLOTS = 8
-# the states L_b of forward kept for backward, (directions, B*H, Lq / BLOCK, D, Dv + 1) float32 held from one to the
-# other, instead of recomputed there: one walk fewer, 7-13% less time on an H200 at B=4, H=16 (benchmarks/README.md)
+# the states L_b of forward kept for backward, (directions, B*H, Lq / BLOCK, D, Dv + 1) float32 and their exponents
+# held from one to the other, instead of recomputed there: one walk fewer, 7-13% less time on an H200 at B=4, H=16
+# (benchmarks/README.md)
 KEEP_STATES = True
 # backward by `_backward_blocks`, where windows overlap their neighbours' only (`_fused_backward`): one program per
 # query block computes each pair of its window once, for the block's dq and for the dk and dv of the window's first
@@ -1127,11 +1159,13 @@ def _layouts(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.T
 
 
 def _state_buffers(rate: torch.Tensor, causal: bool, rows: int, n_states: int, d: int,
-                   dv: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Empty states (directions, rows, n_states, D, Dv) and their normalisers (directions, rows, n_states, D) in
-    rate's dtype (none, n_states 0, where forward does not keep them for backward)."""
+                   dv: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Empty states L' (directions, rows, n_states, D, Dv), their normalisers (directions, rows, n_states, D) and
+    their exponents nu (directions, rows, n_states), L = exp(nu) L', in rate's dtype (none, n_states 0, where forward
+    does not keep them for backward)."""
     directions = 1 if causal else 2
-    return rate.new_empty(directions, rows, n_states, d, dv), rate.new_empty(directions, rows, n_states, d)
+    return (rate.new_empty(directions, rows, n_states, d, dv), rate.new_empty(directions, rows, n_states, d),
+            rate.new_empty(directions, rows, n_states))
 
 
 def _output_buffers(q: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -1145,10 +1179,11 @@ def _output_buffers(q: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, tor
 
 def _forward_body(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, table: torch.Tensor | None,
                   decay: torch.Tensor, key_mask: torch.Tensor | None, causal: bool, offset: int, horizon: int, dot: str,
-                  kept: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                  kept: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                      torch.Tensor]:
     """The kernels' forward (the body of `_forward_op`, an operator opaque to torch.compile, which traces the model
     around it): the output, the row shift and normaliser, and the `kept` states of each direction and row kept for
-    backward (`_kept_states`: all of the walk's, or none)."""
+    backward (`_kept_states`: all of the walk's, or none), with their normalisers and exponents."""
     q, k, v = _layouts(q, k, v)
     b, heads, lq, d = q.shape
     lk, dv = k.shape[2], v.shape[-1]
@@ -1158,20 +1193,22 @@ def _forward_body(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, table: torc
     walk = _Walk.of(lq, lk, offset, horizon, causal)
     if kept not in (0, walk.n_states):
         raise ValueError(f"kept must be 0 or the walk's {walk.n_states} states, got {kept}")
-    states, norms = _walk_states(k, v, mask, rate, walk, heads, lq, offset, horizon, causal, dot)
+    states, norms, scales = _walk_states(k, v, mask, rate, walk, heads, lq, offset, horizon, causal, dot)
     out, shift, den = _output_buffers(q, v)
     _forward[(walk.nq, b * heads)](
-        q, k, v, k if mask is None else mask, q if table is None else table, rate, states, norms, out, shift, den,
+        q, k, v, k if mask is None else mask, q if table is None else table, rate, states, norms, scales, out, shift,
+        den,
         lq, lk, heads, b * heads, offset, walk.nq, walk.n_states, *walk.starts, d, dv, *_strides(q, k, v, out),
         1.0 / math.sqrt(d), HORIZON=horizon, CAUSAL=causal, HAS_MASK=mask is not None, HAS_TABLE=table is not None,
         DOT=dot, **_sizes(horizon, d, dv), **_launch("_forward", d, dv))
     if not kept:
         return out, shift, den, *_state_buffers(rate, causal, b * heads, 0, d, dv)
     for direction, start in enumerate(walk.starts[:states.shape[0]]):
-        if walk.nq - start < walk.n_states:  # the slots this direction's walk leaves: zeros, not what memory held
+        if walk.nq - start < walk.n_states:  # the slots this direction's walk leaves: empty, not what memory held
             states[direction, :, walk.nq - start:] = 0
             norms[direction, :, walk.nq - start:] = 0
-    return out, shift, den, states, norms
+            scales[direction, :, walk.nq - start:] = float("-inf")
+    return out, shift, den, states, norms, scales
 
 
 _forward_op = torch.library.custom_op(f"{LIBRARY}::local_softmax_decay_forward", _forward_body, mutates_args=())
@@ -1207,8 +1244,8 @@ def _gradient_buffers(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, table: 
 
 def _backward_body(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                    table: torch.Tensor | None, decay: torch.Tensor, key_mask: torch.Tensor | None, out: torch.Tensor,
-                   shift: torch.Tensor, den: torch.Tensor, states: torch.Tensor, norms: torch.Tensor, causal: bool,
-                   offset: int, horizon: int,
+                   shift: torch.Tensor, den: torch.Tensor, states: torch.Tensor, norms: torch.Tensor,
+                   scales: torch.Tensor, causal: bool, offset: int, horizon: int,
                    dot: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The kernels' backward (the body of `_backward_op`): dq, dk, dv, the table's gradient (empty without a table) and
     the decay rates' (in float32, or float64), from forward's inputs and outputs (its states recomputed where they
@@ -1223,14 +1260,15 @@ def _backward_body(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
     rate = decay.to(acc).contiguous()
     walk = _Walk.of(lq, lk, offset, horizon, causal)
     if states.numel() == 0:
-        states, norms = _walk_states(k, v, mask, rate, walk, heads, lq, offset, horizon, causal, dot)
+        states, norms, scales = _walk_states(k, v, mask, rate, walk, heads, lq, offset, horizon, causal, dot)
     delta = torch.empty_like(den)
     sizes = _sizes(horizon, d, dv)
     mask_arg = k if mask is None else mask
     common = dict(HORIZON=horizon, HAS_MASK=mask is not None, DOT=dot, BLOCK=BLOCK, BLOCK_D=sizes["BLOCK_D"],
                   BLOCK_V=sizes["BLOCK_V"])
-    adjoints, adjoint_norms, scales, grad_rate_walk = _walk_adjoints(q, lk, rate, states, norms, g, out, shift, den,
-                                                                     delta, walk, heads, offset, common)
+    adjoints, adjoint_norms, adjoint_scales, grad_rate_walk = _walk_adjoints(q, lk, rate, states, norms, scales, g,
+                                                                             out, shift, den, delta, walk, heads,
+                                                                             offset, common)
     dq, dk, dv_, grad_table, grad_rate = _gradient_buffers(q, k, v, table, horizon)
     scale = 1.0 / math.sqrt(d)
     tensors = (q, k, v, mask_arg, q if table is None else table, rate)
@@ -1243,7 +1281,7 @@ def _backward_body(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
         dtable = None if table is None else den.new_empty(rows, blocks, 2 * horizon + 1, d)
         grad_rate_queries = den.new_empty(rows, blocks)
         _backward_blocks[(blocks, rows)](
-            *tensors, states, norms, adjoints, adjoint_norms, scales, g, shift, den, delta, dq, dk, dv_,
+            *tensors, states, norms, scales, adjoints, adjoint_norms, adjoint_scales, g, shift, den, delta, dq, dk, dv_,
             den if dtable is None else dtable, grad_rate_queries, lq, lk, heads, rows, offset, walk.nq, walk.n_states,
             *walk.starts, hi, d, dv, *_strides(q, k, v, g, dq, dk, dv_), scale, **flags, **sizes,
             **_launch("_backward_blocks", d, dv))
@@ -1251,7 +1289,8 @@ def _backward_body(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
         dtable = None if table is None else den.new_empty(rows, walk.nq, 2 * horizon + 1, d)
         grad_rate_queries = den.new_empty(rows, walk.nq)
         _backward_queries[(walk.nq, rows)](
-            *tensors, states, norms, g, shift, den, delta, dq, den if dtable is None else dtable, grad_rate_queries,
+            *tensors, states, norms, scales, g, shift, den, delta, dq, den if dtable is None else dtable,
+            grad_rate_queries,
             lq, lk, heads, rows, offset, walk.nq, walk.n_states, *walk.starts, d, dv, *_strides(q, k, v, g, dq),
             scale, **flags, **sizes, **_launch("_backward_queries", d, dv))
     grad_rate_keys = []
@@ -1261,7 +1300,8 @@ def _backward_body(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
         if key_blocks:
             grad_rate_keys.append(den.new_empty(rows, key_blocks))
             _backward_keys[(key_blocks, rows)](
-                *tensors, adjoints, adjoint_norms, scales, g, shift, den, delta, dk, dv_, grad_rate_keys[-1], lq, lk,
+                *tensors, adjoints, adjoint_norms, adjoint_scales, g, shift, den, delta, dk, dv_, grad_rate_keys[-1],
+                lq, lk,
                 heads, rows, offset, walk.nq, walk.n_states, *walk.starts, first, lo, hi, d, dv,
                 *_strides(q, k, v, g, dk, dv_), scale, BLOCK_K=KEY_BLOCK, BLOCK_R=sizes["BLOCK_R"], **flags,
                 **{key: common[key] for key in ("BLOCK", "BLOCK_D", "BLOCK_V")}, **_launch("_backward_keys", d, dv))
@@ -1276,25 +1316,25 @@ _backward_op = torch.library.custom_op(f"{LIBRARY}::local_softmax_decay_backward
 
 
 @_backward_op.register_fake
-def _(grad_out, q, k, v, table, decay, key_mask, out, shift, den, states, norms, causal, offset, horizon, dot):
+def _(grad_out, q, k, v, table, decay, key_mask, out, shift, den, states, norms, scales, causal, offset, horizon, dot):
     return _gradient_buffers(q, k, v, table, horizon)
 
 
 def _save_for_backward(ctx, inputs, output):
     q, k, v, table, decay, key_mask, causal, offset, horizon, dot, _ = inputs
-    out, shift, den, states, norms = output
-    ctx.save_for_backward(q, k, v, table, decay, key_mask, out, shift, den, states, norms)
+    out, shift, den, states, norms, scales = output
+    ctx.save_for_backward(q, k, v, table, decay, key_mask, out, shift, den, states, norms, scales)
     ctx.call = (causal, offset, horizon, dot)
     # the outputs but `out` take no gradient: None for them, not zeros as large as the kept states
     ctx.set_materialize_grads(False)
 
 
 def _backward(ctx, grad_out, *_, backward=_backward_op):
-    q, k, v, table, decay, key_mask, out, shift, den, states, norms = ctx.saved_tensors
+    q, k, v, table, decay, key_mask, out, shift, den, states, norms, scales = ctx.saved_tensors
     if grad_out is None:
         return (None,) * 11
     dq, dk, dv, grad_table, grad_rate = backward(grad_out, q, k, v, table, decay, key_mask, out, shift, den, states,
-                                                 norms, *ctx.call)
+                                                 norms, scales, *ctx.call)
     grad_table = None if table is None else grad_table.to(table.dtype)
     return dq, dk, dv, grad_table, grad_rate.to(decay.dtype), None, None, None, None, None, None
 
@@ -1320,8 +1360,8 @@ class _EagerAttention(torch.autograd.Function):
         return _backward(ctx, *grads, backward=_backward_body)
 
 
-def _walk_adjoints(q, lk: int, rate, states, norms, g, out, shift, den, delta, walk: _Walk, heads: int, offset: int,
-                   common: dict):
+def _walk_adjoints(q, lk: int, rate, states, norms, state_scales, g, out, shift, den, delta, walk: _Walk, heads: int,
+                   offset: int, common: dict):
     """The states' gradients G_{c+1} = exp(nu) G' in the states' layout: G' (and its normaliser's part) and nu
     (directions, rows, slots), by `_query_sums` then `_scan_sums` (`PARALLEL_WALKS`) or by `_states_backward`'s
     sequential walk; delta into `delta`; and the walks' part of lambda's gradient through the carries,
@@ -1334,7 +1374,8 @@ def _walk_adjoints(q, lk: int, rate, states, norms, g, out, shift, den, delta, w
     if not _parallel_walks(rows, directions):
         carried = den.new_empty(directions, rows, 1)
         _states_backward[(rows, directions)](
-            q, rate, states, norms, adjoints, adjoint_norms, scales, g, out, shift, den, delta, carried, lq, lk, heads,
+            q, rate, states, norms, state_scales, adjoints, adjoint_norms, scales, g, out, shift, den, delta, carried,
+            lq, lk, heads,
             rows, offset, walk.nq, slots, *walk.starts, d, dv, *_strides(q, g, out), DOT=common["DOT"], **sizes,
             **_launch("_states_backward", d, dv))
         return adjoints, adjoint_norms, scales, carried
@@ -1346,7 +1387,8 @@ def _walk_adjoints(q, lk: int, rate, states, norms, g, out, shift, den, delta, w
     parts = triton.cdiv(d, SCAN_ROWS)
     carried = den.new_empty(directions, rows, parts)
     _scan_sums[(rows, directions, parts)](
-        rate, adjoints, adjoint_norms, block_scales, scales, states, norms, carried, heads, rows, walk.nq, slots,
+        rate, adjoints, adjoint_norms, block_scales, scales, states, norms, state_scales, carried, heads, rows,
+        walk.nq, slots,
         *walk.starts, d, dv, parts, REVERSE=True, BLOCK=BLOCK, BLOCK_SD=SCAN_ROWS, BLOCK_V=common["BLOCK_V"],
         SLOTS=SCAN_SLOTS, **_launch("_scan_sums", d, dv))
     return adjoints, adjoint_norms, scales, carried
@@ -1354,28 +1396,30 @@ def _walk_adjoints(q, lk: int, rate, states, norms, g, out, shift, den, delta, w
 
 def _walk_states(k, v, mask, rate, walk: _Walk, heads: int, lq: int, offset: int, horizon: int, causal: bool,
                  dot: str):
-    """The states L_b (and their normalisers) of every query block in each direction: `_chunk_sums` then
-    `_scan_sums` (`PARALLEL_WALKS`), or `_states`' sequential walk."""
+    """The states L_b = exp(nu_b) L'_b of every query block in each direction: L'_b, its normaliser and nu_b
+    (`_state_buffers`), by `_chunk_sums` then `_scan_sums` (`PARALLEL_WALKS`), or by `_states`' sequential walk."""
     b, _, lk, d = k.shape
     dv = v.shape[-1]
     rows = b * heads
-    states, norms = _state_buffers(rate, causal, rows, walk.n_states, d, dv)
+    states, norms, scales = _state_buffers(rate, causal, rows, walk.n_states, d, dv)
     directions = states.shape[0]
     sizes = _sizes(horizon, d, dv)
-    args = (k, v, k if mask is None else mask, rate, states, norms, lq, lk, heads, rows, offset, walk.nq,
+    parallel = _parallel_walks(rows, directions)
+    chunk_scales = torch.empty_like(scales) if parallel else scales
+    args = (k, v, k if mask is None else mask, rate, states, norms, chunk_scales, lq, lk, heads, rows, offset, walk.nq,
             walk.n_states, *walk.starts, d, dv, *_strides(k, v))
     walk_sizes = dict(HORIZON=horizon, HAS_MASK=mask is not None, BLOCK=BLOCK, BLOCK_D=sizes["BLOCK_D"],
                       BLOCK_V=sizes["BLOCK_V"], DOT=dot)
-    if not _parallel_walks(rows, directions):
+    if not parallel:
         _states[(rows, directions)](*args, **walk_sizes, **_launch("_states", d, dv))
-        return states, norms
+        return states, norms, scales
     _chunk_sums[(walk.n_states, rows, directions)](*args, **walk_sizes, **_launch("_chunk_sums", d, dv))
     parts = triton.cdiv(d, SCAN_ROWS)
     _scan_sums[(rows, directions, parts)](
-        rate, states, norms, rate, rate, states, norms, rate, heads, rows, walk.nq, walk.n_states, *walk.starts, d,
-        dv, parts, REVERSE=False, BLOCK=BLOCK, BLOCK_SD=SCAN_ROWS, BLOCK_V=sizes["BLOCK_V"], SLOTS=SCAN_SLOTS,
-        **_launch("_scan_sums", d, dv))
-    return states, norms
+        rate, states, norms, chunk_scales, scales, states, norms, scales, rate, heads, rows, walk.nq, walk.n_states,
+        *walk.starts, d, dv, parts, REVERSE=False, BLOCK=BLOCK, BLOCK_SD=SCAN_ROWS, BLOCK_V=sizes["BLOCK_V"],
+        SLOTS=SCAN_SLOTS, **_launch("_scan_sums", d, dv))
+    return states, norms, scales
 
 
 def _traced() -> bool:

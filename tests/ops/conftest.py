@@ -406,3 +406,52 @@ def check_decay_op(fn, reference, inputs, causal, offset, **options):
 decay_inputs = _factory("decay_inputs", make_decay_inputs, make_decay_inputs.__doc__)
 decay_checker = _factory("check_decay_op", check_decay_op, check_decay_op.__doc__)
 decay_reference = _factory("decay_loop", decay_loop, decay_loop.__doc__)
+
+
+# rows whose visible keys all lie on one side of their band: past every key, past a padded row's last visible key,
+# before its first; `lost` where the fast head's chunked sums of the PyTorch path underflow even in float64
+BEYOND_THE_KEYS = dict(
+    past_the_keys=dict(lq=250, lk=10, lost=True), past_the_keys_causal=dict(lq=250, lk=10, causal=True, lost=True),
+    offset=dict(lq=12, lk=30, offset=250, lost=True),
+    last_keys_hidden=dict(lq=220, lk=20, mask="last-keys-hidden", lost=True),
+    last_keys_hidden_causal=dict(lq=220, lk=20, causal=True, mask="last-keys-hidden", lost=True),
+    right_padding=dict(lq=250, lk=240, mask="right-padding", lost=True),
+    right_padding_causal=dict(lq=250, lk=240, causal=True, mask="right-padding", lost=True),
+    left_padding=dict(lq=240, lk=250, offset=3, mask="left-padding", lost=True),
+    left_padding_causal=dict(lq=240, lk=250, causal=True, mask="left-padding"),
+    both_paddings=dict(lq=250, lk=250, mask="both-paddings", lost=True),
+    a_batch_row_without_keys=dict(lq=30, lk=20, offset=4, mask="hidden-row"),
+    length_1=dict(lq=1, lk=1, offset=300, lost=True), length_1_hidden=dict(lq=1, lk=1, offset=6, mask="hidden-row"),
+    length_1_right_padding=dict(lq=1, lk=240, offset=239, mask="right-padding", lost=True),
+)
+
+
+def make_beyond_the_keys_inputs(name: str):
+    """(args, kwargs, lost) of the `BEYOND_THE_KEYS` case `name` in float64: B = 2, H = 2, D = 4, h = 3, rates 0.3 and
+    4; the second batch row's keys hidden by the case's `mask` (padding leaves it 20 keys)."""
+    case = BEYOND_THE_KEYS[name]
+    gen = torch.Generator().manual_seed(0)
+    lq, lk = case["lq"], case["lk"]
+    q = torch.randn(2, 2, lq, 4, dtype=F64, generator=gen)
+    k, v = (torch.randn(2, 2, lk, 4, dtype=F64, generator=gen) for _ in range(2))
+    rel, decay = torch.randn(2, 7, 4, dtype=F64, generator=gen), torch.tensor([0.3, 4.0], dtype=F64)
+    key_mask = torch.ones(2, lk, dtype=torch.long)
+    hidden = {"last-keys-hidden": slice(lk // 2, None), "hidden-row": slice(None), "right-padding": slice(20, None),
+              "left-padding": slice(None, -20), "both-paddings": slice(None, 200)}
+    if "mask" in case:
+        key_mask[1, hidden[case["mask"]]] = 0
+    if case.get("mask") == "both-paddings":
+        key_mask[0, 20:] = 0
+    kwargs = dict(causal=case.get("causal", False), key_mask=key_mask if "mask" in case else None,
+                  query_offset=case.get("offset", 0))
+    return [x.clone().requires_grad_() for x in (q, k, v, rel, decay)], kwargs, case.get("lost", False)
+
+
+@pytest.fixture(params=list(BEYOND_THE_KEYS), ids=list(BEYOND_THE_KEYS))
+def beyond_the_keys_case(request):
+    """The name of a `BEYOND_THE_KEYS` case (`beyond_the_keys_inputs`)."""
+    return request.param
+
+
+beyond_the_keys_inputs = _factory("beyond_the_keys_inputs", make_beyond_the_keys_inputs,
+                                  make_beyond_the_keys_inputs.__doc__)

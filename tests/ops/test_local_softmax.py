@@ -100,49 +100,12 @@ def test_rows_far_from_their_keys(mode, lk, visible, monkeypatch):
         assert 100 < int(lost.sum()) < 600 and not bool(lost[:100].any())
 
 
-BEYOND_THE_KEYS = dict(
-    past_the_keys=dict(lq=250, lk=10, lost=True), past_the_keys_causal=dict(lq=250, lk=10, causal=True, lost=True),
-    offset=dict(lq=12, lk=30, offset=250, lost=True),
-    last_keys_hidden=dict(lq=220, lk=20, mask="last-keys-hidden", lost=True),
-    last_keys_hidden_causal=dict(lq=220, lk=20, causal=True, mask="last-keys-hidden", lost=True),
-    right_padding=dict(lq=250, lk=240, mask="right-padding", lost=True),
-    right_padding_causal=dict(lq=250, lk=240, causal=True, mask="right-padding", lost=True),
-    left_padding=dict(lq=240, lk=250, offset=3, mask="left-padding", lost=True),
-    left_padding_causal=dict(lq=240, lk=250, causal=True, mask="left-padding"),
-    both_paddings=dict(lq=250, lk=250, mask="both-paddings", lost=True),
-    a_batch_row_without_keys=dict(lq=30, lk=20, offset=4, mask="hidden-row"),
-    length_1=dict(lq=1, lk=1, offset=300, lost=True), length_1_hidden=dict(lq=1, lk=1, offset=6, mask="hidden-row"),
-    length_1_right_padding=dict(lq=1, lk=240, offset=239, mask="right-padding", lost=True),
-)
-
-
-def beyond_the_keys_inputs(case):
-    """(args, kwargs) of a `BEYOND_THE_KEYS` case in float64: B = 2, H = 2, D = 4, h = 3, rates 0.3 and 4; the second
-    batch row's keys hidden by `mask` (padding leaves it 20 keys)."""
-    gen = torch.Generator().manual_seed(0)
-    lq, lk = case["lq"], case["lk"]
-    q = torch.randn(2, 2, lq, 4, dtype=F64, generator=gen)
-    k, v = (torch.randn(2, 2, lk, 4, dtype=F64, generator=gen) for _ in range(2))
-    rel, decay = torch.randn(2, 7, 4, dtype=F64, generator=gen), torch.tensor([0.3, 4.0], dtype=F64)
-    key_mask = torch.ones(2, lk, dtype=torch.long)
-    hidden = {"last-keys-hidden": slice(lk // 2, None), "hidden-row": slice(None), "right-padding": slice(20, None),
-              "left-padding": slice(None, -20), "both-paddings": slice(None, 200)}
-    if "mask" in case:
-        key_mask[1, hidden[case["mask"]]] = 0
-    if case.get("mask") == "both-paddings":
-        key_mask[0, 20:] = 0
-    kwargs = dict(causal=case.get("causal", False), key_mask=key_mask if "mask" in case else None,
-                  query_offset=case.get("offset", 0))
-    return [x.clone().requires_grad_() for x in (q, k, v, rel, decay)], kwargs
-
-
-@pytest.mark.parametrize("case", BEYOND_THE_KEYS.values(), ids=BEYOND_THE_KEYS.keys())
-def test_rows_beyond_the_keys(case, monkeypatch):
+def test_rows_beyond_the_keys(beyond_the_keys_case, beyond_the_keys_inputs, monkeypatch):
     """Rows past every key, past a padded row's last visible key, before its first (without causality): the chunked
     path (chunks of 4) against the float64 reference, output and gradients. Where rows lie 200 positions or more from
     their keys (`lost`), the fast head's chunked sums underflow even in float64: without `_rows_beyond_the_keys`
     those rows would be lost."""
-    args, kwargs = beyond_the_keys_inputs(case)
+    args, kwargs, lost = beyond_the_keys_inputs(beyond_the_keys_case)
     got = chunk_local_softmax_decay_attention(*args, **kwargs, chunk_size=4)
     expected = naive_local_softmax_decay_attention(*args, **kwargs)
     torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-12)
@@ -152,16 +115,16 @@ def test_rows_beyond_the_keys(case, monkeypatch):
         torch.testing.assert_close(g, e, rtol=1e-9, atol=1e-11, msg=lambda m: f"grad {name}: {m}")
     monkeypatch.setattr(ops_local_softmax, "_rows_beyond_the_keys", lambda out, *args, **kwargs: out)
     kept = chunk_local_softmax_decay_attention(*args, **kwargs, chunk_size=4)
-    assert torch.allclose(kept, expected, rtol=1e-6, atol=1e-8) != case.get("lost", False)
+    assert torch.allclose(kept, expected, rtol=1e-6, atol=1e-8) != lost
 
 
 @pytest.mark.parametrize("name", ["past_the_keys", "last_keys_hidden", "right_padding", "left_padding"])
-def test_rows_beyond_the_keys_without_reading_the_mask(name, monkeypatch):
+def test_rows_beyond_the_keys_without_reading_the_mask(name, beyond_the_keys_inputs, monkeypatch):
     """Where a padded row's edges are not read on the host (`_edges_on_host`: CUDA), the rows past every key are still
     replaced, from each batch row's last visible key, and the rows past a padded row's last key within the keys'
     length, or before its first, keep the chunked sums: 220 keys hidden by padding lose rows, 10 do not."""
     monkeypatch.setattr(ops_local_softmax, "_edges_on_host", lambda device: False)
-    args, kwargs = beyond_the_keys_inputs(BEYOND_THE_KEYS[name])
+    args, kwargs, _ = beyond_the_keys_inputs(name)
     got = chunk_local_softmax_decay_attention(*args, **kwargs, chunk_size=4)
     expected = naive_local_softmax_decay_attention(*args, **kwargs)
     lk, offset, h = args[1].shape[2], kwargs["query_offset"], 3

@@ -401,10 +401,10 @@ def test_triton_attention_extreme_logits(decay_inputs, triton_paths):
 @pytest.mark.parametrize("lk", [300, 60], ids=["keys-hidden-after-60", "60-keys"])
 def test_triton_attention_rows_far_from_their_keys(lk, monkeypatch, triton_paths):
     """float32 rows whose visible keys all lie 80 to 240 positions back (rate 0.5: total weights from e^-40 to
-    e^-120; exp(-m) / den, their weight in the states' gradient, passes e^88 from about 180 positions): as long as
-    the weights are normal float32 numbers (rows up to 180 positions from the keys), the kernels keep the float64
-    reference's output and gradients, as the PyTorch path does; beyond, both paths' outputs and gradients stay
-    finite. Past the last of 60 keys, both keep the reference at every row (`_rows_beyond_the_keys`)."""
+    e^-120, below float32's smallest normal number from 175 positions; exp(-m) / den, their weight in the states'
+    gradient, passes e^88 from about 180 positions): both paths keep the float64 reference's output and gradients at
+    every row, the kernels by the exponents their states and the states' gradients hold, the PyTorch path by
+    `_rows_beyond_the_keys`."""
     gen = torch.Generator().manual_seed(0)
     q = torch.randn(1, 2, 300, 4, dtype=F64, generator=gen)
     k, v = (torch.randn(1, 2, lk, 4, dtype=F64, generator=gen) for _ in range(2))
@@ -415,24 +415,60 @@ def test_triton_attention_rows_far_from_their_keys(lk, monkeypatch, triton_paths
     wide = [x.detach().double().requires_grad_() for x in args]
     expected = naive_local_softmax_decay_attention(*wide, key_mask=key_mask, causal=True)
     upstream = torch.randn(expected.shape, dtype=F64, generator=gen)
-    near = 240 if lk > 60 else 300  # rows up to 180 positions from key 59
-    upstream_near = upstream.clone()
-    upstream_near[:, :, near:] = 0
-    expected_grads = torch.autograd.grad(expected, wide, upstream_near)
+    expected_grads = torch.autograd.grad(expected, wide, upstream)
     for kernels in (True, False):
         if kernels:
             triton_paths()
         else:
             monkeypatch.setattr(ops_local_softmax, "_attention_function", lambda *args: None)
         got = chunk_local_softmax_decay_attention(*args, key_mask=key_mask, causal=True)
-        assert bool(torch.isfinite(got).all())
-        grads = torch.autograd.grad(got, args, upstream.float(), retain_graph=True)
-        assert all(bool(torch.isfinite(g).all()) for g in grads)
-        torch.testing.assert_close(got[:, :, :near].double(), expected[:, :, :near], rtol=1e-5, atol=1e-6)
-        for name, g, e in zip("q k v rel decay".split(), torch.autograd.grad(got, args, upstream_near.float()),
+        torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-6)
+        for name, g, e in zip("q k v rel decay".split(), torch.autograd.grad(got, args, upstream.float()),
                               expected_grads):
             torch.testing.assert_close(g.double(), e, rtol=1e-4, atol=1e-4 * max(1.0, float(e.abs().max())),
                                        msg=lambda m: f"{'kernels' if kernels else 'pytorch'}, grad {name}: {m}")
+
+
+# (case, dtype, walks): float32 on the cases that reach every kind of row and float64 on two, in the default run
+ROWS_BEYOND_THE_KEYS = [
+    *((name, "float32", "parallel") for name in ("past_the_keys", "right_padding_causal", "left_padding",
+                                                  "both_paddings", "a_batch_row_without_keys",
+                                                  "length_1_right_padding")),
+    ("right_padding", "float64", "sequential"), ("length_1", "float64", "parallel"),
+    *(pytest.param(name, dtype, walks, marks=pytest.mark.slow) for name, dtype, walks in (
+        ("past_the_keys_causal", "float32", "sequential"), ("offset", "float32", "parallel"),
+        ("last_keys_hidden", "float32", "parallel"), ("last_keys_hidden_causal", "float64", "sequential"),
+        ("right_padding", "float64", "parallel"), ("left_padding_causal", "float64", "sequential"),
+        ("both_paddings", "float64", "sequential"), ("length_1_hidden", "float64", "parallel"))),
+]
+
+
+@pytest.mark.parametrize("name, dtype, walks", ROWS_BEYOND_THE_KEYS)
+def test_triton_attention_rows_beyond_the_keys(name, dtype, walks, beyond_the_keys_inputs, monkeypatch,
+                                               triton_paths):
+    """Rows whose visible keys all lie on one side of their band, up to 250 positions away at rate 4 (past every key,
+    past a padded row's last visible key, before its first; weights far below float32's range, and float64's): the
+    kernels keep the float64 reference, output and gradients, by themselves, through the parallel walks or the
+    sequential ones (`PARALLEL_WALKS`). Their states and the states' gradients hold exponents of their own, where
+    sums relative to each block's start would underflow (`_rows_beyond_the_keys`, which corrects the PyTorch path, is
+    not called)."""
+    from modeling_scaleformer import ops_local_softmax_triton as kernels
+
+    triton_paths(16)
+    monkeypatch.setattr(kernels, "PARALLEL_WALKS", walks == "parallel")
+    monkeypatch.setattr(ops_local_softmax, "_rows_beyond_the_keys", lambda *args, **kwargs: pytest.fail("called"))
+    args, kwargs, _ = beyond_the_keys_inputs(name)
+    expected = naive_local_softmax_decay_attention(*args, **kwargs)
+    upstream = torch.randn(expected.shape, dtype=F64, generator=torch.Generator().manual_seed(1))
+    expected_grads = torch.autograd.grad(expected, args, upstream)
+    leaves = [x.detach().to(getattr(torch, dtype)).requires_grad_() for x in args]
+    got = chunk_local_softmax_decay_attention(*leaves, **kwargs)
+    rtol, atol = (1e-10, 1e-12) if dtype == "float64" else (1e-4, 1e-5)
+    torch.testing.assert_close(got.double(), expected, rtol=rtol, atol=atol)
+    for grad_name, g, e in zip("q k v rel decay".split(), torch.autograd.grad(got, leaves, upstream.to(got.dtype)),
+                               expected_grads):
+        torch.testing.assert_close(g.double(), e, rtol=10 * rtol, atol=10 * atol * max(1.0, float(e.abs().max())),
+                                   msg=lambda m: f"grad {grad_name}: {m}")
 
 
 @CAUSAL
