@@ -13,22 +13,21 @@ is bounded by a geometric series, so it does not grow with the length of the inp
 D so that, at initialisation (q, k near 0), a distant key weighs about as much as a near one (phi(0) = 1,
 exp(0) = 1) rather than D times more. Every weight is positive and the row normaliser is exact.
 
-Each row is computed with all its weights multiplied by exp(-m_i), m_i the larger of the row's largest band
-logit and the log of its weight beyond the band (`ops_common.row_shift`): the ratio is unchanged, no term
-exceeds 1 and the largest is 1, so that rows neither overflow nor vanish. Hundreds of positions from every visible
-key, at a fast decay (a target far longer than its source, in cross attention), each weight beyond the band falls
-below the compute dtype's range while the row, a ratio, does not: the quadratic path and the cross-attention
-decoding step sum those weights relative to the row's largest decay and keep them. (The self-attention decoding step
-reads every visible token's own key in its band; a hidden token's row far past every visible key, whose output no
-generation reads, gets nothing beyond the band.) The Triton kernels hold each block's decayed sums relative to the
-last visible key before it, and keep the rows whose visible keys all lie beyond their window at any distance. The
-PyTorch chunked path computes the rows whose visible keys all lie on one side of their band (past every key, past a
-padded row's last visible key, before its first) from the keys' decayed summary relative to the nearest visible key
-(`_rows_beyond_the_keys`), exact at any distance; on CUDA (without the kernels) only the rows past every key, since a
-padded row's edges would be read on the host. Its decayed sums underflow, and it gives any other row whose sum
-beyond the band is below a floor near the dtype's smallest normal number (inside a long gap of hidden keys; on CUDA,
-past a padded row's last key within the keys' length) none there (`ops_common.tails_above_floor`), where exp(-m)
-would make the gradients inf and NaN.
+Each row is computed with all its weights multiplied by exp(-m_i), m_i the larger of the row's largest band logit and
+the log of its weight beyond the band (`ops_common.row_shift`): the ratio is unchanged, no term exceeds 1 and the
+largest is 1, so that rows neither overflow nor vanish. Hundreds of positions from every visible key, at a fast decay (a
+target far longer than its source, in cross attention), each weight beyond the band falls below the compute dtype's
+range while the row, a ratio, does not: the quadratic path and the cross-attention decoding step sum those weights
+relative to the row's largest decay and keep them. (The self-attention decoding step reads every visible token's own key
+in its band; a hidden token's row far past every visible key, whose output no generation reads, gets nothing beyond the
+band.) The Triton kernels form every weight beyond the band relative to the row's shift (each block's decayed sums
+relative to the last visible key before it) and keep every row at any distance. The PyTorch chunked path computes the
+rows whose visible keys all lie on one side of their band (past every key, past a padded row's last visible key, before
+its first) from the keys' decayed summary relative to the nearest visible key (`_rows_beyond_the_keys`), exact at any
+distance; on CUDA (without the kernels) only the rows past every key, since a padded row's edges would be read on the
+host. Its decayed sums underflow, and it gives any other row whose sum beyond the band is below a floor near the dtype's
+smallest normal number (inside a long gap of hidden keys; on CUDA, past a padded row's last key within the keys' length)
+none there (`ops_common.tails_above_floor`), where exp(-m) would make the gradients inf and NaN.
 
 The algorithm is linear in length: the band is a local softmax over 2h+1 keys per query, by blocks of
 queries; the tail is `ops_decay.decayed_tails` (a decayed linear attention by chunks, anticausal by reversal),

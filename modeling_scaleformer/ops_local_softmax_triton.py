@@ -16,10 +16,11 @@ padded row's queries past its last visible key, queries past every key, a long g
 weights, which relative to s_b would fall below the dtype's range hundreds of positions away at a fast decay. Query i
 at a, its place in the block, weighs the pairs of its window (softmax logits in the band,
 phi(q_i).phi(k_j) / D exp(-lambda (|p_i - j| - h)) beyond it) and the states, decayed by exp(-lambda a) and
-exp(-lambda (BLOCK - 1 - a)), all scaled by exp(-m_i) (`ops_common.row_shift`) and normalised together; m_i and the
-states' factors exp(nu_b - lambda a - m_i) are formed from logs. The rows whose visible keys all lie beyond their
-window are exact at any distance; a row inside a gap keeps the weights of its window's keys down to the dtype's
-smallest normal number (float32: 87 / lambda positions beyond its band). The kernels, laid out like
+exp(-lambda (BLOCK - 1 - a)), all scaled by exp(-m_i) (`ops_common.row_shift`) and normalised together. Every
+weight beyond the band is formed as one exponential of its exponent relative to the row's shift (the window's
+exp(-lambda (|p_i - j| - h) - s_i), the states' exp(nu_b - lambda a - m_i)), and m_i and the states' gradients'
+scales are sums of logs, so that every row keeps its weights, at any distance from its visible keys and any decay:
+past a padded row's last key, past every key, inside a gap of hidden keys. The kernels, laid out like
 flash-linear-attention's chunk kernels:
 
 - `_states`, or `_chunk_sums` then `_scan_sums` (the parallel passes, `_parallel_walks`): L_b of every block (kept
@@ -29,7 +30,7 @@ flash-linear-attention's chunk kernels:
   direction and SCAN_ROWS rows of the state, SCAN_SLOTS chunks a step;
 - `_forward`: one program per query block and row: the window's logits and kernel weights by tiles of KEY_TILE
   keys (the band's weights exp(l) and the kernel weights beyond the band in one sum, under the running largest of
-  the band logits and the kernel weights' logs, as flash attention sums its weights), both states, the row shift m,
+  the band logits and the decays' exponents, as flash attention sums its weights), both states, the row shift m,
   out, and m and the normaliser for backward;
 - `_states_backward`, or `_query_sums` then `_scan_sums` (`PARALLEL_WALKS`): the states' gradient G_b = dL/dL_b
   (the block's queries add theirs, exp(-m_i) exp(-lambda a) phi(q_i) / D [gs_i, -delta_i], and
@@ -157,12 +158,12 @@ def _walk_start(RATE, row, heads, direction, lq, lk, offset, nq, start0, start1,
                 BLOCK: tl.constexpr):
     """A walk's coordinates in its direction (see `_Walk`): the step and first rows of the queries and the keys, the
     queries' shift, the offset and the first chunk (direction 1 reads the sequences reversed); then the row's rate
-    lambda and the decay exp(-lambda BLOCK) from chunk to chunk."""
+    lambda."""
     back = direction == 1
     rate = tl.load(RATE + row % heads).to(ACC)
     return (tl.where(back, -1, 1), tl.where(back, lq - 1, 0), tl.where(back, lk - 1, 0),
             tl.where(back, nq * BLOCK - lq, 0), tl.where(back, lk - lq - offset, offset),
-            tl.where(back, start1, start0), rate, tl.exp(-rate * BLOCK))
+            tl.where(back, start1, start0), rate)
 
 
 @triton.jit
@@ -222,7 +223,7 @@ def _states(
     direction: L_c = exp(nu_c) L'_c, L'_c into slot c - start of S and Z, nu_c into SE (`_scaled_step`)."""
     row, direction = tl.program_id(0), tl.program_id(1)
     acc = S.dtype.element_ty
-    step, qfirst, kfirst, qshift, off_w, start, rate, carry = _walk_start(
+    step, qfirst, kfirst, qshift, off_w, start, rate = _walk_start(
         RATE, row, heads, direction, lq, lk, offset, nq, start0, start1, acc, BLOCK)
     state = tl.zeros((BLOCK_D, BLOCK_V), dtype=acc)
     norm = tl.zeros((BLOCK_D,), dtype=acc)
@@ -253,7 +254,7 @@ def _chunk_sums(
     (`_chunk_sum`), in state slot c - start, and mu in SE (`_scan_sums` then turns the slots into the states)."""
     index, row, direction = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     acc = S.dtype.element_ty
-    step, qfirst, kfirst, qshift, off_w, start, rate, carry = _walk_start(
+    step, qfirst, kfirst, qshift, off_w, start, rate = _walk_start(
         RATE, row, heads, direction, lq, lk, offset, nq, start0, start1, acc, BLOCK)
     c = start + index
     if c < nq:
@@ -362,14 +363,14 @@ def _scan_sums(
             norms = tl.load(LZ + at[None, :] + index[:, None] * d, mask=valid[:, None] & z_mask[None, :], other=0.0)
             state_exponents = tl.load(LE + row_slots + index, mask=valid, other=float("-inf"))
             products = tl.sum(tl.sum(ys * states, 2), 1) + tl.sum(ys_norm * norms, 1)
-            carried += tl.sum(tl.where(valid, _scaled(products, exponents + state_exponents), 0.0), 0)
+            carried += tl.sum(tl.where(valid, _scaled(products, exponents + state_exponents - carry_log), 0.0), 0)
         tl.store(NU + row_slots + index, exponents, mask=pos < tl.where(part == 0, slots, 0))  # part 0 writes
         tl.debug_barrier()
         tl.store(s_ptr[None, :, :] + index[:, None, None] * d * dv, ys, mask=valid[:, None, None] & s_mask[None, :, :])
         tl.store(z_ptr[None, :] + index[:, None] * d, ys_norm, mask=valid[:, None] & z_mask[None, :])
         nu = after
     if REVERSE:
-        tl.store(CARRIED + (direction * rows + row).to(tl.int64) * parts + part, -BLOCK * tl.exp(-carry_log) * carried)
+        tl.store(CARRIED + (direction * rows + row).to(tl.int64) * parts + part, -BLOCK * carried)
 
 
 @triton.jit
@@ -403,23 +404,26 @@ def _query_rows(Q, DO, OUT, SHIFT, DEN, row, heads, lq, x, inside, qfirst, step,
 
 
 @triton.jit
-def _query_sum(Q, DO, OUT, SHIFT, DEN, DELTA, row, heads, lq, direction, c, qfirst, step, qshift, from_state, d, dv,
+def _query_sum(Q, DO, OUT, SHIFT, DEN, DELTA, row, heads, lq, direction, c, qfirst, step, qshift, rate, d, dv,
                sqb, sqh, sql, sgb, sgh, sgl, sob, soh, sol, ACC: tl.constexpr, BLOCK: tl.constexpr,
                BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, DOT: tl.constexpr):
     """What query block c adds to the gradient of its state L_c, exp(-m_i) exp(-lambda a) phi(q_i) / D [gs_i,
-    -delta_i] summed over its queries ((D, Dv) and (D,); `from_state` holds exp(-lambda a)), divided by exp(mu),
-    mu the log of the block's largest exp(-m_i) / den_i (a row whose visible keys all lie far back weighs 1 / (its
-    keys' tiny weight), beyond float32's range), and mu; stores delta_i in direction 0."""
+    -delta_i] summed over its queries ((D, Dv) and (D,)), divided by exp(mu), mu the log of the block's largest
+    exp(-m_i - lambda a) / den_i (a row whose visible keys all lie far back weighs 1 / (its keys' tiny weight),
+    beyond float32's range, and exp(-lambda a) alone underflows at a fast decay), and mu; stores delta_i in
+    direction 0."""
     x = c * BLOCK - qshift + tl.arange(0, BLOCK)
     inside = (x >= 0) & (x < lq)
     i, q, gs, delta, shift, weight = _query_rows(Q, DO, OUT, SHIFT, DEN, row, heads, lq, x, inside, qfirst, step, d,
                                                  dv, sqb, sqh, sql, sgb, sgh, sgl, sob, soh, sol, ACC, BLOCK_D, BLOCK_V)
     tl.store(DELTA + row.to(tl.int64) * lq + i, delta, mask=inside & (x * 0 + direction == 0))
+    decay = rate * tl.arange(0, BLOCK).to(ACC)  # lambda a: the decay exp(-lambda a) from the state to query a
+    weight -= decay
     mu = tl.max(weight, 0)
-    # exp(-m_i - mu) <= den_i: gs_i times it stays within g_i
-    row_scale = tl.where(weight > float("-inf"), tl.exp(shift - tl.where(mu > float("-inf"), mu, 0.0)), 0.0)
+    # exp(-m_i - lambda a - mu) <= den_i: gs_i times it stays within g_i
+    row_scale = tl.where(weight > float("-inf"), tl.exp(shift - decay - tl.where(mu > float("-inf"), mu, 0.0)), 0.0)
     features_q = (_elu_features(q, inside[:, None] & (tl.arange(0, BLOCK_D)[None, :] < d)) / d
-                  * (row_scale * from_state)[:, None])
+                  * row_scale[:, None])
     op = Q.dtype.element_ty
     return (tl.dot(tl.trans(features_q.to(op)), gs.to(op), input_precision=DOT),
             -tl.sum(features_q * delta[:, None], 0), mu)
@@ -437,9 +441,8 @@ def _states_backward(
     CARRIED (directions, rows), from the states L_c = exp(SE_c) L'_c (S, Z)."""
     row, direction = tl.program_id(0), tl.program_id(1)
     acc = A.dtype.element_ty
-    step, qfirst, kfirst, qshift, off_w, start, rate, carry = _walk_start(
+    step, qfirst, kfirst, qshift, off_w, start, rate = _walk_start(
         RATE, row, heads, direction, lq, lk, offset, nq, start0, start1, acc, BLOCK)
-    from_state = tl.exp(-rate * tl.arange(0, BLOCK).to(acc))  # query a of block b from its state L_b
     adjoint = tl.zeros((BLOCK_D, BLOCK_V), dtype=acc)  # G_{c+1} = exp(nu) adjoint
     adjoint_norm = tl.zeros((BLOCK_D,), dtype=acc)
     nu = tl.max(tl.full((BLOCK_D,), float("-inf"), dtype=acc), 0)
@@ -455,15 +458,16 @@ def _states_backward(
                                                    BLOCK_V)
         state_exponent = tl.load(SE + (direction * rows + row).to(tl.int64) * n_states + c - start)
         carried += _scaled(tl.sum(tl.sum(adjoint * tl.load(s_ptr, mask=s_mask, other=0.0), 1), 0)
-                           + tl.sum(adjoint_norm * tl.load(z_ptr, mask=z_mask, other=0.0), 0), nu + state_exponent)
+                           + tl.sum(adjoint_norm * tl.load(z_ptr, mask=z_mask, other=0.0), 0),
+                           nu + state_exponent - rate * BLOCK)
         # G_c = exp(-lambda BLOCK) G_{c+1} + the gradient of L_c from query block c (none for c < 0)
         block, block_norm, mu = _query_sum(Q, DO, OUT, SHIFT, DEN, DELTA, row, heads, lq, direction, c, qfirst, step,
-                                           qshift, from_state, d, dv, sqb, sqh, sql, sgb, sgh, sgl, sob, soh, sol, acc,
+                                           qshift, rate, d, dv, sqb, sqh, sql, sgb, sgh, sgl, sob, soh, sol, acc,
                                            BLOCK, BLOCK_D, BLOCK_V, DOT)
         nu, old, new = _scaled_step(nu, mu, rate * BLOCK)
         adjoint = adjoint * old + block * new
         adjoint_norm = adjoint_norm * old + block_norm * new
-    tl.store(CARRIED + direction * rows + row, -BLOCK * carry * carried)
+    tl.store(CARRIED + direction * rows + row, -BLOCK * carried)
 
 
 @triton.jit
@@ -478,11 +482,11 @@ def _query_sums(
     direction 0); `_scan_sums` (REVERSE) then turns the slots into G_{c+1}, the gradient of the state after chunk c."""
     index, row, direction = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     acc = A.dtype.element_ty
-    step, qfirst, kfirst, qshift, off_w, start, rate, carry = _walk_start(
+    step, qfirst, kfirst, qshift, off_w, start, rate = _walk_start(
         RATE, row, heads, direction, lq, lk, offset, nq, start0, start1, acc, BLOCK)
     if index < nq - start:
         block, block_norm, mu = _query_sum(Q, DO, OUT, SHIFT, DEN, DELTA, row, heads, lq, direction, start + index,
-                                           qfirst, step, qshift, tl.exp(-rate * tl.arange(0, BLOCK).to(acc)), d, dv,
+                                           qfirst, step, qshift, rate, d, dv,
                                            sqb, sqh, sql, sgb, sgh, sgl, sob, soh, sol, acc, BLOCK, BLOCK_D, BLOCK_V,
                                            DOT)
         tl.store(NU + (direction * rows + row).to(tl.int64) * n_states + index, mu)
@@ -504,13 +508,18 @@ def _pair_logits(q, k, qr, t, band, scale, HORIZON: tl.constexpr, HAS_TABLE: tl.
 
 
 @triton.jit
-def _pairs(q, k, features_q, features_k, mk, t, pair, qr, rate, scale, HORIZON: tl.constexpr, CAUSAL: tl.constexpr,
-           HAS_TABLE: tl.constexpr, BLOCK_R: tl.constexpr, DOT: tl.constexpr):
+def _pairs(q, k, features_q, features_k, mk, t, pair, qr, rate, scale, shift, HORIZON: tl.constexpr,
+           CAUSAL: tl.constexpr, HAS_TABLE: tl.constexpr, ONLINE: tl.constexpr, BLOCK_R: tl.constexpr,
+           DOT: tl.constexpr):
     """The pairs of queries (M,) and keys (N,) with offsets t = p_i - j (M, N) where `pair` (the key exists, is in
     the query block's window and the query exists): the band (|t| <= h, t >= 0 when causal, key visible) with its
     logits (-inf off the band), and the pairs beyond it inside the window (t > h, or t < -h unless causal) with
-    their decay exp(-lambda (|t| - h)) and their kernel weights phi(q).phi(k) / D exp(-lambda (|t| - h)) m_j (0
-    elsewhere)."""
+    their decay relative to the rows' `shift` s_i, exp(-lambda (|t| - h) - s_i) m_j, and their kernel weights,
+    phi(q).phi(k) / D times that (0 elsewhere): formed as one exponent, so that a row whose visible keys in the
+    window all lie far beyond its band (in a gap of hidden keys, or near a padded row's edge, at a fast decay) keeps
+    their weights, which exp(-lambda (|t| - h)) alone would flush to 0. ONLINE (forward's running sums), s_i is the
+    largest of `shift` (the running shift), the tile's band logits and its visible pairs' -lambda (|t| - h) (-inf
+    where there are none); else `shift` itself (backward's row shift m). Returns the pairs and s_i."""
     band = pair & (t <= HORIZON) & (t >= -HORIZON) & (mk[None, :] > 0)
     beyond = pair & (t > HORIZON)
     if CAUSAL:
@@ -519,9 +528,14 @@ def _pairs(q, k, features_q, features_k, mk, t, pair, qr, rate, scale, HORIZON: 
         beyond = beyond | (pair & (t < -HORIZON))
     logits = _pair_logits(q, k, qr, t, band, scale, HORIZON, HAS_TABLE, BLOCK_R, DOT)
     distance = (tl.abs(t) - HORIZON).to(rate.dtype)
-    decay = tl.where(beyond, tl.exp(-rate * tl.maximum(distance, 0.0)), 0.0) * mk[None, :]
+    exponents = -rate * tl.maximum(distance, 0.0)
+    if ONLINE:
+        nearest = tl.max(tl.where(beyond & (mk[None, :] > 0), exponents, float("-inf")), 1)
+        shift = tl.maximum(shift, tl.maximum(tl.max(logits, 1), nearest))
+    base = tl.where(shift > float("-inf"), shift, 0.0)
+    decay = tl.where(beyond, tl.exp(tl.minimum(exponents - base[:, None], _max_exponent(rate))), 0.0) * mk[None, :]
     kernel = tl.dot(features_q, tl.trans(features_k), input_precision=DOT) * decay
-    return band, logits, beyond, decay, distance, kernel
+    return band, logits, beyond, decay, distance, kernel, shift
 
 
 @triton.jit
@@ -557,13 +571,14 @@ def _block_queries(Q, tab, row, b, lq, heads, d, sqb, sqh, sql, HAS_TABLE: tl.co
 
 
 @triton.jit
-def _window_tile(K, V, MASK, row, heads, lk, start, w0, queries, q, features_q, qr, rate, scale, d, dv, skb, skh, skl,
-                 svb, svh, svl, HORIZON: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,
-                 HAS_TABLE: tl.constexpr, BLOCK: tl.constexpr, TILE: tl.constexpr, BLOCK_D: tl.constexpr,
-                 BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr, DOT: tl.constexpr):
+def _window_tile(K, V, MASK, row, heads, lk, start, w0, queries, q, features_q, qr, rate, scale, shift, d, dv, skb,
+                 skh, skl, svb, svh, svl, HORIZON: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,
+                 HAS_TABLE: tl.constexpr, ONLINE: tl.constexpr, BLOCK: tl.constexpr, TILE: tl.constexpr,
+                 BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr, DOT: tl.constexpr):
     """Slots w = w0 .. w0 + TILE - 1 of a query block's window, the keys j = start + w (start = s_b) among its first
     BLOCK + 2h (BLOCK + h when causal: no query of the block reads a key after its last query): k, phi(k) (ACC), v,
-    m_j and their pairs with the block's queries (`_pairs`; query a sits at offset t = a + h - w from slot w)."""
+    m_j and their pairs with the block's queries relative to `shift` (`_pairs`; query a sits at offset t = a + h - w
+    from slot w)."""
     acc = qr.dtype
     op = q.dtype
     w = w0 + tl.arange(0, TILE)
@@ -574,10 +589,11 @@ def _window_tile(K, V, MASK, row, heads, lk, start, w0, queries, q, features_q, 
     mk = _key_weights(MASK, row, heads, lk, j, exists, HAS_MASK, acc)
     features_k = _elu_features(k.to(acc), exists[:, None] & (tl.arange(0, BLOCK_D)[None, :] < d))
     t = tl.arange(0, BLOCK)[:, None] + HORIZON - w[None, :]
-    band, logits, beyond, decay, distance, kernel = _pairs(q, k, features_q, features_k.to(op), mk, t,
-                                                           queries[:, None] & exists[None, :], qr, rate, scale,
-                                                           HORIZON, CAUSAL, HAS_TABLE, BLOCK_R, DOT)
-    return k, features_k, v, mk, band, logits, beyond, decay, distance, kernel
+    band, logits, beyond, decay, distance, kernel, shift = _pairs(q, k, features_q, features_k.to(op), mk, t,
+                                                                  queries[:, None] & exists[None, :], qr, rate, scale,
+                                                                  shift, HORIZON, CAUSAL, HAS_TABLE, ONLINE, BLOCK_R,
+                                                                  DOT)
+    return k, features_k, v, mk, band, logits, beyond, decay, distance, kernel, shift
 
 
 @triton.jit
@@ -642,30 +658,27 @@ def _forward(
     i, queries, q, features_q, qr = _block_queries(Q, tab, row, b, lq, heads, d, sqb, sqh, sql, HAS_TABLE, acc,
                                                    BLOCK, BLOCK_D, BLOCK_R, DOT)
     # the window by tiles of keys: the band's weights exp(l) and the kernel weights beyond the band in one running
-    # sum, under the running largest of the band logits and the logs of the kernel weights (as flash attention
-    # does with its logits): one product with the values per tile
+    # sum, under the running largest of the band logits and the decays' exponents (as flash attention does with its
+    # logits): one product with the values per tile
     run_max = tl.full((BLOCK,), float("-inf"), dtype=acc)
     band_max = tl.full((BLOCK,), float("-inf"), dtype=acc)  # the largest band logit, for the row shift
     window_sums = tl.zeros((BLOCK, BLOCK_V), dtype=acc)
     band_den = tl.zeros((BLOCK,), dtype=acc)  # under run_max
-    far_den = tl.zeros((BLOCK,), dtype=acc)  # not scaled
+    far_den = tl.zeros((BLOCK,), dtype=acc)  # under run_max
     start = b * BLOCK + offset - HORIZON
     for w0 in range(0, BLOCK + HORIZON + HORIZON * (1 - CAUSAL), TILE):
-        _, _, v, mk, band, logits, _, _, _, kernel = _window_tile(
-            K, V, MASK, row, heads, lk, start, w0, queries, q, features_q, qr, rate, scale, d, dv, skb, skh, skl,
-            svb, svh, svl, HORIZON, CAUSAL, HAS_MASK, HAS_TABLE, BLOCK, TILE, BLOCK_D, BLOCK_V, BLOCK_R, DOT)
-        tile_band_max = tl.max(logits, 1)
-        kernel_max = tl.max(kernel, 1)
-        new_max = tl.maximum(tl.maximum(run_max, tile_band_max), _log_or_minus_inf(kernel_max))
+        _, _, v, mk, band, logits, _, _, _, kernel, new_max = _window_tile(
+            K, V, MASK, row, heads, lk, start, w0, queries, q, features_q, qr, rate, scale, run_max, d, dv, skb, skh,
+            skl, svb, svh, svl, HORIZON, CAUSAL, HAS_MASK, HAS_TABLE, True, BLOCK, TILE, BLOCK_D, BLOCK_V, BLOCK_R,
+            DOT)
         shift = tl.where(new_max > float("-inf"), new_max, 0.0)
         rescale = tl.exp(run_max - shift)
         band_weights = tl.where(band, tl.exp(logits - shift[:, None]) * mk[None, :], 0.0)
-        weights = band_weights + kernel * _shift_scale(shift)[:, None]
-        window_sums = tl.dot(weights.to(op), v, window_sums * rescale[:, None], input_precision=DOT)
+        window_sums = tl.dot((band_weights + kernel).to(op), v, window_sums * rescale[:, None], input_precision=DOT)
         band_den = band_den * rescale + tl.sum(band_weights, 1)
-        far_den += tl.sum(kernel, 1)
+        far_den = far_den * rescale + tl.sum(kernel, 1)
         run_max = new_max
-        band_max = tl.maximum(band_max, tile_band_max)
+        band_max = tl.maximum(band_max, tl.max(logits, 1))
     from_before, before, before_norm, _, _, from_after, after, after_norm, _, _ = _block_states(
         S, Z, SE, row, b, rows, nq, n_states, start0, start1, d, dv, _query_features(q, queries, d, acc, BLOCK_D),
         rate, CAUSAL, op, BLOCK, BLOCK_D, BLOCK_V, DOT)
@@ -673,7 +686,7 @@ def _forward(
     # exp(from_before) before_norm + exp(from_after) after_norm, summed in logs (the states' weights alone can pass
     # the dtype's range, far past every visible key); at least run_max, so that the window's factor
     # exp(run_max - m) is at most 1
-    logs_far = _log_or_minus_inf(far_den)
+    logs_far = run_max + _log_or_minus_inf(far_den)
     logs_before = from_before + _log_or_minus_inf(before_norm)
     logs_after = from_after + _log_or_minus_inf(after_norm)
     largest = tl.maximum(logs_far, tl.maximum(logs_before, logs_after))
@@ -682,12 +695,11 @@ def _forward(
                                           + tl.exp(logs_after - base))
     m = tl.maximum(band_max, beyond_log)
     m = tl.where(m > float("-inf"), m, 0.0)
-    window_scale = tl.exp(run_max - m)
+    window_scale = tl.exp(tl.minimum(run_max - m, _max_exponent(m)))
     weight_before, weight_after = _state_weight(from_before, m), _state_weight(from_after, m)
     sums = (window_scale[:, None] * window_sums + weight_before[:, None] * before
             + weight_after[:, None] * after)
-    den = (window_scale * band_den + _shift_scale(m) * far_den + weight_before * before_norm
-           + weight_after * after_norm)
+    den = window_scale * (band_den + far_den) + weight_before * before_norm + weight_after * after_norm
     out = tl.where(den[:, None] > 0, sums / tl.where(den > 0, den, 1.0)[:, None], 0.0)
     ptr, mask = _row_ptrs(OUT, row, heads, sob, soh, sol, i, queries, dv, BLOCK_V)
     tl.store(ptr, out, mask=mask)
@@ -700,12 +712,12 @@ def _block_backward_inputs(Q, DO, SHIFT, DEN, DELTA, tab, row, b, lq, heads, d, 
                            HAS_TABLE: tl.constexpr, ACC: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr,
                            BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr, DOT: tl.constexpr):
     """What backward reads of query block b: `_block_queries`' rows, q, phi(q) / D and q's products with the table,
-    gs = g / den in the inputs' dtype (`_output_gradient`), delta, the row shift m and exp(-m) (`_shift_scale`)."""
+    gs = g / den in the inputs' dtype (`_output_gradient`), delta and the row shift m."""
     i, queries, q, features_q, qr = _block_queries(Q, tab, row, b, lq, heads, d, sqb, sqh, sql, HAS_TABLE, ACC, BLOCK,
                                                    BLOCK_D, BLOCK_R, DOT)
     at, gs, m, _ = _output_gradient(DO, SHIFT, DEN, row, heads, lq, i, queries, dv, sgb, sgh, sgl, ACC, BLOCK_V)
     delta = tl.load(DELTA + at, mask=queries, other=0.0)
-    return i, queries, q, features_q, qr, gs.to(q.dtype), delta, m, _shift_scale(m)
+    return i, queries, q, features_q, qr, gs.to(q.dtype), delta, m
 
 
 @triton.jit
@@ -734,30 +746,30 @@ def _query_state_grads(S, Z, SE, row, b, rows, nq, n_states, start0, start1, d, 
 
 
 @triton.jit
-def _query_tile(K, V, MASK, row, heads, lk, start, w0, queries, q, features_q, qr, gs, delta, m, shift_scale, rate,
-                scale, d, dv, skb, skh, skl, svb, svh, svl, dq, grad_features, grad_rel, grad_rate,
-                HORIZON: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_TABLE: tl.constexpr,
-                BLOCK: tl.constexpr, TILE: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr,
-                BLOCK_R: tl.constexpr, DOT: tl.constexpr):
+def _query_tile(K, V, MASK, row, heads, lk, start, w0, queries, q, features_q, qr, gs, delta, m, rate, scale, d, dv,
+                skb, skh, skl, svb, svh, svl, dq, grad_features, grad_rel, grad_rate, HORIZON: tl.constexpr,
+                CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_TABLE: tl.constexpr, BLOCK: tl.constexpr,
+                TILE: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr,
+                DOT: tl.constexpr):
     """Slots w0 .. w0 + TILE - 1 of query block b's window (`_window_tile`): their pairs' shares of the block's
     gradients, added to dq (through the band logits), grad_features (through phi(q) / D), grad_rel (the band logits'
     gradient by table row) and grad_rate (lambda's, by query); and what the keys' gradients take of the pairs: k,
     phi(k), v, m_j, the band weights exp(l - m) m_j, the logits' and the kernel weights' gradients and the kernel
-    weights."""
+    weights exp(-m) phi(q).phi(k) / D exp(-lambda (|t| - h)) m_j."""
     op = q.dtype
     a = tl.arange(0, BLOCK)
     rr = tl.arange(0, BLOCK_R)
-    k, features_k, v, mk, band, logits, beyond, decay, distance, kernel = _window_tile(
-        K, V, MASK, row, heads, lk, start, w0, queries, q, features_q, qr, rate, scale, d, dv, skb, skh, skl, svb, svh,
-        svl, HORIZON, CAUSAL, HAS_MASK, HAS_TABLE, BLOCK, TILE, BLOCK_D, BLOCK_V, BLOCK_R, DOT)
+    k, features_k, v, mk, band, logits, beyond, decay, distance, kernel, _ = _window_tile(
+        K, V, MASK, row, heads, lk, start, w0, queries, q, features_q, qr, rate, scale, m, d, dv, skb, skh, skl, svb,
+        svh, svl, HORIZON, CAUSAL, HAS_MASK, HAS_TABLE, False, BLOCK, TILE, BLOCK_D, BLOCK_V, BLOCK_R, DOT)
     # out = sums / den: a weight w_ij gets gs_i . v_j - delta_i
     grad_weights = tl.dot(gs, tl.trans(v), input_precision=DOT) - delta[:, None]
     band_weights = tl.where(band, tl.exp(logits - m[:, None]) * mk[None, :], 0.0)
     grad_logits = band_weights * grad_weights * scale
-    grad_rate -= tl.sum(distance * (shift_scale[:, None] * kernel) * grad_weights, 1)
+    grad_rate -= tl.sum(distance * kernel * grad_weights, 1)
     dq = tl.dot(grad_logits.to(op), k, dq, input_precision=DOT)
-    # d/d(phi(q).phi(k) / D); exp(-m) first meets the decay, 0 for the keys that are hidden or in the band
-    grad_kernel = grad_weights * (shift_scale[:, None] * decay)
+    # d/d(phi(q).phi(k) / D): the decay relative to m, 0 for the keys that are hidden or in the band
+    grad_kernel = grad_weights * decay
     grad_features = tl.dot(grad_kernel.to(op), features_k.to(op), grad_features, input_precision=DOT)
     if HAS_TABLE:
         # the pair (a, w) reads table row r = a + 2h - w: row r of query a is window slot a + 2h - r
@@ -801,7 +813,7 @@ def _backward_queries(
     acc = S.dtype.element_ty
     rate = tl.load(RATE + row % heads).to(acc)
     tab = _table_tile(TAB, row, heads, d, HORIZON, HAS_TABLE, BLOCK_R, BLOCK_D)
-    i, queries, q, features_q, qr, gs, delta, m, shift_scale = _block_backward_inputs(
+    i, queries, q, features_q, qr, gs, delta, m = _block_backward_inputs(
         Q, DO, SHIFT, DEN, DELTA, tab, row, b, lq, heads, d, dv, sqb, sqh, sql, sgb, sgh, sgl, HAS_TABLE, acc, BLOCK,
         BLOCK_D, BLOCK_V, BLOCK_R, DOT)
     grad_features, grad_rate = _query_state_grads(S, Z, SE, row, b, rows, nq, n_states, start0, start1, d, dv, q,
@@ -811,7 +823,7 @@ def _backward_queries(
     start = b * BLOCK + offset - HORIZON
     for w0 in range(0, BLOCK + HORIZON + HORIZON * (1 - CAUSAL), TILE):
         dq, grad_features, grad_rel, grad_rate, _, _, _, _, _, _, _, _ = _query_tile(
-            K, V, MASK, row, heads, lk, start, w0, queries, q, features_q, qr, gs, delta, m, shift_scale, rate, scale,
+            K, V, MASK, row, heads, lk, start, w0, queries, q, features_q, qr, gs, delta, m, rate, scale,
             d, dv, skb, skh, skl, svb, svh, svl, dq, grad_features, grad_rel, grad_rate, HORIZON, CAUSAL, HAS_MASK,
             HAS_TABLE, BLOCK, TILE, BLOCK_D, BLOCK_V, BLOCK_R, DOT)
     _store_query_grads(DQ, DTAB, GRAD_RATE, tab, q, i, queries, row, heads, b, d, sdqb, sdqh, sdql, dq, grad_features,
@@ -884,20 +896,21 @@ def _key_pairs(Q, DO, SHIFT, DEN, DELTA, tab, row, b, lq, heads, offset, j, keys
     dv_."""
     acc = mk.dtype
     op = k.dtype
-    i, queries, q, features_q, qr, gs, delta, m, shift_scale = _block_backward_inputs(
+    i, queries, q, features_q, qr, gs, delta, m = _block_backward_inputs(
         Q, DO, SHIFT, DEN, DELTA, tab, row, b, lq, heads, d, dv, sqb, sqh, sql, sgb, sgh, sgl, HAS_TABLE, acc, BLOCK,
         BLOCK_D, BLOCK_V, BLOCK_R, DOT)
     start = b * BLOCK + offset - HORIZON
     window = (j >= start) & (j < start + BLOCK + HORIZON + HORIZON * (1 - CAUSAL)) & keys
     t = (i + offset)[:, None] - j[None, :]
-    band, logits, _, decay, _, kernel = _pairs(q, k, features_q, features_k, mk, t, queries[:, None] & window[None, :],
-                                               qr, rate, scale, HORIZON, CAUSAL, HAS_TABLE, BLOCK_R, DOT)
+    band, logits, _, decay, _, kernel, _ = _pairs(q, k, features_q, features_k, mk, t,
+                                                  queries[:, None] & window[None, :], qr, rate, scale, m, HORIZON,
+                                                  CAUSAL, HAS_TABLE, False, BLOCK_R, DOT)
     band_weights = tl.where(band, tl.exp(logits - m[:, None]) * mk[None, :], 0.0)
-    weights = band_weights + shift_scale[:, None] * kernel
+    weights = band_weights + kernel
     grad_weights = tl.dot(gs, tl.trans(v), input_precision=DOT) - delta[:, None]
     dv_ = tl.dot(tl.trans(weights.to(op)), gs, dv_, input_precision=DOT)
     dk = tl.dot(tl.trans((band_weights * grad_weights * scale).to(op)), q, dk, input_precision=DOT)
-    grad_kernel = grad_weights * (shift_scale[:, None] * decay)
+    grad_kernel = grad_weights * decay
     grad_features = tl.dot(tl.trans(grad_kernel.to(op)), features_q, grad_features, input_precision=DOT)
     return dk, grad_features, dv_
 
@@ -972,7 +985,7 @@ def _backward_blocks(
     op = Q.dtype.element_ty
     rate = tl.load(RATE + row % heads).to(acc)
     tab = _table_tile(TAB, row, heads, d, HORIZON, HAS_TABLE, BLOCK_R, BLOCK_D)
-    i, queries, q, features_q, qr, gs, delta, m, shift_scale = _block_backward_inputs(
+    i, queries, q, features_q, qr, gs, delta, m = _block_backward_inputs(
         Q, DO, SHIFT, DEN, DELTA, tab, row, b, lq, heads, d, dv, sqb, sqh, sql, sgb, sgh, sgl, HAS_TABLE, acc, BLOCK,
         BLOCK_D, BLOCK_V, BLOCK_R, DOT)
     # program nq reads block nq - 1's states, and has no query to weigh them
@@ -987,14 +1000,14 @@ def _backward_blocks(
     for w0 in range(0, width, TILE):
         (dq, grad_features, grad_rel, grad_rate, k, features_k, v, mk, band_weights, grad_logits, grad_kernel,
          kernel) = _query_tile(
-            K, V, MASK, row, heads, lk, start, w0, queries, q, features_q, qr, gs, delta, m, shift_scale, rate, scale,
+            K, V, MASK, row, heads, lk, start, w0, queries, q, features_q, qr, gs, delta, m, rate, scale,
             d, dv, skb, skh, skl, svb, svh, svl, dq, grad_features, grad_rel, grad_rate, HORIZON, CAUSAL, HAS_MASK,
             HAS_TABLE, BLOCK, TILE, BLOCK_D, BLOCK_V, BLOCK_R, DOT)
         if w0 < BLOCK:  # a tile of the keys this program owns: their dk and dv
             w = w0 + tl.arange(0, TILE)
             j = start + w
             mine = (w < BLOCK) & (j >= 0) & (j < lk) & (j < hi)
-            weights = band_weights + shift_scale[:, None] * kernel
+            weights = band_weights + kernel
             dv_ = tl.dot(tl.trans(weights.to(op)), gs, input_precision=DOT)
             dk = tl.dot(tl.trans(grad_logits.to(op)), q, input_precision=DOT)
             grad_keys = tl.dot(tl.trans(grad_kernel.to(op)), features_q, input_precision=DOT)  # through phi(k)

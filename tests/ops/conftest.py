@@ -426,15 +426,15 @@ BEYOND_THE_KEYS = dict(
 )
 
 
-def make_beyond_the_keys_inputs(name: str):
-    """(args, kwargs, lost) of the `BEYOND_THE_KEYS` case `name` in float64: B = 2, H = 2, D = 4, h = 3, rates 0.3 and
-    4; the second batch row's keys hidden by the case's `mask` (padding leaves it 20 keys)."""
+def make_beyond_the_keys_inputs(name: str, rates: tuple[float, float] = (0.3, 4.0)):
+    """(args, kwargs, lost) of the `BEYOND_THE_KEYS` case `name` in float64: B = 2, H = 2, D = 4, h = 3, the decay
+    `rates` of the two heads; the second batch row's keys hidden by the case's `mask` (padding leaves it 20 keys)."""
     case = BEYOND_THE_KEYS[name]
     gen = torch.Generator().manual_seed(0)
     lq, lk = case["lq"], case["lk"]
     q = torch.randn(2, 2, lq, 4, dtype=F64, generator=gen)
     k, v = (torch.randn(2, 2, lk, 4, dtype=F64, generator=gen) for _ in range(2))
-    rel, decay = torch.randn(2, 7, 4, dtype=F64, generator=gen), torch.tensor([0.3, 4.0], dtype=F64)
+    rel, decay = torch.randn(2, 7, 4, dtype=F64, generator=gen), torch.tensor(rates, dtype=F64)
     key_mask = torch.ones(2, lk, dtype=torch.long)
     hidden = {"last-keys-hidden": slice(lk // 2, None), "hidden-row": slice(None), "right-padding": slice(20, None),
               "left-padding": slice(None, -20), "both-paddings": slice(None, 200)}

@@ -471,6 +471,38 @@ def test_triton_attention_rows_beyond_the_keys(name, dtype, walks, beyond_the_ke
                                    msg=lambda m: f"grad {grad_name}: {m}")
 
 
+@pytest.mark.parametrize("gap, causal, block", [
+    ((30, 170), False, 16), ((5, 60), True, 16),
+    *(pytest.param(*case, marks=pytest.mark.slow) for case in (((30, 170), True, 64), ((5, 60), False, 64),
+                                                               ((100, 250), False, 16), ((100, 250), True, 64))),
+], ids=["gap-bidirectional", "gap-near-the-start-causal", "gap-causal-block-64", "gap-near-the-start-block-64",
+        "gap-to-the-end", "gap-to-the-end-causal-block-64"])
+def test_triton_attention_rows_inside_a_gap(gap, causal, block, triton_paths):
+    """float32 rows inside a gap of hidden keys in one batch row (L = 250, rates 0.3 and 4): the weights of the keys
+    each side of the gap, in the row's window or beyond it, fall far below float32's range one by one, and the
+    kernels keep the float64 reference, output and gradients, at every row: the states relative to the last visible
+    key before them, the window's weights relative to the row's shift (`_pairs`). (The PyTorch path gives such rows
+    nothing beyond their band, `ops_common.tails_above_floor`.)"""
+    triton_paths(block)
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 2, 250, 4, dtype=F64, generator=gen)
+    k, v = (torch.randn(2, 2, 250, 4, dtype=F64, generator=gen) for _ in range(2))
+    rel, decay = torch.randn(2, 7, 4, dtype=F64, generator=gen), torch.tensor([0.3, 4.0], dtype=F64)
+    key_mask = torch.ones(2, 250, dtype=torch.long)
+    key_mask[1, gap[0]:gap[1]] = 0
+    args = [x.clone().requires_grad_() for x in (q, k, v, rel, decay)]
+    expected = naive_local_softmax_decay_attention(*args, key_mask=key_mask, causal=causal)
+    upstream = torch.randn(expected.shape, dtype=F64, generator=gen)
+    expected_grads = torch.autograd.grad(expected, args, upstream)
+    leaves = [x.detach().float().requires_grad_() for x in args]
+    got = chunk_local_softmax_decay_attention(*leaves, key_mask=key_mask, causal=causal)
+    torch.testing.assert_close(got.double(), expected, rtol=1e-4, atol=1e-5)
+    for name, g, e in zip("q k v rel decay".split(), torch.autograd.grad(got, leaves, upstream.float()),
+                          expected_grads):
+        atol = 1e-3 if name == "decay" else 1e-4 * max(1.0, float(e.abs().max()))
+        torch.testing.assert_close(g.double(), e, rtol=1e-3, atol=atol, msg=lambda m: f"grad {name}: {m}")
+
+
 @CAUSAL
 def test_triton_attention_inputs_in_other_layouts(causal, triton_paths):
     """Queries sliced from a fused projection (B, L, 3 H D), keys expanded over the heads (stride 0) and values
@@ -792,6 +824,36 @@ def check_against_the_reference_on_cuda(case: dict) -> None:
     for name, g, e in zip("q k v rel decay".split(), torch.autograd.grad(got, args, upstream.to(dtype)),
                           torch.autograd.grad(expected, wide, upstream)):
         close(g, e, f"grad {name}")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("walks", ["parallel", "sequential"])
+def test_triton_attention_rows_beyond_the_keys_on_cuda(beyond_the_keys_case, beyond_the_keys_inputs, walks,
+                                                       monkeypatch):
+    """`test_triton_attention_rows_beyond_the_keys` on the device, in float32 with the kernels' own blocks (a window's
+    keys up to 63 positions beyond a row's band, e^-252 at rate 4): every row keeps the float64 reference, output and
+    gradients."""
+    from modeling_scaleformer import ops_local_softmax_triton as kernels
+
+    monkeypatch.setattr(kernels, "PARALLEL_WALKS", walks == "parallel")
+    monkeypatch.setattr(ops_local_softmax, "_rows_beyond_the_keys", lambda *args, **kwargs: pytest.fail("called"))
+    args, kwargs, _ = beyond_the_keys_inputs(beyond_the_keys_case)
+    args = [x.detach().cuda().requires_grad_() for x in args]
+    if kwargs["key_mask"] is not None:
+        kwargs["key_mask"] = kwargs["key_mask"].cuda()
+    expected = naive_local_softmax_decay_attention(*args, **kwargs)
+    upstream = torch.randn(expected.shape, dtype=F64, generator=torch.Generator().manual_seed(1)).cuda()
+    expected_grads = torch.autograd.grad(expected, args, upstream)
+    leaves = [x.detach().float().requires_grad_() for x in args]
+    got = chunk_local_softmax_decay_attention(*leaves, **kwargs)
+    torch.testing.assert_close(got.double(), expected, rtol=1e-4, atol=1e-5)
+    for name, g, e in zip("q k v rel decay".split(), torch.autograd.grad(got, leaves, upstream.float()),
+                          expected_grads):
+        # lambda's gradient sums terms up to 300 positions times their weights, which cancel (a row with one visible
+        # key does not depend on lambda): float32 leaves about 1e-4 of them
+        atol = 1e-3 if name == "decay" else 1e-4 * max(1.0, float(e.abs().max()))
+        torch.testing.assert_close(g.double(), e, rtol=1e-3, atol=atol, msg=lambda m: f"grad {name}: {m}")
 
 
 @pytest.mark.gpu
