@@ -16,18 +16,19 @@ exp(0) = 1) rather than D times more. Every weight is positive and the row norma
 Each row is computed with all its weights multiplied by exp(-m_i), m_i the larger of the row's largest band logit and
 the log of its weight beyond the band (`ops_common.row_shift`): the ratio is unchanged, no term exceeds 1 and the
 largest is 1, so that rows neither overflow nor vanish. Hundreds of positions from every visible key, at a fast decay (a
-target far longer than its source, in cross attention), each weight beyond the band falls below the compute dtype's
-range while the row, a ratio, does not: the quadratic path and the cross-attention decoding step sum those weights
-relative to the row's largest decay and keep them. (The self-attention decoding step reads every visible token's own key
-in its band; a hidden token's row far past every visible key, whose output no generation reads, gets nothing beyond the
-band.) The Triton kernels form every weight beyond the band relative to the row's shift (each block's decayed sums
-relative to the last visible key before it) and keep every row at any distance. The PyTorch chunked path computes the
-rows whose visible keys all lie on one side of their band (past every key, past a padded row's last visible key, before
-its first) from the keys' decayed summary relative to the nearest visible key (`_rows_beyond_the_keys`), exact at any
-distance; on CUDA (without the kernels) only the rows past every key, since a padded row's edges would be read on the
-host. Its decayed sums underflow, and it gives any other row whose sum beyond the band is below a floor near the dtype's
-smallest normal number (inside a long gap of hidden keys; on CUDA, past a padded row's last key within the keys' length)
-none there (`ops_common.tails_above_floor`), where exp(-m) would make the gradients inf and NaN.
+target far longer than its source, in cross attention, or a long gap of hidden keys), each weight beyond the band falls
+below the compute dtype's range while the row, a ratio, does not: the quadratic path and the cross-attention decoding
+step sum those weights relative to the row's largest decay and keep them. (The self-attention decoding step reads every
+visible token's own key in its band; a hidden token's row far past every visible key, whose output no generation reads,
+gets nothing beyond the band.) The Triton kernels form every weight beyond the band relative to the row's shift (each
+block's decayed sums relative to the last visible key before it) and keep every row at any distance. The PyTorch chunked
+path computes the rows without a visible key in their band (past every key, past a padded row's last visible key, before
+its first, inside a gap of hidden keys) from the keys' decayed sums at the visible keys around them
+(`_rows_beyond_the_keys`), exact at any distance; on CUDA (without the kernels) only the rows past every key, since a
+padded row's edges would be read on the host. Its decayed sums underflow, and it gives any other row whose sum beyond
+the band is below a floor near the dtype's smallest normal number (on CUDA, past a padded row's last key within the
+keys' length, or inside a gap) none there (`ops_common.tails_above_floor`), where exp(-m) would make the gradients inf
+and NaN.
 
 The algorithm is linear in length: the band is a local softmax over 2h+1 keys per query, by blocks of
 queries; the tail is `ops_decay.decayed_tails` (a decayed linear attention by chunks, anticausal by reversal),
@@ -294,27 +295,63 @@ def _exact_rows(q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None, decay:
 
 
 def _edges_on_host(device: torch.device) -> bool:
-    """Whether `_rows_beyond_the_keys` reads a padded row's first and last visible keys from the mask on the host:
-    not on CUDA (the PyTorch path there, where the kernels do not run), where the copy would wait for every queued
-    kernel and stall the launches."""
+    """Whether `_rows_beyond_the_keys` reads each batch row's visible keys (first, last, the edges of its gaps) from
+    the mask on the host: not on CUDA (the PyTorch path there, where the kernels do not run), where the copy would wait
+    for every queued kernel and stall the launches."""
     return device.type != "cuda"
+
+
+def _edge_sums(features: Tensor, values: Tensor, rate: Tensor, edges: list[int], *, reverse: bool) -> dict[int, Tensor]:
+    """S_e = sum_{j <= e} exp(-lambda (e - j)) phi(k_j) values_j^T (1, H, D, Dv+1) at each visible key e of `edges`
+    (`reverse`: over j >= e, with exp(-lambda (j - e))), from one batch row's features phi(k) (1, H, Lk, D) and values
+    (1, H, Lk, Dv+1), by one walk over the keys: each edge's sum is the previous edge's decayed to it plus the keys
+    between them (`_sums_around`). Each weighs its own key by 1, so that no sum underflows."""
+    sums, state, previous = {}, None, features.shape[2] if reverse else -1
+    for edge in sorted(set(edges), reverse=reverse):
+        keys = slice(edge, previous) if reverse else slice(previous + 1, edge + 1)
+        at = torch.tensor([0 if reverse else edge - previous - 1], device=features.device)
+        local = _sums_around(features[:, :, keys], values[:, :, keys], rate, at)
+        state = local if state is None else local + state * torch.exp(-rate * abs(edge - previous))[:, None, None]
+        sums[edge], previous = state, edge
+    return sums
+
+
+def _rows_between(q: Tensor, before: Tensor | None, after: Tensor | None, edges: tuple[int | None, int | None],
+                  positions: Tensor, rate: Tensor, horizon: int) -> Tensor:
+    """Rows q (1, H, R, D) at `positions` (R,) whose visible keys all lie beyond their band: those up to the key e
+    before them, with the sums `before` at e (`_edge_sums`), and those from the key f after them, with the sums `after`
+    at f (either may be None). Row i weighs them by exp(-lambda (p_i - h - e)) and exp(-lambda (f - p_i - h)) relative
+    to the larger of the two, which the row's ratio cancels: phi(q_i) S / phi(q_i) s (s the last column), exact at any
+    distance."""
+    features = elu_feature_map(q.to(rate.dtype))
+    e, f = edges
+    parts = [(features @ sums, exponents) for sums, exponents in (
+        (before, None if e is None else -rate[:, None] * (positions - horizon - e)),
+        (after, None if f is None else -rate[:, None] * (f - positions - horizon))) if sums is not None]
+    if len(parts) == 1:
+        sums = parts[0][0]
+    else:
+        top = torch.maximum(parts[0][1], parts[1][1])
+        sums = sum(part * torch.exp(exponents - top)[..., None] for part, exponents in parts)
+    return normalise_rows(sums[..., :-1], sums[..., -1:])
 
 
 def _rows_beyond_the_keys(out: Tensor, q: Tensor, k: Tensor, v: Tensor, decay: Tensor, *, causal: bool,
                           key_mask: Tensor | None, query_offset: int, horizon: int) -> Tensor:
-    """`out`, the PyTorch path's output (the kernels keep these rows themselves), with its rows beyond the visible keys
-    replaced by their exact value: the rows past their batch row's last visible key e (p_i - h > e: every visible key
-    before the band) and, without causality, before its first f (p_i + h < f).
+    """`out`, the PyTorch path's output (the kernels keep these rows themselves), with the rows that have no visible
+    key in their band replaced by their exact value: the rows past their batch row's last visible key (p_i - h > e),
+    inside a gap of hidden keys (e < p_i - h, and p_i + h < f, or p_i < f when causal, e and f the visible keys around
+    the gap) and, without causality, before its first visible key (p_i + h < f).
 
-    Such a row's weights share the factor exp(-lambda (p_i - h - e)) (or exp(-lambda (f - p_i - h))), which the row's
-    ratio cancels: out_i = phi(q_i) S / phi(q_i) s over the summary S = sum_j exp(-lambda |e - j|) phi(k_j)
-    [m_j v_j, m_j]^T (s its last column), whose largest weight is 1 (`_exact_rows`). The chunked sums carry that
-    factor, and underflow once it passes the dtype's range (a target longer than its source by hundreds of positions,
-    at a fast decay); the summary does not. O(D Dv) per such row and O(e D Dv) per batch row that has some, nothing
-    where there are none; differentiable by autograd. The edges of a padded row are read from `key_mask` on the
-    host, where that costs nothing; on CUDA, where it would stall the launches, only the rows past every key
-    (p_i - h > Lk - 1, known from the shapes) are replaced, and rows past a padded row's last key within the keys'
-    length keep the chunked sums (`_edges_on_host`). Rows inside a gap of hidden keys keep them on every device.
+    Such a row's weights beyond its band share the factors exp(-lambda (p_i - h - e)) on the keys up to e and
+    exp(-lambda (f - p_i - h)) on the keys from f, which the row's ratio cancels but for their ratio
+    (`_rows_between`): out_i is exact from the keys' decayed sums at e and f (`_edge_sums`), whose largest weight is
+    1. The chunked sums carry those factors, and underflow once they pass the dtype's range (a target longer than its
+    source by hundreds of positions, or a gap as long, at a fast decay); the edges' sums do not. O(D Dv) per such row
+    and O(Lk D Dv) per batch row that has some, nothing where there are none; differentiable by autograd. The edges
+    are read from `key_mask` on the host, where that costs nothing; on CUDA, where it would stall the launches, only
+    the rows past every key (p_i - h > Lk - 1, known from the shapes) are replaced, and the others keep the chunked
+    sums (`_edges_on_host`).
     """
     b, lq, lk = q.shape[0], q.shape[2], k.shape[2]
     if key_mask is None or not _edges_on_host(q.device):
@@ -325,18 +362,42 @@ def _rows_beyond_the_keys(out: Tensor, q: Tensor, k: Tensor, v: Tensor, decay: T
         out = out.clone()  # in out's layout, which the kernels choose so that merging the heads is a view
         out[:, :, first:] = _exact_rows(q[:, :, first:], k, v, key_mask, decay, last)
         return out
-    edges = zip(*(edge.tolist() for edge in _visible_edges(key_mask.bool())))
+    dtype = compute_dtype(q.dtype)
+    rate = decay.to(dtype)
+    hidden = horizon + 1 if causal else 2 * horizon + 1  # hidden keys in a row that leave a band without a visible key
+
+    def rows(lo: int, hi: int) -> tuple[int, int]:
+        return min(max(lo - query_offset, 0), lq), min(max(hi - query_offset, 0), lq)
+
+    visible = key_mask.bool()
+    pairs = visible.nonzero()  # (row, key) of every visible key, by row, then key
+    wide = (pairs[1:, 0] == pairs[:-1, 0]) & (pairs[1:, 1] - pairs[:-1, 1] > hidden)
+    gaps = {}  # row -> [(e, f)]: the visible keys around each gap whose rows' bands can hold no visible key
+    for row, e, f in torch.cat([pairs[:-1][wide], pairs[1:, 1:][wide]], 1).tolist():
+        gaps.setdefault(row, []).append((e, f))
     result = out
-    for row, (f, e) in enumerate(edges):
-        before = 0 if causal or e < 0 else min(max(f - horizon - query_offset, 0), lq)  # rows i < before: p_i + h < f
-        past = lq if e < 0 else min(max(e + horizon + 1 - query_offset, before), lq)  # rows i >= past: p_i - h > e
-        seen = slice(row, row + 1), slice(None), slice(f, e + 1)  # the batch row's keys f..e
-        for rows, edge in ((slice(0, before), 0), (slice(past, lq), e - f)):
-            if rows.stop > rows.start:
-                result = out.clone() if result is out else result
-                result[row:row + 1, :, rows] = _exact_rows(q[row:row + 1, :, rows], k[seen], v[seen],
-                                                           key_mask[row:row + 1, f:e + 1], decay,
-                                                           torch.tensor([edge], device=q.device))
+    for row, (first, last) in enumerate(zip(*(edge.tolist() for edge in _visible_edges(visible)))):
+        if last < 0:
+            continue  # no visible key: the row is 0
+        # (rows, the visible key before them, the one after): before the first, inside each wide gap, past the last
+        spans = [] if causal else [(rows(0, first - horizon), None, first)]
+        spans += [(rows(e + horizon + 1, f if causal else f - horizon), e, None if causal else f)
+                  for e, f in gaps.get(row, [])]
+        spans.append((rows(last + horizon + 1, lq + query_offset), last, None))
+        spans = [span for span in spans if span[0][1] > span[0][0]]
+        if not spans:
+            continue
+        seen = slice(first, last + 1)  # the batch row's keys first..last (the others are hidden), edges from first
+        features = elu_feature_map(k[row:row + 1, :, seen].to(dtype))
+        values = augment_values(v[row:row + 1, :, seen].to(dtype), key_mask[row:row + 1, seen])
+        before = _edge_sums(features, values, rate, [e - first for _, e, _ in spans if e is not None], reverse=False)
+        after = _edge_sums(features, values, rate, [f - first for _, _, f in spans if f is not None], reverse=True)
+        result = out.clone() if result is out else result  # in out's layout
+        for (lo, hi), e, f in spans:
+            positions = torch.arange(lo + query_offset, hi + query_offset, device=q.device, dtype=dtype)
+            result[row:row + 1, :, lo:hi] = _rows_between(
+                q[row:row + 1, :, lo:hi], None if e is None else before[e - first],
+                None if f is None else after[f - first], (e, f), positions, rate, horizon)
     return result
 
 

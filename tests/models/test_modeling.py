@@ -127,12 +127,13 @@ def test_a_padded_source_reads_as_the_source_alone(attention_type, tiny_config):
         assert torch.equal(model.generate(ids, attention_mask=mask, **kwargs)[:1], tokens), padding
 
 
-@pytest.mark.parametrize("padding", ["left", "right"])
+@pytest.mark.parametrize("padding", ["left", "right", "gap"])
 def test_chunked_cross_attention_far_from_a_padded_source(padding, tiny_config, monkeypatch):
-    """A batch whose second source keeps 20 of 220 tokens, padded on the left or the right, and targets of 220 tokens,
-    decay rates 4 to 2 (float64): most target positions lie hundreds of positions from every visible source token,
-    where the chunked path's decayed sums underflow. Its teacher-forced logits (`attention_mode="linear"`) equal the
-    quadratic path's at every position, and would not without `_rows_beyond_the_keys`."""
+    """A batch whose second source keeps 20 of 220 tokens, padded on the left or the right, or 10 each side of a gap
+    of 280 hidden tokens (of 300), and targets as long, decay rates 4 to 2 (float64): most target positions lie
+    hundreds of positions from every visible source token, where the chunked path's decayed sums underflow. Its
+    teacher-forced logits (`attention_mode="linear"`) equal the quadratic path's at every position, and would not
+    without `_rows_beyond_the_keys`."""
     from modeling_scaleformer import ops_local_softmax
 
     logits = {}
@@ -141,9 +142,9 @@ def test_chunked_cross_attention_far_from_a_padded_source(padding, tiny_config, 
         model = ScaleformerForConditionalGeneration(tiny_config(attention_mode=mode, decay_rate_range=(4.0, 2.0)))
         model = model.double().eval()
         g = torch.Generator().manual_seed(0)
-        src, tgt = (torch.randint(3, 60, (2, 220), generator=g) for _ in range(2))
+        src, tgt = (torch.randint(3, 60, (2, 300 if padding == "gap" else 220), generator=g) for _ in range(2))
         src_mask = torch.ones_like(src)
-        src_mask[1, slice(None, 200) if padding == "left" else slice(20, None)] = 0
+        src_mask[1, {"left": slice(None, 200), "right": slice(20, None), "gap": slice(10, 290)}[padding]] = 0
         kwargs = dict(input_ids=src, attention_mask=src_mask, decoder_input_ids=tgt)
         logits[mode] = model(**kwargs).logits
         if mode == "linear":

@@ -408,8 +408,8 @@ decay_checker = _factory("check_decay_op", check_decay_op, check_decay_op.__doc_
 decay_reference = _factory("decay_loop", decay_loop, decay_loop.__doc__)
 
 
-# rows whose visible keys all lie on one side of their band: past every key, past a padded row's last visible key,
-# before its first; `lost` where the fast head's chunked sums of the PyTorch path underflow even in float64
+# rows without a visible key in their band: past every key, past a padded row's last visible key, before its first,
+# inside gaps of hidden keys; `lost` where the fast head's chunked sums of the PyTorch path underflow even in float64
 BEYOND_THE_KEYS = dict(
     past_the_keys=dict(lq=250, lk=10, lost=True), past_the_keys_causal=dict(lq=250, lk=10, causal=True, lost=True),
     offset=dict(lq=12, lk=30, offset=250, lost=True),
@@ -423,6 +423,9 @@ BEYOND_THE_KEYS = dict(
     a_batch_row_without_keys=dict(lq=30, lk=20, offset=4, mask="hidden-row"),
     length_1=dict(lq=1, lk=1, offset=300, lost=True), length_1_hidden=dict(lq=1, lk=1, offset=6, mask="hidden-row"),
     length_1_right_padding=dict(lq=1, lk=240, offset=239, mask="right-padding", lost=True),
+    gap=dict(lq=400, lk=400, mask="gap", lost=True), gap_causal=dict(lq=400, lk=400, causal=True, mask="gap", lost=True),
+    gaps_and_paddings=dict(lq=250, lk=240, offset=5, mask="gaps-and-paddings"),
+    gaps_and_paddings_causal=dict(lq=250, lk=240, offset=5, causal=True, mask="gaps-and-paddings"),
 )
 
 
@@ -436,10 +439,14 @@ def make_beyond_the_keys_inputs(name: str, rates: tuple[float, float] = (0.3, 4.
     k, v = (torch.randn(2, 2, lk, 4, dtype=F64, generator=gen) for _ in range(2))
     rel, decay = torch.randn(2, 7, 4, dtype=F64, generator=gen), torch.tensor(rates, dtype=F64)
     key_mask = torch.ones(2, lk, dtype=torch.long)
-    hidden = {"last-keys-hidden": slice(lk // 2, None), "hidden-row": slice(None), "right-padding": slice(20, None),
-              "left-padding": slice(None, -20), "both-paddings": slice(None, 200)}
-    if "mask" in case:
-        key_mask[1, hidden[case["mask"]]] = 0
+    hidden = {"last-keys-hidden": [slice(lk // 2, None)], "hidden-row": [slice(None)], "right-padding": [slice(20, None)],
+              "left-padding": [slice(None, -20)], "both-paddings": [slice(None, 200)], "gap": [slice(20, 380)],
+              # gaps of 6 (too short to leave a band of 2h + 1 = 7 keys without a visible one, unless causal), 40, 1
+              # and 70 hidden keys, between paddings of 10 and 20
+              "gaps-and-paddings": [slice(None, 10), slice(20, 26), slice(60, 100), slice(120, 121), slice(150, 220),
+                                    slice(-20, None)]}
+    for keys in hidden.get(case.get("mask"), []):
+        key_mask[1, keys] = 0
     if case.get("mask") == "both-paddings":
         key_mask[0, 20:] = 0
     kwargs = dict(causal=case.get("causal", False), key_mask=key_mask if "mask" in case else None,

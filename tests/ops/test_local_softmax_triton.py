@@ -435,11 +435,14 @@ ROWS_BEYOND_THE_KEYS = [
                                                   "both_paddings", "a_batch_row_without_keys",
                                                   "length_1_right_padding")),
     ("right_padding", "float64", "sequential"), ("length_1", "float64", "parallel"),
+    ("gaps_and_paddings", "float32", "parallel"),
     *(pytest.param(name, dtype, walks, marks=pytest.mark.slow) for name, dtype, walks in (
         ("past_the_keys_causal", "float32", "sequential"), ("offset", "float32", "parallel"),
         ("last_keys_hidden", "float32", "parallel"), ("last_keys_hidden_causal", "float64", "sequential"),
         ("right_padding", "float64", "parallel"), ("left_padding_causal", "float64", "sequential"),
-        ("both_paddings", "float64", "sequential"), ("length_1_hidden", "float64", "parallel"))),
+        ("both_paddings", "float64", "sequential"), ("length_1_hidden", "float64", "parallel"),
+        ("gap", "float64", "parallel"), ("gap_causal", "float32", "sequential"),
+        ("gaps_and_paddings_causal", "float64", "sequential"))),
 ]
 
 
