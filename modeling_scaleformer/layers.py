@@ -189,7 +189,7 @@ class ScaleformerAttention(nn.Module):
         """Whether torch.compile may trace this call's attention: its op is operators or a few tensor operations on
         q's device (`AttentionVariant.traced`), with no generation state to fill or continue."""
         return (state is None and k is not None and self.mode != "naive" and self.variant.traced is not None
-                and self.variant.traced(q.device, self.parameter_specs, self.head_dim, self.is_causal))
+                and self.variant.traced(q.device, q.dtype, self.parameter_specs, self.head_dim, self.is_causal))
 
     def finish(self, out: Tensor, hidden_states: Tensor | TokenRows) -> Tensor:
         """The output (B, L, d_model) from the attention `out` (B, H, L, D) of the queries of `hidden_states`."""

@@ -211,21 +211,21 @@ def _triton_entry(device: torch.device, name: str):
     return getattr(ops_local_softmax_triton, name)
 
 
-def _attention_function(device: torch.device, horizon: int, dim: int, value_dim: int):
+def _attention_function(device: torch.device, horizon: int, dim: int, value_dim: int, dtype: torch.dtype):
     """The linear path's Triton kernels for `device` (`ops_local_softmax_triton.local_softmax_decay`) on CUDA when
-    Triton is installed and the kernels take the horizon and head dimensions, or None (the band then runs in
-    `_LocalSoftmaxBand` and the tails in `ops_decay.decayed_tails`; on CUDA, with a warning the first time for each
-    reason)."""
+    Triton is installed and the kernels take the horizon and head dimensions for inputs of `dtype`, or None (the band
+    then runs in `_LocalSoftmaxBand` and the tails in `ops_decay.decayed_tails`; on CUDA, with a warning the first
+    time for each reason)."""
     if device.type != "cuda":
         return None
     fits = _triton_entry(device, "fits")
     if fits is None:
         _warn_pytorch_path(device, "Triton is not installed (`pip install triton`, or the package's `gpu` extra)")
         return None
-    if not fits(horizon, dim, value_dim):
-        limits = _triton_entry(device, "MAX_HORIZON"), _triton_entry(device, "MAX_DIM")
+    if not fits(horizon, dim, value_dim, dtype):
+        limits = _triton_entry(device, "MAX_HORIZON"), _triton_entry(device, "max_dim")(dtype)
         _warn_pytorch_path(device, f"its Triton kernels take h <= {limits[0]} and head dimensions D, Dv <= "
-                                   f"{limits[1]}, got h={horizon}, D={dim}, Dv={value_dim}")
+                                   f"{limits[1]} for {dtype}, got h={horizon}, D={dim}, Dv={value_dim}")
         return None
     return _triton_entry(device, "local_softmax_decay")
 
@@ -244,11 +244,13 @@ def _warn_pytorch_path(device: torch.device, reason: str) -> None:
                   f"Triton kernels: {reason}", stacklevel=3)
 
 
-def local_softmax_decay_is_operator(device: torch.device, horizon: int, dim: int, value_dim: int) -> bool:
-    """Whether `local_softmax_decay_attention` (linear or auto mode) runs on `device` as `torch.library` operators
+def local_softmax_decay_is_operator(device: torch.device, horizon: int, dim: int, value_dim: int,
+                                    dtype: torch.dtype) -> bool:
+    """Whether `local_softmax_decay_attention` (linear or auto mode) runs on `device`, for inputs of `dtype`, as
+    `torch.library` operators
     (the Triton kernels' forward and backward, `_attention_function`), which torch.compile can trace a model around
     instead of compiling the PyTorch path's loops over blocks and chunks."""
-    return _attention_function(device, horizon, dim, value_dim) is not None
+    return _attention_function(device, horizon, dim, value_dim, dtype) is not None
 
 
 def _decode_function(device: torch.device):
@@ -413,7 +415,7 @@ def chunk_local_softmax_decay_attention(
     h = resolve_horizon(rel, horizon)
     b, heads, lq, d = q.shape
     lk = k.shape[2]
-    kernels = _attention_function(q.device, h, d, v.shape[-1])
+    kernels = _attention_function(q.device, h, d, v.shape[-1], q.dtype)
     if kernels is not None:  # exact at any distance from the keys: their states keep exponents of their own
         return kernels(q, k, v, head_table(rel, heads, q.dtype), decay, causal=causal, key_mask=key_mask,
                        query_offset=query_offset, horizon=h)
@@ -470,7 +472,7 @@ def local_softmax_decay_attention(
     check_attention_inputs(q, k, v, rel, key_mask, query_offset, mode)
     check_decay(decay, q.shape[1], q.dtype)
     h = resolve_horizon(rel, horizon)
-    if mode == "auto" and _attention_function(q.device, h, q.shape[-1], v.shape[-1]) is not None:
+    if mode == "auto" and _attention_function(q.device, h, q.shape[-1], v.shape[-1], q.dtype) is not None:
         mode = "linear"  # the Triton kernels: a handful of launches at any length, where the quadratic path has dozens
     elif mode == "auto":
         mode = kernelized_decay_choose_mode(

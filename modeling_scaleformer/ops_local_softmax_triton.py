@@ -1040,10 +1040,14 @@ KEY_BLOCK = 32
 # `_backward_queries` (the table's gather and the products with it) on an H200; the padding is masked
 MIN_TILE = 64
 # the kernels hold whole rows of q, k and v and the relative table: h and D, Dv up to these, the sizes whose tiles
-# (64-wide D and Dv, tables of 64 and 128 rows) were checked on a GPU; larger ones take the PyTorch path (at D = 128,
-# `_states` asks for more shared memory than an H200 has)
+# (64-wide D and Dv, tables of 64 and 128 rows) were checked on a GPU; larger ones take the PyTorch path (at D = 128
+# in float32, `_backward_keys` asks for more shared memory than an H100 or H200 has)
 MAX_HORIZON = 63
 MAX_DIM = 64
+# bfloat16 inputs: D, Dv up to 128 (tiles 128 wide, launched as `WIDE_LAUNCH`), checked against the float64 reference
+# on an H200 (`test_triton_attention_beyond_fits_on_cuda`, `bench_attention_gpu.py --dim 128`; benchmarks/README.md);
+# float16 has not run there yet
+MAX_DIM_BFLOAT16 = 128
 # launch options of each kernel: `_forward`, `_backward_queries` and `_backward_keys` as timed fastest by
 # `bench_attention_gpu.py --tune` (4 and 8 warps, 1 to 3 stages; B=4, H=16, L=16384, D = Dv = 64, h = 16, bf16, on an
 # H200: 0.93, 0.93 and 0.85 of the time with 8 warps, benchmarks/README.md), the others those with the fewest register
@@ -1103,9 +1107,14 @@ def _launch(kernel: str, d: int, dv: int) -> dict:
     return LAUNCH[kernel] if max(d, dv) <= MIN_TILE else {**LAUNCH[kernel], **WIDE_LAUNCH}
 
 
-def fits(horizon: int, dim: int, value_dim: int) -> bool:
-    """Whether the kernels take a horizon and head dimensions this large."""
-    return horizon <= MAX_HORIZON and dim <= MAX_DIM and value_dim <= MAX_DIM
+def max_dim(dtype: torch.dtype) -> int:
+    """The largest head dimensions D, Dv the kernels take for inputs of `dtype`."""
+    return MAX_DIM_BFLOAT16 if dtype == torch.bfloat16 else MAX_DIM
+
+
+def fits(horizon: int, dim: int, value_dim: int, dtype: torch.dtype) -> bool:
+    """Whether the kernels take a horizon and head dimensions this large, for inputs of `dtype`."""
+    return horizon <= MAX_HORIZON and max(dim, value_dim) <= max_dim(dtype)
 
 
 def _fused_backward(horizon: int, causal: bool) -> bool:
@@ -1448,9 +1457,9 @@ def local_softmax_decay(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, table
     """The linear path of `ops_local_softmax.local_softmax_decay_attention` on CUDA (`_EagerAttention`, or the
     operator `_forward_op` where torch.compile traces it), for inputs that `fits` takes; `table` is the per-head
     table (H, 2h+1, D) in q's dtype or None."""
-    if not fits(horizon, q.shape[-1], v.shape[-1]):
-        raise ValueError(f"the Triton kernels take h <= {MAX_HORIZON} and D, Dv <= {MAX_DIM}, got h={horizon}, "
-                         f"D={q.shape[-1]}, Dv={v.shape[-1]}")
+    if not fits(horizon, q.shape[-1], v.shape[-1], q.dtype):
+        raise ValueError(f"the Triton kernels take h <= {MAX_HORIZON} and D, Dv <= {max_dim(q.dtype)} for {q.dtype}, "
+                         f"got h={horizon}, D={q.shape[-1]}, Dv={v.shape[-1]}")
     acc = compute_dtype(q.dtype)
     dot = dot_precision(acc, half_inputs=acc != q.dtype)
     table = None if table is None else table.contiguous()

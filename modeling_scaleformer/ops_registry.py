@@ -134,10 +134,10 @@ class AttentionVariant(NamedTuple):
             puts a per-head RMSNorm and a SiLU output gate on its output.
         feature_maps: the feature maps phi of its kernelized scores that `config.feature_map` may choose
             (keys of `ops_common.FEATURE_MAPS`); the first is the default.
-        traced: `(device, parameter specs, head_dim, causal) -> bool`, whether `attention` (linear or auto mode,
-            no generation state) is there what torch.compile may trace: `torch.library` operators (the Triton
-            kernels) or a few tensor operations; elsewhere (None: everywhere) `ScaleformerAttention` keeps the op
-            from torch.compile, which would compile its Python loops over blocks and chunks once per shape.
+        traced: `(device, dtype, parameter specs, head_dim, causal) -> bool`, whether `attention` (linear or auto mode,
+            no generation state, inputs of `dtype`) is there what torch.compile may trace: `torch.library` operators
+            (the Triton kernels) or a few tensor operations; elsewhere (None: everywhere) `ScaleformerAttention` keeps
+            the op from torch.compile, which would compile its Python loops over blocks and chunks once per shape.
     """
 
     parameters: Callable[[int, int, int, bool], dict[str, ParameterSpec]]
@@ -154,7 +154,7 @@ class AttentionVariant(NamedTuple):
     cross_attention_rpe: bool
     normalised: bool = True
     feature_maps: tuple[str, ...] = ("elu",)
-    traced: Callable[[torch.device, dict[str, ParameterSpec], int, bool], bool] | None = None
+    traced: Callable[[torch.device, torch.dtype, dict[str, ParameterSpec], int, bool], bool] | None = None
 
 
 # `config.attention_mode` -> the ops' `mode`: the linear variants have both algorithms, the softmax
@@ -353,7 +353,8 @@ def kernelized_sum_forward(q, k, v, params, *, causal, key_mask, query_offset, m
     )
 
 
-def kernelized_sum_traced(device: torch.device, specs: dict[str, ParameterSpec], head_dim: int, causal: bool) -> bool:
+def kernelized_sum_traced(device: torch.device, dtype: torch.dtype, specs: dict[str, ParameterSpec], head_dim: int,
+                          causal: bool) -> bool:
     """Whether the attention is a few tensor operations (the keys' sums, or their running sums where those fit, or
     the quadratic scores), not the chunked path's loops: on any device."""
     return not causal or prefix_sums_fit(head_dim, head_dim)
@@ -399,10 +400,10 @@ def local_softmax_decay_forward(q, k, v, params, *, causal, key_mask, query_offs
     )
 
 
-def local_softmax_decay_traced(device: torch.device, specs: dict[str, ParameterSpec], head_dim: int,
-                               causal: bool) -> bool:
-    """Whether the attention is the Triton kernels' operators on `device` (CUDA, sizes they take)."""
-    return local_softmax_decay_is_operator(device, (specs["rel"].shape[1] - 1) // 2, head_dim, head_dim)
+def local_softmax_decay_traced(device: torch.device, dtype: torch.dtype, specs: dict[str, ParameterSpec],
+                               head_dim: int, causal: bool) -> bool:
+    """Whether the attention is the Triton kernels' operators on `device` (CUDA, sizes they take in `dtype`)."""
+    return local_softmax_decay_is_operator(device, (specs["rel"].shape[1] - 1) // 2, head_dim, head_dim, dtype)
 
 
 def local_softmax_decay_prefill(k, v, params, *, key_mask):

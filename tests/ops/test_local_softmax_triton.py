@@ -246,11 +246,11 @@ def test_cuda_without_triton_says_it_runs_the_pytorch_path(monkeypatch):
     monkeypatch.setattr(ops_local_softmax, "_triton_entry", lambda device, name: None)
     with pytest.warns(UserWarning, match=r"runs its PyTorch path on cuda, not its Triton kernels: Triton is not "
                                          r"installed \(`pip install triton`, or the package's `gpu` extra\)$"):
-        assert ops_local_softmax._attention_function(torch.device("cuda"), 16, 64, 64) is None
+        assert ops_local_softmax._attention_function(torch.device("cuda"), 16, 64, 64, torch.float32) is None
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert ops_local_softmax._attention_function(torch.device("cuda"), 16, 64, 64) is None
-        assert ops_local_softmax._attention_function(torch.device("cpu"), 16, 64, 64) is None
+        assert ops_local_softmax._attention_function(torch.device("cuda"), 16, 64, 64, torch.float32) is None
+        assert ops_local_softmax._attention_function(torch.device("cpu"), 16, 64, 64, torch.float32) is None
 
 
 def test_few_programs_take_the_parallel_walks(decay_inputs, monkeypatch, triton_paths):
@@ -557,27 +557,31 @@ def test_auto_mode_takes_the_kernels_at_any_length(causal, decay_inputs, triton_
 
 
 def test_sizes_beyond_the_kernels_take_the_pytorch_path(monkeypatch):
-    """The kernels take h <= 63 and D, Dv <= 64 (the tile sizes checked on a GPU); beyond, the op on CUDA picks the
-    PyTorch path, saying so once per size, and the kernels' entry point refuses them by name."""
+    """The kernels take h <= 63 and D, Dv <= 64, 128 for bfloat16 inputs (the tile sizes checked on a GPU); beyond,
+    the op on CUDA picks the PyTorch path, saying so once per size, and the kernels' entry point refuses them by
+    name."""
     from modeling_scaleformer.ops_local_softmax_triton import local_softmax_decay
 
     monkeypatch.setattr(ops_local_softmax, "_WARNED_PYTORCH_PATHS", set())
     cuda = torch.device("cuda")
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the kernels' sizes: no warning
-        for sizes in ((63, 64, 64), (32, 64, 64)):  # the base configuration's horizon is 32
+        for sizes in ((63, 64, 64, torch.float32), (32, 64, 64, torch.float16),  # the base configuration's h = 32
+                      (16, 128, 128, torch.bfloat16), (63, 100, 72, torch.bfloat16)):
             assert ops_local_softmax._attention_function(cuda, *sizes).__name__ == "local_softmax_decay"
-    for h, d, dv in ((64, 64, 64), (16, 65, 64), (16, 64, 65)):
+    for h, d, dv, dtype, limit in ((64, 64, 64, torch.float32, 64), (16, 65, 64, torch.float32, 64),
+                                   (16, 64, 65, torch.float16, 64), (16, 128, 128, torch.float32, 64),
+                                   (16, 129, 64, torch.bfloat16, 128)):
         expected = (r"the default attention \(local_softmax_decay\) runs its PyTorch path on cuda, not its Triton "
-                    rf"kernels: its Triton kernels take h <= 63 and head dimensions D, Dv <= 64, got h={h}, D={d}, "
-                    rf"Dv={dv}$")
+                    rf"kernels: its Triton kernels take h <= 63 and head dimensions D, Dv <= {limit} for {dtype}, "
+                    rf"got h={h}, D={d}, Dv={dv}$")
         with pytest.warns(UserWarning, match=expected):
-            assert ops_local_softmax._attention_function(cuda, h, d, dv) is None
+            assert ops_local_softmax._attention_function(cuda, h, d, dv, dtype) is None
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # once per size
-            assert ops_local_softmax._attention_function(cuda, h, d, dv) is None
+            assert ops_local_softmax._attention_function(cuda, h, d, dv, dtype) is None
     q = torch.zeros(1, 1, 4, 65)
-    with pytest.raises(ValueError, match=r"h <= 63 and D, Dv <= 64, got h=3, D=65, Dv=65"):
+    with pytest.raises(ValueError, match=r"h <= 63 and D, Dv <= 64 for torch.float32, got h=3, D=65, Dv=65"):
         local_softmax_decay(q, q, q, None, torch.zeros(1), causal=True, key_mask=None, query_offset=0, horizon=3)
 
 
@@ -726,7 +730,7 @@ def test_triton_attention_on_cuda(causal, dtype, monkeypatch):
     key_mask = torch.ones(2, 4096, device="cuda", dtype=torch.long)
     key_mask[1, -128:] = 0
     key_mask[0, 1000:1064] = 0
-    kernels = ops_local_softmax._attention_function(q.device, 16, 64, 64)
+    kernels = ops_local_softmax._attention_function(q.device, 16, 64, 64, dtype)
     assert kernels is not None and kernels.__name__ == "local_softmax_decay"
     outs, grads = [], []
     for choice in (kernels, None):
@@ -750,12 +754,14 @@ def test_triton_attention_on_cuda(causal, dtype, monkeypatch):
     dict(lq=200, lk=40, d=8, h=3), dict(lq=200, lk=200, d=32, h=3), dict(lq=130, lk=130, d=64, h=16, causal=True),
     dict(lq=300, lk=300, d=64, h=31), dict(lq=150, lk=150, d=48, h=0), dict(lq=300, lk=300, d=64, h=32),
     dict(lq=300, lk=300, d=64, h=32, causal=True), dict(lq=300, lk=200, d=64, h=63),
+    dict(lq=200, lk=200, d=128, h=16, dtype=torch.bfloat16),
+    dict(lq=200, lk=200, d=128, h=16, causal=True, dtype=torch.bfloat16),
 ], ids=["d8-h3", "d8-h3-causal", "lq<lk", "lq>lk", "d32-h3", "d64-h16-causal", "h31", "d48-h0", "h32", "h32-causal",
-        "h63-lq>lk"])
+        "h63-lq>lk", "d128-bf16", "d128-bf16-causal"])
 def test_triton_attention_shapes_on_cuda(case):
-    """The kernels at the sizes the models use (head dimensions 8 to 64, h 0 to 63, the base configuration's 32
-    among them: every size `fits` takes pads to the tiles of these), Lq != Lk, padded keys, against the float64
-    reference on the device, output and gradients, float32."""
+    """The kernels at the sizes the models use (head dimensions 8 to 64, 128 in bfloat16, h 0 to 63, the base
+    configuration's 32 among them: every size `fits` takes pads to the tiles of these), Lq != Lk, padded keys, against
+    the float64 reference on the device, output and gradients, float32 unless said."""
     check_against_the_reference_on_cuda(case)
 
 
@@ -763,15 +769,12 @@ def test_triton_attention_shapes_on_cuda(case):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("case", [
     dict(lq=200, lk=200, d=128, h=16), dict(lq=200, lk=200, d=128, h=16, causal=True),
-    dict(lq=200, lk=200, d=128, h=16, dtype=torch.bfloat16),
-    dict(lq=200, lk=200, d=128, h=16, causal=True, dtype=torch.bfloat16),
-], ids=["d128", "d128-causal", "d128-bf16", "d128-bf16-causal"])
-@pytest.mark.xfail(strict=True, reason="D = 128 is not in MAX_DIM (64) until a GPU has run it")
+], ids=["d128", "d128-causal"])
+@pytest.mark.xfail(strict=True, reason="D = 128 in float32 is not in MAX_DIM (64): sm90 lacks the shared memory")
 def test_triton_attention_beyond_fits_on_cuda(case, monkeypatch):
-    """The size `fits` does not take yet, D = 128, with its limit lifted: as `test_triton_attention_shapes_on_cuda`,
-    the check that raising MAX_DIM waits for. In float32, `_backward_keys` asks for more shared memory than sm90 has
-    (294,912 bytes of 232,448 at one stage); in bfloat16 every kernel fits at one stage, as `WIDE_LAUNCH` launches
-    them. Expected to fail until then (strict: a case that passes says MAX_DIM can go up for its dtype)."""
+    """The size `fits` does not take in float32, D = 128, with its limit lifted: as
+    `test_triton_attention_shapes_on_cuda`. `_backward_keys` asks for more shared memory than sm90 has (294,912 bytes
+    of 232,448 at one stage). Expected to fail (strict: a case that passes says MAX_DIM can go up for float32)."""
     from modeling_scaleformer import ops_local_softmax_triton
 
     monkeypatch.setattr(ops_local_softmax_triton, "MAX_DIM", 128)
@@ -819,7 +822,7 @@ def check_against_the_reference_on_cuda(case: dict) -> None:
             tolerance = dict(rtol=0, atol=3e-2 * float(expected.abs().max()))
         torch.testing.assert_close(got.double(), expected, **tolerance, msg=lambda m: f"{name}: {m}")
 
-    assert ops_local_softmax._attention_function(q.device, h, d, d).__name__ == "local_softmax_decay"
+    assert ops_local_softmax._attention_function(q.device, h, d, d, dtype).__name__ == "local_softmax_decay"
     got = chunk_local_softmax_decay_attention(*args, causal=causal, key_mask=key_mask)
     expected = naive_local_softmax_decay_attention(*wide, causal=causal, key_mask=key_mask)
     close(got, expected, "out")
