@@ -247,9 +247,8 @@ def _warn_pytorch_path(device: torch.device, reason: str) -> None:
 def local_softmax_decay_is_operator(device: torch.device, horizon: int, dim: int, value_dim: int,
                                     dtype: torch.dtype) -> bool:
     """Whether `local_softmax_decay_attention` (linear or auto mode) runs on `device`, for inputs of `dtype`, as
-    `torch.library` operators
-    (the Triton kernels' forward and backward, `_attention_function`), which torch.compile can trace a model around
-    instead of compiling the PyTorch path's loops over blocks and chunks."""
+    `torch.library` operators (the Triton kernels' forward and backward, `_attention_function`), which torch.compile
+    can trace a model around instead of compiling the PyTorch path's loops over blocks and chunks."""
     return _attention_function(device, horizon, dim, value_dim, dtype) is not None
 
 

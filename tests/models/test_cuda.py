@@ -107,7 +107,11 @@ def test_torch_compile_matches_eager(mode, tiny_config, batch, attention_outside
     logits, loss and every gradient over three training-mode steps, and traces every attention layer: the default
     attention through its kernels' operators, the count block's running sums as tensor operations; none runs
     outside the graph. One layer each side (every kind of attention layer: encoder, decoder, cross), so that Inductor
-    compiles half the graph of two."""
+    compiles half the graph of two. Inductor's persistent reductions are off: with torch 2.11 and Triton 3.6 on an
+    H200, one of its own backward kernels (a fused embedding, layer-norm and loss reduction) failed to compile for
+    sm90 (`PassManager::run failed`), and passed without them (benchmarks/README.md)."""
+    import torch._inductor.config
+
     _, device = model_pair(tiny_config, encoder_layers=1, decoder_layers=1)
     device.train()
     src, mask, labels = (x.to(DEVICE) for x in inputs(batch))
@@ -115,9 +119,10 @@ def test_torch_compile_matches_eager(mode, tiny_config, batch, attention_outside
     expected = torch.autograd.grad(eager.loss, list(device.parameters()))
     attention_outside_the_graph.clear()  # the compiled calls only
     compiled_model = torch.compile(device, mode=mode)
-    for _ in range(3):  # reduce-overhead records its graphs in the second call and replays them from the third
-        compiled = compiled_model(input_ids=src, attention_mask=mask, labels=labels)
-        grads = torch.autograd.grad(compiled.loss, list(device.parameters()))
+    with torch._inductor.config.patch({"triton.persistent_reductions": False}):  # compiled in the first calls
+        for _ in range(3):  # reduce-overhead records its graphs in the second call and replays them from the third
+            compiled = compiled_model(input_ids=src, attention_mask=mask, labels=labels)
+            grads = torch.autograd.grad(compiled.loss, list(device.parameters()))
     assert not attention_outside_the_graph, attention_outside_the_graph
     torch.testing.assert_close(compiled.logits, eager.logits, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(compiled.loss, eager.loss, rtol=1e-5, atol=1e-5)
