@@ -285,16 +285,6 @@ def _sums_around(features: Tensor, values: Tensor, rate: Tensor, edge: Tensor) -
     return (features * weight[..., None]).transpose(-1, -2) @ values
 
 
-def _exact_rows(q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None, decay: Tensor, edge: Tensor) -> Tensor:
-    """phi(q_i) S / phi(q_i) s for queries q (B, H, L, D) whose visible keys all lie on one side of their band, S the
-    keys' summary around the nearest visible key `edge` (B,) (`_sums_around`, s its last column): the rows' common
-    factor exp(-lambda (distance to the edge)) cancels. 0 for a batch row with no visible key."""
-    dtype = compute_dtype(q.dtype)
-    summary = _sums_around(elu_feature_map(k.to(dtype)), augment_values(v.to(dtype), key_mask), decay.to(dtype), edge)
-    sums = elu_feature_map(q.to(dtype)) @ summary
-    return normalise_rows(sums[..., :-1], sums[..., -1:])
-
-
 def _edges_on_host(device: torch.device) -> bool:
     """Whether `_rows_beyond_the_keys` reads each batch row's visible keys (first, last, the edges of its gaps) from
     the mask on the host: not on CUDA (the PyTorch path there, where the kernels do not run), where the copy would wait
@@ -317,23 +307,21 @@ def _edge_sums(features: Tensor, values: Tensor, rate: Tensor, edges: list[int],
     return sums
 
 
-def _rows_between(q: Tensor, before: Tensor | None, after: Tensor | None, edges: tuple[int | None, int | None],
-                  positions: Tensor, rate: Tensor, horizon: int) -> Tensor:
-    """Rows q (1, H, R, D) at `positions` (R,) whose visible keys all lie beyond their band: those up to the key e
-    before them, with the sums `before` at e (`_edge_sums`), and those from the key f after them, with the sums `after`
-    at f (either may be None). Row i weighs them by exp(-lambda (p_i - h - e)) and exp(-lambda (f - p_i - h)) relative
-    to the larger of the two, which the row's ratio cancels: phi(q_i) S / phi(q_i) s (s the last column), exact at any
-    distance."""
-    features = elu_feature_map(q.to(rate.dtype))
-    e, f = edges
-    parts = [(features @ sums, exponents) for sums, exponents in (
-        (before, None if e is None else -rate[:, None] * (positions - horizon - e)),
-        (after, None if f is None else -rate[:, None] * (f - positions - horizon))) if sums is not None]
-    if len(parts) == 1:
-        sums = parts[0][0]
+def _rows_between(q: Tensor, before: Tensor | None, after: Tensor | None,
+                  exponents: tuple[Tensor, Tensor] | None = None) -> Tensor:
+    """Rows q (B, H, R, D) whose visible keys all lie beyond their band: those up to the key e before them, with the
+    sums `before` (B, H, D, Dv+1) at e (`_edge_sums`, `_sums_around`), and those from the key f after them, with the
+    sums `after` at f (either may be None). One side's common factor, exp(-lambda (p_i - h - e)) or
+    exp(-lambda (f - p_i - h)), cancels in the row's ratio phi(q_i) S / phi(q_i) s (s the last column); with both,
+    their logs `exponents` ((H, R) each) weigh the two relative to the larger. Exact at any distance; 0 for a row
+    without a visible key."""
+    features = elu_feature_map(q.to((before if after is None else after).dtype))
+    if before is None or after is None:
+        sums = features @ (after if before is None else before)
     else:
-        top = torch.maximum(parts[0][1], parts[1][1])
-        sums = sum(part * torch.exp(exponents - top)[..., None] for part, exponents in parts)
+        top = torch.maximum(*exponents)
+        sums = sum((features @ side) * torch.exp(exponent - top)[..., None]
+                   for side, exponent in zip((before, after), exponents))
     return normalise_rows(sums[..., :-1], sums[..., -1:])
 
 
@@ -345,26 +333,27 @@ def _rows_beyond_the_keys(out: Tensor, q: Tensor, k: Tensor, v: Tensor, decay: T
     the gap) and, without causality, before its first visible key (p_i + h < f).
 
     Such a row's weights beyond its band share the factors exp(-lambda (p_i - h - e)) on the keys up to e and
-    exp(-lambda (f - p_i - h)) on the keys from f, which the row's ratio cancels but for their ratio
-    (`_rows_between`): out_i is exact from the keys' decayed sums at e and f (`_edge_sums`), whose largest weight is
-    1. The chunked sums carry those factors, and underflow once they pass the dtype's range (a target longer than its
-    source by hundreds of positions, or a gap as long, at a fast decay); the edges' sums do not. O(D Dv) per such row
-    and O(Lk D Dv) per batch row that has some, nothing where there are none; differentiable by autograd. The edges
-    are read from `key_mask` on the host, where that costs nothing; on CUDA, where it would stall the launches, only
-    the rows past every key (p_i - h > Lk - 1, known from the shapes) are replaced, and the others keep the chunked
-    sums (`_edges_on_host`).
+    exp(-lambda (f - p_i - h)) on the keys from f, which the row's ratio cancels but for their ratio (`_rows_between`):
+    out_i is exact from the keys' decayed sums at e and f (`_edge_sums`; `_sums_around` at each batch row's last visible
+    key on CUDA), whose largest weight is 1. The chunked sums carry those factors, and underflow once they pass the
+    dtype's range (a target longer than its source by hundreds of positions, or a gap as long, at a fast decay); the
+    edges' sums do not. O(D Dv) per such row and O(Lk D Dv) per batch row that has some, nothing where there are none;
+    differentiable by autograd. The edges are read from `key_mask` on the host, where that costs nothing; on CUDA, where
+    it would stall the launches, only the rows past every key (p_i - h > Lk - 1, known from the shapes) are replaced,
+    and the others keep the chunked sums (`_edges_on_host`).
     """
     b, lq, lk = q.shape[0], q.shape[2], k.shape[2]
+    dtype = compute_dtype(q.dtype)
+    rate = decay.to(dtype)
     if key_mask is None or not _edges_on_host(q.device):
         first = max(lk + horizon - query_offset, 0)
         if first >= lq:
             return out
         last = q.new_full((b,), lk - 1, dtype=torch.long) if key_mask is None else _visible_edges(key_mask.bool())[1]
+        summary = _sums_around(elu_feature_map(k.to(dtype)), augment_values(v.to(dtype), key_mask), rate, last)
         out = out.clone()  # in out's layout, which the kernels choose so that merging the heads is a view
-        out[:, :, first:] = _exact_rows(q[:, :, first:], k, v, key_mask, decay, last)
+        out[:, :, first:] = _rows_between(q[:, :, first:], summary, None)
         return out
-    dtype = compute_dtype(q.dtype)
-    rate = decay.to(dtype)
     hidden = horizon + 1 if causal else 2 * horizon + 1  # hidden keys in a row that leave a band without a visible key
 
     def rows(lo: int, hi: int) -> tuple[int, int]:
@@ -395,10 +384,13 @@ def _rows_beyond_the_keys(out: Tensor, q: Tensor, k: Tensor, v: Tensor, decay: T
         after = _edge_sums(features, values, rate, [f - first for _, _, f in spans if f is not None], reverse=True)
         result = out.clone() if result is out else result  # in out's layout
         for (lo, hi), e, f in spans:
-            positions = torch.arange(lo + query_offset, hi + query_offset, device=q.device, dtype=dtype)
+            exponents = None
+            if e is not None and f is not None:  # inside a gap: the two sides' weights
+                positions = torch.arange(lo + query_offset, hi + query_offset, device=q.device, dtype=dtype)
+                exponents = -rate[:, None] * (positions - horizon - e), -rate[:, None] * (f - positions - horizon)
             result[row:row + 1, :, lo:hi] = _rows_between(
                 q[row:row + 1, :, lo:hi], None if e is None else before[e - first],
-                None if f is None else after[f - first], (e, f), positions, rate, horizon)
+                None if f is None else after[f - first], exponents)
     return result
 
 

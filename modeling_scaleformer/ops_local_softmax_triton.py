@@ -114,7 +114,9 @@ def _log_or_minus_inf(x):
 
 @triton.jit
 def _shift_scale(m):
-    """exp(-m) for the weights beyond the band, capped where it would overflow (`ops_common.shift_scale`)."""
+    """exp(-m), capped where it would overflow (`ops_common.shift_scale`): a weight exp(x) relative to a shift s is
+    `_shift_scale(s - x)`, 0 where x is -inf (an empty sum), finite where a product of the weight with a small term
+    is what stays within range (forward and backward take the same factor)."""
     return tl.exp(tl.minimum(-m, _max_exponent(m)))
 
 
@@ -533,7 +535,7 @@ def _pairs(q, k, features_q, features_k, mk, t, pair, qr, rate, scale, shift, HO
         nearest = tl.max(tl.where(beyond & (mk[None, :] > 0), exponents, float("-inf")), 1)
         shift = tl.maximum(shift, tl.maximum(tl.max(logits, 1), nearest))
     base = tl.where(shift > float("-inf"), shift, 0.0)
-    decay = tl.where(beyond, tl.exp(tl.minimum(exponents - base[:, None], _max_exponent(rate))), 0.0) * mk[None, :]
+    decay = tl.where(beyond, _shift_scale(base[:, None] - exponents), 0.0) * mk[None, :]
     kernel = tl.dot(features_q, tl.trans(features_k), input_precision=DOT) * decay
     return band, logits, beyond, decay, distance, kernel, shift
 
@@ -635,14 +637,6 @@ def _block_states(S, Z, SE, row, b, rows, nq, n_states, start0, start1, d, dv, f
 
 
 @triton.jit
-def _state_weight(exponent, m):
-    """exp(exponent - m), a state's weight at a query whose row shift is m, capped where it would overflow (a row
-    whose product with the state is below exp(-88) while m is set by the state; forward and backward take the same
-    factor), 0 for an empty state."""
-    return tl.exp(tl.minimum(exponent - m, _max_exponent(m)))
-
-
-@triton.jit
 def _forward(
     Q, K, V, MASK, TAB, RATE, S, Z, SE, OUT, SHIFT, DEN,
     lq, lk, heads, rows, offset, nq, n_states, start0, start1, d, dv, sqb, sqh, sql, skb, skh, skl, svb, svh, svl,
@@ -695,8 +689,8 @@ def _forward(
                                           + tl.exp(logs_after - base))
     m = tl.maximum(band_max, beyond_log)
     m = tl.where(m > float("-inf"), m, 0.0)
-    window_scale = tl.exp(tl.minimum(run_max - m, _max_exponent(m)))
-    weight_before, weight_after = _state_weight(from_before, m), _state_weight(from_after, m)
+    window_scale = _shift_scale(m - run_max)
+    weight_before, weight_after = _shift_scale(m - from_before), _shift_scale(m - from_after)
     sums = (window_scale[:, None] * window_sums + weight_before[:, None] * before
             + weight_after[:, None] * after)
     den = window_scale * (band_den + far_den) + weight_before * before_norm + weight_after * after_norm
@@ -725,8 +719,8 @@ def _query_state_grads(S, Z, SE, row, b, rows, nq, n_states, start0, start1, d, 
                        CAUSAL: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr,
                        DOT: tl.constexpr):
     """The gradients of a query block's queries (q, gs, delta, the row shift m) through the states of block b:
-    phi(q_i) / D gets exp(-m_i) decay_i (S gs_i - delta_i z) (with L = exp(nu) L', the factor `_state_weight` of
-    forward), and lambda the decay's distance (by query)."""
+    phi(q_i) / D gets exp(-m_i) decay_i (S gs_i - delta_i z) (with L = exp(nu) L', forward's factor
+    exp(nu - lambda a - m_i)), and lambda the decay's distance (by query)."""
     acc = m.dtype
     op = q.dtype
     a = tl.arange(0, BLOCK)
@@ -735,11 +729,11 @@ def _query_state_grads(S, Z, SE, row, b, rows, nq, n_states, start0, start1, d, 
         S, Z, SE, row, b, rows, nq, n_states, start0, start1, d, dv, features, rate, CAUSAL, op, BLOCK, BLOCK_D,
         BLOCK_V, DOT)
     grad_features = (tl.dot(gs, tl.trans(state_before.to(op)), input_precision=DOT)
-                     - delta[:, None] * norm_before[None, :]) * _state_weight(from_before, m)[:, None]
+                     - delta[:, None] * norm_before[None, :]) * _shift_scale(m - from_before)[:, None]
     grad_rate = -a.to(acc) * tl.sum(features * grad_features, 1)
     if not CAUSAL:
         grad_after = (tl.dot(gs, tl.trans(state_after.to(op)), input_precision=DOT)
-                      - delta[:, None] * norm_after[None, :]) * _state_weight(from_after, m)[:, None]
+                      - delta[:, None] * norm_after[None, :]) * _shift_scale(m - from_after)[:, None]
         grad_rate -= (BLOCK - 1 - a).to(acc) * tl.sum(features * grad_after, 1)
         grad_features += grad_after
     return grad_features, grad_rate
