@@ -592,14 +592,22 @@ INTERPRETED_BF16 = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1",
 
 
 @CAUSAL
-@pytest.mark.parametrize("dtype", [torch.float32, pytest.param(torch.bfloat16, marks=INTERPRETED_BF16), torch.float16],
-                         ids=["float32", "bfloat16", "float16"])
-def test_triton_attention_low_precision(dtype, causal, decay_inputs, triton_paths):
+@pytest.mark.parametrize("dtype, dims", [
+    (torch.float32, (5, 4)), pytest.param(torch.bfloat16, (5, 4), marks=INTERPRETED_BF16), (torch.float16, (5, 4)),
+    (torch.float16, (128, 128)),
+], ids=["float32", "bfloat16", "float16", "float16-d128"])
+def test_triton_attention_low_precision(dtype, dims, causal, decay_inputs, triton_paths, monkeypatch):
     """Half precision accumulates in float32: the output and the gradients of q, k, v, the table and the decay rates
     within the precision of the inputs of the float64 reference (q, k, v, the features and the weights are
-    multiplied in the inputs' dtype, on the tensor cores' 16-bit path)."""
-    triton_paths()
-    q, k, v, rel, decay, key_mask, horizon = decay_inputs(b=1, h=2, lq=37, lk=37, horizon=3, mask="padding")
+    multiplied in the inputs' dtype, on the tensor cores' 16-bit path). D = 128 in float16 (tiles 128 wide, `fits`
+    does not take it yet, `MAX_DIM` lifted here) is for `test_triton_attention_beyond_fits_on_cuda` to check on a
+    GPU."""
+    from modeling_scaleformer import ops_local_softmax_triton as kernels
+
+    monkeypatch.setattr(kernels, "MAX_DIM", 128)
+    used = triton_paths()
+    q, k, v, rel, decay, key_mask, horizon = decay_inputs(b=1, h=2, lq=37, lk=37, d=dims[0], dv=dims[1], horizon=3,
+                                                          mask="padding")
     args = [x.to(dtype).requires_grad_() for x in (q, k, v, rel, decay)]
     wide = [x.detach().to(F64).requires_grad_() for x in args]
     got = chunk_local_softmax_decay_attention(*args, causal=causal, key_mask=key_mask)
@@ -613,6 +621,7 @@ def test_triton_attention_low_precision(dtype, causal, decay_inputs, triton_path
         assert g.dtype == dtype
         torch.testing.assert_close(g.to(F64), e, rtol=4 * tol, atol=4 * tol * max(1.0, float(e.abs().max())),
                                    msg=lambda m: f"grad {name}: {m}")
+    assert used == {"local_softmax_decay"}
 
 
 @pytest.mark.parametrize("case", [
@@ -769,12 +778,16 @@ def test_triton_attention_shapes_on_cuda(case):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("case", [
     dict(lq=200, lk=200, d=128, h=16), dict(lq=200, lk=200, d=128, h=16, causal=True),
-], ids=["d128", "d128-causal"])
-@pytest.mark.xfail(strict=True, reason="D = 128 in float32 is not in MAX_DIM (64): sm90 lacks the shared memory")
+    dict(lq=200, lk=200, d=128, h=16, dtype=torch.float16),
+    dict(lq=200, lk=200, d=128, h=16, causal=True, dtype=torch.float16),
+], ids=["d128", "d128-causal", "d128-fp16", "d128-fp16-causal"])
+@pytest.mark.xfail(strict=True, reason="D = 128 is not in MAX_DIM (64) for float32 and float16")
 def test_triton_attention_beyond_fits_on_cuda(case, monkeypatch):
-    """The size `fits` does not take in float32, D = 128, with its limit lifted: as
-    `test_triton_attention_shapes_on_cuda`. `_backward_keys` asks for more shared memory than sm90 has (294,912 bytes
-    of 232,448 at one stage). Expected to fail (strict: a case that passes says MAX_DIM can go up for float32)."""
+    """The size `fits` does not take in float32 and float16, D = 128, with its limit lifted: as
+    `test_triton_attention_shapes_on_cuda`. In float32 `_backward_keys` asks for more shared memory than sm90 has
+    (294,912 bytes of 232,448 at one stage); in float16 every kernel asks for what it asks in bfloat16, whose D = 128
+    `fits` takes, and the kernels pass through Triton's interpreter (`test_triton_attention_low_precision`), but the
+    GPU has not run them. Expected to fail (strict: a case that passes says MAX_DIM can go up for its dtype)."""
     from modeling_scaleformer import ops_local_softmax_triton
 
     monkeypatch.setattr(ops_local_softmax_triton, "MAX_DIM", 128)
