@@ -32,6 +32,19 @@ one that fails is not timed. The end gives the best setting of each kernel as a 
     python benchmarks/bench_attention_gpu.py --variants wide_tiles recomputed_states  # beside the kernels
     python benchmarks/bench_attention_gpu.py --tune --tune-kernels _backward_keys --warps 2 4 8 16 --stages 1 2 3
     python benchmarks/bench_attention_gpu.py --device cpu --quick
+
+`--ncu-run L` runs, under Nsight Compute, what the timings time at L (the op causal and bidirectional, and fla's
+chunk linear attention when it imports): each call compiled and run twice, then once each between
+`cudaProfilerStart` and `cudaProfilerStop`, so that `ncu --profile-from-start off` counts those kernels alone.
+`--ncu-summary CSV` prints, from ncu's raw CSV, one row per kernel launch: its duration, the compute (SM) and memory
+throughput as shares of the device's peak, the achieved occupancy, registers per thread, the cycles a warp takes per
+instruction it issues and the largest reasons for its waits (ncu's warp stall reasons, in cycles per issued
+instruction). Counters of one run, not timings (run_gpu.sh's `ncu` step):
+
+    ncu --profile-from-start off --clock-control none --csv --page raw --log-file OUT/ncu_attention.csv \
+        --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+        python3 benchmarks/bench_attention_gpu.py --ncu-run 16384
+    python3 benchmarks/bench_attention_gpu.py --ncu-summary OUT/ncu_attention.csv
 """
 
 from __future__ import annotations
@@ -40,10 +53,12 @@ import argparse
 import concurrent.futures
 import contextlib
 import cProfile
+import csv
 import io
 import json
 import multiprocessing
 import pstats
+import re
 import statistics
 import sys
 import time
@@ -132,6 +147,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=[],
                         help="also time the kernels with these settings, each beside the kernels as set by the "
                              "options above: " + "; ".join(f"{name} {options}" for name, options in VARIANTS.items()))
+    parser.add_argument("--ncu-run", type=int, metavar="L",
+                        help="run the calls timed at L once each inside the CUDA profiler's range, for ncu (see "
+                             "above), and time nothing")
+    parser.add_argument("--ncu-summary", type=Path, metavar="CSV",
+                        help="print the summary of ncu's raw CSV at CSV (see above) and exit")
     parser.add_argument("--check-only", action="store_true",
                         help="check the kernels against the reference (which compiles them) and time nothing")
     parser.add_argument("--tune", action="store_true",
@@ -148,6 +168,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="with --tune: processes that check (and so compile) the settings at once (default: 8; "
                              "--quick: at most 2)")
     args = parser.parse_args(argv)
+    if args.ncu_summary:  # reads a file: no device needed
+        return args
     for name in ("kernel_block", "key_tile", "key_block"):
         value = getattr(args, name)
         if value is not None and (value < 16 or value & (value - 1)):
@@ -490,8 +512,84 @@ def target(name: str, value: float | None, ok) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.ncu_summary:
+        return ncu_summary(args.ncu_summary)
     with kernel_options(command_options(args)):
+        if args.ncu_run:
+            return ncu_run(args.ncu_run, args)
         return tune(args) if args.tune else benchmark(args)
+
+
+def ncu_run(length: int, args: argparse.Namespace) -> int:
+    """The calls timed at `length`, each compiled and run twice, then once each inside the CUDA profiler's range."""
+    fla = fla_linear_attention() if args.device.type == "cuda" else None
+    calls = {f"scaleformer {'causal' if causal else 'bidir'}": make_call("scaleformer", causal, length, args, None)
+             for causal in (True, False)}
+    if fla is not None:
+        calls["fla causal"] = make_call("fla", True, length, args, fla)
+    for call in calls.values():
+        call()
+        call()
+    synchronize(args.device)
+    profiler = torch.cuda.profiler.profile() if args.device.type == "cuda" else contextlib.nullcontext()
+    with profiler:
+        for call in calls.values():
+            call()
+        synchronize(args.device)
+    print(f"profiled at L={length}: {', '.join(calls)}")
+    return 0
+
+
+NCU_COLUMNS = {  # ncu's raw metric: its column in the summary
+    "gpu__time_duration.sum": "time",
+    "sm__throughput.avg.pct_of_peak_sustained_elapsed": "SM %",
+    "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed": "memory %",
+    "sm__warps_active.avg.pct_of_peak_sustained_active": "occupancy %",
+    "launch__registers_per_thread": "registers",
+    "smsp__average_warp_latency_per_inst_issued.ratio": "cycles / issue",
+}
+NCU_STALL = re.compile(r"smsp__average_warps_issue_stalled_(\w+?)_per_issue_active\.ratio$")
+
+
+def read_ncu_csv(path: Path) -> tuple[list[dict], dict]:
+    """The kernel rows of ncu's raw CSV (`--csv --page raw`), whatever log lines precede its header, and its row of
+    units."""
+    lines = path.read_text(errors="replace").splitlines()
+    start = next((n for n, line in enumerate(lines) if line.startswith('"ID"')), None)
+    if start is None:
+        raise SystemExit(f"{path}: no ncu CSV header (a line starting with \"ID\") in it")
+    rows = list(csv.DictReader(lines[start:]))
+    units = next((row for row in rows if not row.get("ID", "").strip()), {})
+    return [row for row in rows if row.get("ID", "").strip().isdigit()], units
+
+
+def ncu_summary(path: Path, stalls: int = 3) -> int:
+    """One row per kernel launch of ncu's raw CSV at `path`: `NCU_COLUMNS` where present, and the `stalls` largest
+    warp stall reasons."""
+    rows, units = read_ncu_csv(path)
+    present = [metric for metric in NCU_COLUMNS if rows and metric in rows[0]]
+    names = [NCU_COLUMNS[metric] + (f" ({units[metric]})" if metric == "gpu__time_duration.sum" and units.get(metric)
+                                    else "") for metric in present]
+    print(f"| kernel | {' | '.join(names)} | largest stalls (cycles / issue) |")
+    print("|:---|" + "---:|" * len(present) + ":---|")
+    for row in rows:
+        values = [float_or_none(row.get(metric)) for metric in present]
+        cells = ["–" if value is None else f"{value:,.0f}" if value >= 100 else f"{value:.2f}" for value in values]
+        reasons = sorted(((float_or_none(value) or 0.0, NCU_STALL.match(metric).group(1))
+                          for metric, value in row.items() if NCU_STALL.match(metric)), reverse=True)[:stalls]
+        stalled = ", ".join(f"{name} {value:.1f}" for value, name in reasons if value > 0)
+        print(f"| {row.get('Kernel Name', '?')[:48]} | {' | '.join(cells)} | {stalled or '–'} |")
+    missing = [metric for metric in NCU_COLUMNS if metric not in present]
+    if missing:
+        print(f"\n(not in this CSV: {', '.join(missing)})")
+    return 0
+
+
+def float_or_none(text: str | None) -> float | None:
+    try:
+        return float(str(text).replace(",", ""))
+    except ValueError:
+        return None
 
 
 def print_header(title: str, args: argparse.Namespace) -> tuple[dict, str]:

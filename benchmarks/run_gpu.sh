@@ -5,7 +5,7 @@
 #     bash benchmarks/run_gpu.sh OUT_DIR [STEP ...]
 #
 # STEP is any of env, compile, attention, attention_variants, attention_backward, attention_small_batch, attention_rows,
-# attention_block32, tune, tune_backward, tests, compile_tests, accelerate, train, train_compiled, train_graphs,
+# attention_block32, tune, tune_backward, ncu, tests, compile_tests, accelerate, train, train_compiled, train_graphs,
 # generate (default: env, attention, tests, compile_tests, train, generate, in that order):
 #   compile               checks, and so compiles, the default kernels and each variant's in parallel processes, so
 #                         that a later attention_variants finds them compiled;
@@ -23,6 +23,9 @@
 #   attention_block32     the op with the kernels' blocks of 32;
 #   tune                  bench_attention_gpu.py --tune: each kernel's warps and pipeline stages, one at a time;
 #                         tune_backward, those of `_backward_blocks` (the op with FUSED_BACKWARD);
+#   ncu                   Nsight Compute's counters of one forward + backward at 16k, the op causal and
+#                         bidirectional beside fla's chunk linear attention (`bench_attention_gpu.py --ncu-run`):
+#                         each kernel's throughput, occupancy and warp stall reasons, ncu's raw CSV beside the log;
 #   tests                 the GPU tests (`pytest -m gpu`) but those that run torch.compile, in TEST_WORKERS processes;
 #   compile_tests         those (`compiles` marker), each in a process of its own from the start (COMPILE_TEST_WORKERS,
 #                         default 4, one per test), Inductor's compile workers 4 a process;
@@ -65,7 +68,8 @@ step() {  # step NAME COMMAND...: runs COMMAND under LIMIT_<NAME> seconds, its o
     "${LIMIT_attention_variants:=240}" "${LIMIT_compile:=180}" \
     "${LIMIT_attention_small_batch:=120}" "${LIMIT_train_graphs:=360}" \
     "${LIMIT_tune:=240}" "${LIMIT_attention_rows:=120}" "${LIMIT_accelerate:=240}" \
-    "${LIMIT_compile_tests:=300}" "${LIMIT_attention_backward:=200}" "${LIMIT_tune_backward:=200}"
+    "${LIMIT_compile_tests:=300}" "${LIMIT_attention_backward:=200}" "${LIMIT_tune_backward:=200}" \
+    "${LIMIT_ncu:=240}"
 launch=()
 launch_from() {  # the steps' --launch option, once the tune report at LAUNCH_FROM exists
     launch=()
@@ -116,6 +120,10 @@ print(torch.__version__, triton.__version__, transformers.__version__, torch.cud
                 ${TEST_PATHS:-tests/ops tests/models} ;;
         train) step train python3 benchmarks/bench_train.py --device cuda --bf16 --lengths 4096 16384 \
             --models scaleformer bart led --profile 16384 --json "$out/bench_train_gpu.json" ;;
+        ncu) step ncu bash -c 'ncu --profile-from-start off --clock-control none --csv --page raw \
+                --log-file "$1/ncu_attention.csv" --section SpeedOfLight --section Occupancy --section LaunchStats \
+                --section WarpStateStats python3 benchmarks/bench_attention_gpu.py --ncu-run 16384 &&
+            python3 benchmarks/bench_attention_gpu.py --ncu-summary "$1/ncu_attention.csv"' ncu "$out" ;;
         tune) step tune python3 benchmarks/bench_attention_gpu.py --tune --json "$out/bench_attention_gpu_tune.json" ;;
         tune_backward) step tune_backward python3 benchmarks/bench_attention_gpu.py --tune --fused-backward \
             --tune-kernels _backward_blocks --stages 1 2 --json "$out/bench_attention_gpu_tune_backward.json" ;;
@@ -128,8 +136,8 @@ print(torch.__version__, triton.__version__, transformers.__version__, torch.cud
             --positions ${POSITIONS:-128 1024 4096 8192} --models scaleformer bart \
             --json "$out/bench_generate_gpu.json" ;;
         *) echo "unknown step: $name (expected env, compile, attention, attention_variants, attention_backward," \
-                "attention_small_batch, attention_rows, attention_block32, tune, tune_backward, tests, compile_tests," \
-                "accelerate, train, train_compiled, train_graphs, generate)" >&2
+                "attention_small_batch, attention_rows, attention_block32, tune, tune_backward, ncu, tests," \
+                "compile_tests, accelerate, train, train_compiled, train_graphs, generate)" >&2
            exit 64 ;;
     esac
 done

@@ -59,8 +59,46 @@ def test_run_gpu_refuses_an_unknown_step(tmp_path):
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 64
     assert ("unknown step: atention (expected env, compile, attention, attention_variants, attention_backward, "
-            "attention_small_batch, attention_rows, attention_block32, tune, tune_backward, tests, compile_tests, "
-            "accelerate, train, train_compiled, train_graphs, generate)") in result.stderr
+            "attention_small_batch, attention_rows, attention_block32, tune, tune_backward, ncu, tests, "
+            "compile_tests, accelerate, train, train_compiled, train_graphs, generate)") in result.stderr
+
+
+NCU_CSV = """==PROF== Connected to process 4242 (python3)
+"ID","Process ID","Process Name","Kernel Name","gpu__time_duration.sum","sm__throughput.avg.pct_of_peak_sustained_\
+elapsed","launch__registers_per_thread","smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio",\
+"smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio","smsp__average_warps_issue_stalled_wait_per_issue_\
+active.ratio"
+"","","","","usecond","%","register/thread","ratio","ratio","ratio"
+"0","4242","python3","_forward","1,234.56","35.2","255","4.1","0.5","1.2"
+"1","4242","python3","_backward_keys","2000","20.1","255","0","3.3","0.7"
+==PROF== Disconnected from process 4242
+"""
+
+
+def test_bench_attention_gpu_ncu_summary(tmp_path, import_benchmark, capsys):
+    """`--ncu-summary`: one row per launch of ncu's raw CSV (log lines around it, its units row skipped), the
+    columns it holds with the duration's unit, the largest stall reasons first, those of zero cycles left out, and
+    the columns it lacks named."""
+    path = tmp_path / "ncu.csv"
+    path.write_text(NCU_CSV)
+    assert import_benchmark("bench_attention_gpu").main(["--ncu-summary", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "| kernel | time (usecond) | SM % | registers | largest stalls (cycles / issue) |" in out
+    assert "| _forward | 1,235 | 35.20 | 255 | long_scoreboard 4.1, wait 1.2, barrier 0.5 |" in out
+    assert "| _backward_keys | 2,000 | 20.10 | 255 | barrier 3.3, wait 0.7 |" in out
+    assert "(not in this CSV: gpu__compute_memory_throughput" in out
+    path.write_text("==PROF== nothing profiled\n")
+    with pytest.raises(SystemExit, match="no ncu CSV header"):
+        import_benchmark("bench_attention_gpu").main(["--ncu-summary", str(path)])
+
+
+def test_bench_attention_gpu_ncu_run_on_cpu(run_command):
+    """`--ncu-run L` runs the op's calls (fla's where it imports) without timing them; on CPU, without the CUDA
+    profiler."""
+    result = run_command(["benchmarks/bench_attention_gpu.py", "--device", "cpu", "--quick", "--dtype", "float32",
+                          "--ncu-run", "64"])
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    assert result.stdout.strip().endswith("profiled at L=64: scaleformer causal, scaleformer bidir")
 
 
 def test_bench_attention_gpu_does_not_time_a_path_that_fails_its_check(import_benchmark, monkeypatch, tmp_path,
