@@ -13,6 +13,13 @@ from the repository root with the package and Triton installed (`pip install -e 
     python benchmarks/kernel_resources.py                      # blocks of 32 and 64, 4 and 8 warps, 1-3 stages
     python benchmarks/kernel_resources.py --blocks 64 --warps 8 --stages 2 --kernels _forward
     python benchmarks/kernel_resources.py --blocks 64 --kernels _scan_sums --scans 4x8 2x16   # rows x slots a step
+    python benchmarks/kernel_resources.py --blocks 64 --warps 4 --stages 1 --instructions  # and the machine code's mix
+
+`--instructions` also disassembles each kernel (the nvdisasm beside that ptxas) and counts, in its machine code (SASS),
+the instructions that say how Triton laid its work out: the tensor cores' products as warpgroup MMAs (HGMMA, sm90's
+own) or warp MMAs (HMMA, mma.sync), warp shuffles (SHFL, reductions across a warp's lanes and gathers), barriers
+(BAR, reductions across warps and layout changes through shared memory), special-function instructions (MUFU: exp,
+log, reciprocal) and the total. These are counts of the code as written, not of what runs: a loop's body counts once.
 """
 
 from __future__ import annotations
@@ -56,7 +63,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dtype", choices=DTYPES, default="bf16", help="the inputs' dtype (default: bf16)")
     parser.add_argument("--causal", action="store_true", help="the causal kernels (default: bidirectional)")
     parser.add_argument("--arch", type=int, default=90, help="CUDA compute capability, e.g. 90, 80 (default: 90)")
+    parser.add_argument("--instructions", action="store_true",
+                        help="also count instructions of the machine code by kind (see above)")
     return parser.parse_args(argv)
+
+
+OPCODES = ("HGMMA", "HMMA", "SHFL", "BAR", "MUFU")  # the kinds `--instructions` counts, beside the total
+SASS_LINE = re.compile(r"^\s*/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*)\b")
+
+
+def instruction_counts(sass: str) -> dict:
+    """The count of each kind of `OPCODES` in nvdisasm's listing `sass`, and the total of instructions."""
+    opcodes = [match.group(1) for match in map(SASS_LINE.match, sass.splitlines()) if match]
+    return {**{kind: opcodes.count(kind) for kind in OPCODES}, "total": len(opcodes)}
 
 
 def constexprs(kernels, name: str, args: argparse.Namespace) -> dict:
@@ -87,8 +106,10 @@ def ptxas(arch: int):
     return get_ptxas(arch)
 
 
-def resources(kernel, dtype: torch.dtype, fixed: dict, options: dict, arch: int) -> tuple[int, int, int, int]:
-    """(registers, spill store bytes, spill load bytes, shared bytes) of `kernel` compiled for sm`arch`."""
+def resources(kernel, dtype: torch.dtype, fixed: dict, options: dict, arch: int,
+              instructions: bool = False) -> tuple[int, int, int, int, dict | None]:
+    """(registers, spill store bytes, spill load bytes, shared bytes, `instruction_counts` when `instructions`, else
+    None) of `kernel` compiled for sm`arch`."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -103,11 +124,17 @@ def resources(kernel, dtype: torch.dtype, fixed: dict, options: dict, arch: int)
     with tempfile.TemporaryDirectory() as scratch:
         ptx = os.path.join(scratch, "kernel.ptx")
         Path(ptx).write_text(compiled.asm["ptx"])
+        cubin = os.path.join(scratch, "kernel.cubin")
         report = subprocess.run([ptxas(arch).path, "-v", f"--gpu-name=sm_{arch}{'a' if arch == 90 else ''}", ptx, "-o",
-                                 os.path.join(scratch, "kernel.cubin")], capture_output=True, text=True, check=True)
+                                 cubin], capture_output=True, text=True, check=True)
+        counts = None
+        if instructions:
+            nvdisasm = Path(ptxas(arch).path).with_name("nvdisasm")
+            counts = instruction_counts(subprocess.run([str(nvdisasm), "-c", cubin], capture_output=True, text=True,
+                                                       check=True).stdout)
     registers = int(re.search(r"Used (\d+) registers", report.stderr).group(1))
     spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report.stderr)
-    return registers, int(spills.group(1)), int(spills.group(2)), compiled.metadata.shared
+    return registers, int(spills.group(1)), int(spills.group(2)), compiled.metadata.shared, counts
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -122,9 +149,10 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"# Triton kernels of the default attention: Triton {triton.__version__}, ptxas {ptxas(args.arch).version} "
           f"-v for sm_{args.arch}, {args.dtype}, {direction}, h={args.horizon}, D={args.dim}, Dv={args.value_dim}\n")
+    counted = "".join(f" {kind} |" for kind in (*OPCODES, "instructions")) if args.instructions else ""
     print("| kernel | BLOCK | key tile or scan | warps | stages | registers | spill stores / loads (bytes) "
-          "| shared (bytes) |")
-    print("|:---|---:|---:|---:|---:|---:|---:|---:|")
+          f"| shared (bytes) |{counted}")
+    print("|:---|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * (len(OPCODES) + 1) * args.instructions)
     tiles = args.tiles or [kernels.KEY_TILE]
     scans = args.scans or [chosen_scan_name]
     try:
@@ -140,15 +168,16 @@ def main(argv: list[str] | None = None) -> int:
                 for warps in args.warps:
                     for stages in args.stages:
                         options = {"num_warps": warps, "num_stages": stages}
-                        registers, stores, loads, shared = resources(getattr(kernels, name), DTYPES[args.dtype],
-                                                                     fixed, options, args.arch)
+                        registers, stores, loads, shared, counts = resources(
+                            getattr(kernels, name), DTYPES[args.dtype], fixed, options, args.arch, args.instructions)
                         launch = {"num_warps": 4, "num_stages": 3, **kernels._launch(name, args.dim, args.value_dim)}
                         chosen_tile = (chosen[2] if name == "_backward_keys" else chosen_scan_name
                                        if name == "_scan_sums" else chosen[1])
                         used = block == chosen[0] and tile in (None, chosen_tile)
                         mark = " *" if used and launch == options else ""
+                        counted = "".join(f" {counts[kind]:,} |" for kind in (*OPCODES, "total")) if counts else ""
                         print(f"| {name}{mark} | {block} | {tile or '-'} | {warps} | {stages} | {registers} | "
-                              f"{stores} / {loads} | {shared:,} |", flush=True)
+                              f"{stores} / {loads} | {shared:,} |{counted}", flush=True)
     finally:
         kernels.BLOCK, kernels.KEY_TILE, kernels.KEY_BLOCK = chosen
         kernels.SCAN_ROWS, kernels.SCAN_SLOTS = chosen_scan

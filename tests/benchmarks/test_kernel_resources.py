@@ -26,3 +26,24 @@ def test_kernel_resources_reports_ptxas_figures(run_command):
     for row in rows:
         registers, spills, shared = (cell.strip() for cell in row.split("|")[6:9])
         assert 0 < int(registers) <= 255 and " / " in spills and int(shared.replace(",", "")) > 0
+
+
+def test_kernel_resources_counts_instructions(run_command, import_benchmark):
+    """`--instructions`: the machine code's instructions by kind, from nvdisasm's listing (a predicated instruction
+    counts as its opcode; labels, comments and control words do not); `_forward` at BLOCK 64 multiplies its tiles with
+    sm90's warpgroup MMAs."""
+    pytest.importorskip("triton")
+    counts = import_benchmark("kernel_resources").instruction_counts(
+        "\t.text._forward:\n.L_x_0:\n        /*0000*/                   LDC R1, c[0x0][0x28] ;\n"
+        "                                                                      /* 0x00000a00ff017b82 */\n"
+        "        /*0010*/               @!P0 BAR.SYNC.DEFER_BLOCKING 0x0 ;\n"
+        "        /*0020*/                   HGMMA.64x32x16.F32.BF16 R24, gdesc[UR4], R24 ;\n"
+        "        /*0030*/               @UP0 SHFL.BFLY PT, R3, R2, 0x1, 0x1f ;\n")
+    assert counts == {"HGMMA": 1, "HMMA": 0, "SHFL": 1, "BAR": 1, "MUFU": 0, "total": 4}
+    result = run_command(["benchmarks/kernel_resources.py", "--kernels", "_forward", "--blocks", "64", "--warps", "4",
+                          "--stages", "1", "--instructions"])
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    assert "| shared (bytes) | HGMMA | HMMA | SHFL | BAR | MUFU | instructions |" in result.stdout
+    row = next(line for line in result.stdout.splitlines() if line.startswith("| _forward"))
+    hgmma, hmma, shfl, bar, mufu, total = (int(cell.replace(",", "")) for cell in row.split("|")[9:15])
+    assert hgmma > 0 and mufu > 0 and total > hgmma + hmma + shfl + bar + mufu
