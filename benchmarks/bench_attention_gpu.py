@@ -99,6 +99,7 @@ VARIANTS = {
     "scan_by_slot": {"SCAN_ROWS": 16, "SCAN_SLOTS": 1},  # the parallel passes' scan one chunk a step, 16 rows a program
     "operators": {"EAGER_FUNCTION": False},  # eager calls through the torch.library operators' dispatch
     "fused_backward": {"FUSED_BACKWARD": True},  # backward in one pass over each window (`_backward_blocks`)
+    "row_terms_in_walks": {"ROW_TERMS": False},  # delta and the rows' weights computed in each walk's steps
     "key_blocks_from_0": {"ALIGNED_KEY_BLOCKS": False},  # `_backward_keys`' blocks from key 0, not from an overlap's end
 }
 

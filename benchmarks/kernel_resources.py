@@ -38,7 +38,7 @@ import torch
 
 
 TILED = ("_forward", "_backward_queries", "_backward_keys", "_backward_blocks")  # those taking KEY_TILE or KEY_BLOCK
-KERNELS = ("_states", "_chunk_sums", "_scan_sums", "_states_backward", "_query_sums", "_forward",
+KERNELS = ("_states", "_chunk_sums", "_scan_sums", "_row_terms", "_states_backward", "_query_sums", "_forward",
            "_backward_queries", "_backward_keys", "_backward_blocks")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 POINTERS = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32"}
@@ -92,8 +92,10 @@ def constexprs(kernels, name: str, args: argparse.Namespace) -> dict:
     if name == "_scan_sums":
         return dict(BLOCK=sizes["BLOCK"], BLOCK_SD=kernels.SCAN_ROWS, BLOCK_V=sizes["BLOCK_V"],
                     SLOTS=kernels.SCAN_SLOTS, REVERSE=True)
+    if name == "_row_terms":
+        return {key: walk[key] for key in ("BLOCK", "BLOCK_V")}
     if name in ("_query_sums", "_states_backward"):
-        return {key: walk[key] for key in ("BLOCK", "BLOCK_D", "BLOCK_V", "DOT")}
+        return {**{key: walk[key] for key in ("BLOCK", "BLOCK_D", "BLOCK_V", "DOT")}, "ROW_TERMS": kernels.ROW_TERMS}
     if name == "_backward_keys":
         return dict(walk, CAUSAL=args.causal, HAS_TABLE=True, BLOCK_K=kernels.KEY_BLOCK, BLOCK_R=sizes["BLOCK_R"])
     return dict(sizes, HORIZON=args.horizon, CAUSAL=args.causal, HAS_MASK=True, HAS_TABLE=True, DOT=dot)

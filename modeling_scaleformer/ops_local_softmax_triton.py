@@ -36,10 +36,11 @@ flash-linear-attention's chunk kernels:
   (the block's queries add theirs, exp(-m_i) exp(-lambda a) phi(q_i) / D [gs_i, -delta_i], and
   G_b = exp(-lambda BLOCK) G_{b+1} + that), in the states' layout, with delta_i = g_i . out_i / den_i:
   `_states_backward` walks the blocks back with one program per row and direction; the parallel passes take every
-  block's sum at once, then a sequential elementwise pass from the last block back. Each G is kept as exp(nu) G'
-  with nu its own scale: a row whose visible keys all lie far back weighs exp(-m_i) / den_i = 1 / (its total
-  weight), which passes float32's range (e^88) 180 positions from its keys at lambda = 0.5, while its keys'
-  gradients, that weight times their decay, stay finite;
+  block's sum at once, then a sequential elementwise pass from the last block back. `_row_terms` computes delta_i and
+  each query's log weight exp(-m_i) / den_i first, once (`ROW_TERMS`), so that a walk's step reads two floats a query
+  instead of reducing its g and out over Dv. Each G is kept as exp(nu) G' with nu its own scale: a row whose visible
+  keys all lie far back weighs exp(-m_i) / den_i = 1 / (its total weight), which passes float32's range (e^88) 180
+  positions from its keys at lambda = 0.5, while its keys' gradients, that weight times their decay, stay finite;
 - `_backward_queries`: by query blocks, like `_forward` (the same tiles, m and the normaliser known): dq, each
   block's share of the table's gradient and lambda's;
 - `_backward_keys`: by blocks of KEY_BLOCK keys (from where two windows' overlap ends, `ALIGNED_KEY_BLOCKS`): the
@@ -389,36 +390,68 @@ def _output_gradient(DO, SHIFT, DEN, row, heads, lq, i, inside, dv, sgb, sgh, sg
 
 
 @triton.jit
-def _query_rows(Q, DO, OUT, SHIFT, DEN, row, heads, lq, x, inside, qfirst, step, d, dv, sqb, sqh, sql, sgb, sgh, sgl,
-                sob, soh, sol, ACC: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr):
-    """Queries x (a direction's coordinates; memory rows qfirst + step x) with what the states' gradient needs of
-    them: their rows, q (raw, ACC), gs (`_output_gradient`), delta = g . out / den, -m and the log of exp(-m) / den,
-    the row's weight in the states' gradient (-inf for a row without a visible key, den = 0, or without a gradient):
-    logs, uncapped, since m can lie anywhere below the dtype's range (a row far past its keys)."""
-    i = qfirst + step * x
-    q = _load_rows(Q, row, heads, sqb, sqh, sql, i, inside, d, BLOCK_D).to(ACC)
-    out = _load_rows(OUT, row, heads, sob, soh, sol, i, inside, dv, BLOCK_V).to(ACC)
-    _, gs, m, den = _output_gradient(DO, SHIFT, DEN, row, heads, lq, i, inside, dv, sgb, sgh, sgl, ACC, BLOCK_V)
-    shift = -m
-    weight = tl.where((den > 0) & (tl.max(tl.abs(gs), 1) > 0), shift - tl.log(tl.where(den > 0, den, 1.0)),
+def _row_weights(OUT, row, heads, i, inside, gs, m, den, dv, sob, soh, sol, BLOCK_V: tl.constexpr):
+    """delta = g . out / den of the rows i (where `inside`; gs = g / den, `_output_gradient`) and the log of
+    exp(-m) / den, the row's weight in the states' gradient (-inf for a row without a visible key, den = 0, or
+    without a gradient): a log, uncapped, since m can lie anywhere below the dtype's range (a row far past its
+    keys)."""
+    out = _load_rows(OUT, row, heads, sob, soh, sol, i, inside, dv, BLOCK_V).to(gs.dtype)
+    weight = tl.where((den > 0) & (tl.max(tl.abs(gs), 1) > 0), -m - tl.log(tl.where(den > 0, den, 1.0)),
                       float("-inf"))
-    return i, q, gs, tl.sum(gs * out, 1), shift, weight
+    return tl.sum(gs * out, 1), weight
 
 
 @triton.jit
-def _query_sum(Q, DO, OUT, SHIFT, DEN, DELTA, row, heads, lq, direction, c, qfirst, step, qshift, rate, d, dv,
-               sqb, sqh, sql, sgb, sgh, sgl, sob, soh, sol, ACC: tl.constexpr, BLOCK: tl.constexpr,
-               BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, DOT: tl.constexpr):
+def _row_terms(
+    DO, OUT, SHIFT, DEN, DELTA, WEIGHT, lq, heads, dv, sgb, sgh, sgl, sob, soh, sol,
+    BLOCK: tl.constexpr, BLOCK_V: tl.constexpr,
+):
+    """delta and the log weight (`_row_weights`) of BLOCK queries a program, once before the walks of the states'
+    gradient (`ROW_TERMS`), which read them at each step instead of reducing each row's g and out there."""
+    b, row = tl.program_id(0), tl.program_id(1)
+    i = b * BLOCK + tl.arange(0, BLOCK)
+    inside = i < lq
+    at, gs, m, den = _output_gradient(DO, SHIFT, DEN, row, heads, lq, i, inside, dv, sgb, sgh, sgl,
+                                      DEN.dtype.element_ty, BLOCK_V)
+    delta, weight = _row_weights(OUT, row, heads, i, inside, gs, m, den, dv, sob, soh, sol, BLOCK_V)
+    tl.store(DELTA + at, delta, mask=inside)
+    tl.store(WEIGHT + at, weight, mask=inside)
+
+
+@triton.jit
+def _query_rows(Q, DO, OUT, SHIFT, DEN, DELTA, WEIGHT, row, heads, lq, x, inside, qfirst, step, d, dv, sqb, sqh, sql,
+                sgb, sgh, sgl, sob, soh, sol, ROW_TERMS: tl.constexpr, ACC: tl.constexpr, BLOCK_D: tl.constexpr,
+                BLOCK_V: tl.constexpr):
+    """Queries x (a direction's coordinates; memory rows qfirst + step x) with what the states' gradient needs of
+    them: their rows, q (raw, ACC), gs (`_output_gradient`), -m, delta and the log weight (`_row_weights`: read
+    where `_row_terms` wrote them, with ROW_TERMS, else computed here)."""
+    i = qfirst + step * x
+    q = _load_rows(Q, row, heads, sqb, sqh, sql, i, inside, d, BLOCK_D).to(ACC)
+    at, gs, m, den = _output_gradient(DO, SHIFT, DEN, row, heads, lq, i, inside, dv, sgb, sgh, sgl, ACC, BLOCK_V)
+    if ROW_TERMS:
+        delta = tl.load(DELTA + at, mask=inside, other=0.0)
+        weight = tl.load(WEIGHT + at, mask=inside, other=float("-inf"))
+    else:
+        delta, weight = _row_weights(OUT, row, heads, i, inside, gs, m, den, dv, sob, soh, sol, BLOCK_V)
+    return i, q, gs, delta, -m, weight
+
+
+@triton.jit
+def _query_sum(Q, DO, OUT, SHIFT, DEN, DELTA, WEIGHT, row, heads, lq, direction, c, qfirst, step, qshift, rate, d, dv,
+               sqb, sqh, sql, sgb, sgh, sgl, sob, soh, sol, ROW_TERMS: tl.constexpr, ACC: tl.constexpr,
+               BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, DOT: tl.constexpr):
     """What query block c adds to the gradient of its state L_c, exp(-m_i) exp(-lambda a) phi(q_i) / D [gs_i,
     -delta_i] summed over its queries ((D, Dv) and (D,)), divided by exp(mu), mu the log of the block's largest
     exp(-m_i - lambda a) / den_i (a row whose visible keys all lie far back weighs 1 / (its keys' tiny weight),
-    beyond float32's range, and exp(-lambda a) alone underflows at a fast decay), and mu; stores delta_i in
-    direction 0."""
+    beyond float32's range, and exp(-lambda a) alone underflows at a fast decay), and mu; without ROW_TERMS, stores
+    delta_i in direction 0."""
     x = c * BLOCK - qshift + tl.arange(0, BLOCK)
     inside = (x >= 0) & (x < lq)
-    i, q, gs, delta, shift, weight = _query_rows(Q, DO, OUT, SHIFT, DEN, row, heads, lq, x, inside, qfirst, step, d,
-                                                 dv, sqb, sqh, sql, sgb, sgh, sgl, sob, soh, sol, ACC, BLOCK_D, BLOCK_V)
-    tl.store(DELTA + row.to(tl.int64) * lq + i, delta, mask=inside & (x * 0 + direction == 0))
+    i, q, gs, delta, shift, weight = _query_rows(Q, DO, OUT, SHIFT, DEN, DELTA, WEIGHT, row, heads, lq, x, inside,
+                                                 qfirst, step, d, dv, sqb, sqh, sql, sgb, sgh, sgl, sob, soh, sol,
+                                                 ROW_TERMS, ACC, BLOCK_D, BLOCK_V)
+    if not ROW_TERMS:
+        tl.store(DELTA + row.to(tl.int64) * lq + i, delta, mask=inside & (x * 0 + direction == 0))
     decay = rate * tl.arange(0, BLOCK).to(ACC)  # lambda a: the decay exp(-lambda a) from the state to query a
     weight -= decay
     mu = tl.max(weight, 0)
@@ -433,9 +466,9 @@ def _query_sum(Q, DO, OUT, SHIFT, DEN, DELTA, row, heads, lq, direction, c, qfir
 
 @triton.jit
 def _states_backward(
-    Q, RATE, S, Z, SE, A, AZ, NU, DO, OUT, SHIFT, DEN, DELTA, CARRIED,
+    Q, RATE, S, Z, SE, A, AZ, NU, DO, OUT, SHIFT, DEN, DELTA, WEIGHT, CARRIED,
     lq, lk, heads, rows, offset, nq, n_states, start0, start1, d, dv, sqb, sqh, sql, sgb, sgh, sgl, sob, soh, sol,
-    BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, DOT: tl.constexpr,
+    ROW_TERMS: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, DOT: tl.constexpr,
 ):
     """The states' gradient by a sequential walk back over the query blocks, one program per batch*head row and
     direction: G_{c+1}, the gradient of the state after chunk c, as exp(nu) G' (G' into slot c - start of A and AZ,
@@ -463,9 +496,9 @@ def _states_backward(
                            + tl.sum(adjoint_norm * tl.load(z_ptr, mask=z_mask, other=0.0), 0),
                            nu + state_exponent - rate * BLOCK)
         # G_c = exp(-lambda BLOCK) G_{c+1} + the gradient of L_c from query block c (none for c < 0)
-        block, block_norm, mu = _query_sum(Q, DO, OUT, SHIFT, DEN, DELTA, row, heads, lq, direction, c, qfirst, step,
-                                           qshift, rate, d, dv, sqb, sqh, sql, sgb, sgh, sgl, sob, soh, sol, acc,
-                                           BLOCK, BLOCK_D, BLOCK_V, DOT)
+        block, block_norm, mu = _query_sum(Q, DO, OUT, SHIFT, DEN, DELTA, WEIGHT, row, heads, lq, direction, c,
+                                           qfirst, step, qshift, rate, d, dv, sqb, sqh, sql, sgb, sgh, sgl, sob, soh,
+                                           sol, ROW_TERMS, acc, BLOCK, BLOCK_D, BLOCK_V, DOT)
         nu, old, new = _scaled_step(nu, mu, rate * BLOCK)
         adjoint = adjoint * old + block * new
         adjoint_norm = adjoint_norm * old + block_norm * new
@@ -474,9 +507,9 @@ def _states_backward(
 
 @triton.jit
 def _query_sums(
-    Q, RATE, A, AZ, NU, DO, OUT, SHIFT, DEN, DELTA,
+    Q, RATE, A, AZ, NU, DO, OUT, SHIFT, DEN, DELTA, WEIGHT,
     lq, lk, heads, rows, offset, nq, n_states, start0, start1, d, dv, sqb, sqh, sql, sgb, sgh, sgl, sob, soh, sol,
-    BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, DOT: tl.constexpr,
+    ROW_TERMS: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, DOT: tl.constexpr,
 ):
     """`_states_backward` in parallel, first of two: one program per query block c, row and direction stores what
     the block's queries add to the gradient of its state L_c, exp(-m_i) exp(-lambda a) phi(q_i) / D [gs_i, -delta_i]
@@ -487,10 +520,9 @@ def _query_sums(
     step, qfirst, kfirst, qshift, off_w, start, rate = _walk_start(
         RATE, row, heads, direction, lq, lk, offset, nq, start0, start1, acc, BLOCK)
     if index < nq - start:
-        block, block_norm, mu = _query_sum(Q, DO, OUT, SHIFT, DEN, DELTA, row, heads, lq, direction, start + index,
-                                           qfirst, step, qshift, rate, d, dv,
-                                           sqb, sqh, sql, sgb, sgh, sgl, sob, soh, sol, acc, BLOCK, BLOCK_D, BLOCK_V,
-                                           DOT)
+        block, block_norm, mu = _query_sum(Q, DO, OUT, SHIFT, DEN, DELTA, WEIGHT, row, heads, lq, direction,
+                                           start + index, qfirst, step, qshift, rate, d, dv, sqb, sqh, sql, sgb, sgh,
+                                           sgl, sob, soh, sol, ROW_TERMS, acc, BLOCK, BLOCK_D, BLOCK_V, DOT)
         tl.store(NU + (direction * rows + row).to(tl.int64) * n_states + index, mu)
         a_ptr, az_ptr, a_mask, az_mask = _state_ptrs(A, AZ, direction, row, rows, index, n_states, d, dv, BLOCK_D,
                                                      BLOCK_V)
@@ -1047,7 +1079,7 @@ MAX_DIM_BFLOAT16 = 128
 # H200: 0.93, 0.93 and 0.85 of the time with 8 warps, benchmarks/README.md), the others those with the fewest register
 # spills that ptxas reports for sm90 (benchmarks/kernel_resources.py), where the timings did not tell them apart
 LAUNCH = {"_states": dict(num_warps=8), "_chunk_sums": dict(num_warps=8), "_scan_sums": dict(num_warps=8),
-          "_query_sums": dict(num_warps=8),
+          "_query_sums": dict(num_warps=8), "_row_terms": dict(num_warps=8),
           "_states_backward": dict(num_warps=8, num_stages=2),
           "_forward": dict(num_warps=4, num_stages=1), "_backward_queries": dict(num_warps=4, num_stages=1),
           "_backward_keys": dict(num_warps=4, num_stages=2),
@@ -1091,6 +1123,12 @@ FUSED_BACKWARD = False
 # rather than at key 0: at h = 16, a block of 32 keys then meets one window or two, 1.5 on average, where from key 0
 # it meets two in the bidirectional case (the same 1.5 when causal)
 ALIGNED_KEY_BLOCKS = True
+# delta = g . out / den and each query's log weight in the states' gradient computed once, by `_row_terms` before the
+# walks of the states' gradient, which read them at each step (two floats a query), instead of in each walk's step
+# (reading out and reducing g and out over Dv there, in each direction): with Triton 3.9 for sm90, `_states_backward`
+# then holds 27 warp shuffles instead of 215 (benchmarks/kernel_resources.py --instructions). Not yet timed on a GPU
+# against the walks computing them (`bench_attention_gpu.py --variants row_terms_in_walks`)
+ROW_TERMS = True
 # eager calls run the operators' bodies through `_EagerAttention`, without `torch.library`'s dispatch (else through
 # the operators, as traced calls do)
 EAGER_FUNCTION = True
@@ -1387,18 +1425,23 @@ def _walk_adjoints(q, lk: int, rate, states, norms, state_scales, g, out, shift,
     adjoints, adjoint_norms = states.new_empty(states.shape), norms.new_empty(norms.shape)
     scales = den.new_empty(directions, rows, slots)
     sizes = dict(BLOCK=BLOCK, BLOCK_D=common["BLOCK_D"], BLOCK_V=common["BLOCK_V"])
+    weight = den
+    if ROW_TERMS:
+        weight = torch.empty_like(den)
+        _row_terms[(triton.cdiv(lq, BLOCK), rows)](g, out, shift, den, delta, weight, lq, heads, dv,
+                                                   *_strides(g, out), BLOCK=BLOCK, BLOCK_V=common["BLOCK_V"],
+                                                   **_launch("_row_terms", d, dv))
     if not _parallel_walks(rows, directions):
         carried = den.new_empty(directions, rows, 1)
         _states_backward[(rows, directions)](
-            q, rate, states, norms, state_scales, adjoints, adjoint_norms, scales, g, out, shift, den, delta, carried,
-            lq, lk, heads,
-            rows, offset, walk.nq, slots, *walk.starts, d, dv, *_strides(q, g, out), DOT=common["DOT"], **sizes,
-            **_launch("_states_backward", d, dv))
+            q, rate, states, norms, state_scales, adjoints, adjoint_norms, scales, g, out, shift, den, delta, weight,
+            carried, lq, lk, heads, rows, offset, walk.nq, slots, *walk.starts, d, dv, *_strides(q, g, out),
+            ROW_TERMS=ROW_TERMS, DOT=common["DOT"], **sizes, **_launch("_states_backward", d, dv))
         return adjoints, adjoint_norms, scales, carried
     block_scales = den.new_empty(directions, rows, slots)
     _query_sums[(slots, rows, directions)](
-        q, rate, adjoints, adjoint_norms, block_scales, g, out, shift, den, delta, lq, lk, heads, rows, offset,
-        walk.nq, slots, *walk.starts, d, dv, *_strides(q, g, out), DOT=common["DOT"], **sizes,
+        q, rate, adjoints, adjoint_norms, block_scales, g, out, shift, den, delta, weight, lq, lk, heads, rows, offset,
+        walk.nq, slots, *walk.starts, d, dv, *_strides(q, g, out), ROW_TERMS=ROW_TERMS, DOT=common["DOT"], **sizes,
         **_launch("_query_sums", d, dv))
     parts = triton.cdiv(d, SCAN_ROWS)
     carried = den.new_empty(directions, rows, parts)

@@ -125,6 +125,34 @@ def test_parallel_walks_equal_the_sequential_walks(case, monkeypatch, triton_pat
         torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-13, msg=lambda m: f"{name}: {m}")
 
 
+@pytest.mark.parametrize("parallel", [False, True], ids=["sequential-walks", "parallel-walks"])
+@CAUSAL
+def test_row_terms_before_the_walks_equal_the_walks_computing_them(parallel, causal, monkeypatch, triton_paths):
+    """delta = g . out / den and each query's log weight, computed once by `_row_terms` before the walks of the
+    states' gradient (`ROW_TERMS`), give the gradients that the walks computing them at each step give (float64,
+    blocks of 16, queries past the keys of a padded row, and rows whose upstream gradient is zero, whose weight is
+    -inf either way), through `_states_backward` and through `_query_sums`."""
+    from modeling_scaleformer import ops_local_softmax_triton as kernels
+
+    triton_paths(16)
+    monkeypatch.setattr(kernels, "PARALLEL_WALKS", parallel)
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 45, dim, dtype=F64, generator=gen) for dim in (4, 4, 5))
+    rel, rate = torch.randn(2, 5, 4, dtype=F64, generator=gen), torch.tensor([0.1, 0.7], dtype=F64)
+    mask = torch.ones(2, 45, dtype=F64)
+    mask[1, 30:] = 0
+    upstream = torch.randn(2, 2, 45, 5, dtype=F64, generator=gen)
+    upstream[0, :, 3:20] = 0
+    grads = []
+    for row_terms in (True, False):
+        monkeypatch.setattr(kernels, "ROW_TERMS", row_terms)
+        leaves = [x.clone().requires_grad_() for x in (q, k, v, rel, rate)]
+        out = chunk_local_softmax_decay_attention(*leaves, causal=causal, key_mask=mask, query_offset=3)
+        grads.append(torch.autograd.grad(out, leaves, upstream))
+    for name, got, expected in zip("q k v rel decay".split(), *grads):
+        torch.testing.assert_close(got, expected, rtol=1e-13, atol=1e-14, msg=lambda m: f"{name}: {m}")
+
+
 @pytest.mark.parametrize("case", [
     pytest.param(dict(causal=False, keep=True, table=True, mask=True), marks=pytest.mark.slow),
     pytest.param(dict(causal=True, keep=True, table=True, mask=False), marks=pytest.mark.slow),
