@@ -27,7 +27,6 @@ one that fails is not timed. The end gives the best setting of each kernel as a 
     python benchmarks/bench_attention_gpu.py --json benchmarks/results/bench_attention_gpu.json
     python benchmarks/bench_attention_gpu.py --kernel-block 32 --lengths 16384   # the kernels' blocks of 32
     python benchmarks/bench_attention_gpu.py --parallel-walks --lengths 16384  # the walks' parallel passes
-    python benchmarks/bench_attention_gpu.py --tune --fused-backward --tune-kernels _backward_blocks --stages 1 2
     python benchmarks/bench_attention_gpu.py --key-tile 128 --key-block 64 --lengths 16384  # windows in one tile
     python benchmarks/bench_attention_gpu.py --variants wide_tiles recomputed_states  # beside the kernels
     python benchmarks/bench_attention_gpu.py --tune --tune-kernels _backward_keys --warps 2 4 8 16 --stages 1 2 3
@@ -98,7 +97,6 @@ VARIANTS = {
     "block32": {"BLOCK": 32},
     "scan_by_slot": {"SCAN_ROWS": 16, "SCAN_SLOTS": 1},  # the parallel passes' scan one chunk a step, 16 rows a program
     "operators": {"EAGER_FUNCTION": False},  # eager calls through the torch.library operators' dispatch
-    "fused_backward": {"FUSED_BACKWARD": True},  # backward in one pass over each window (`_backward_blocks`)
     "row_terms_in_walks": {"ROW_TERMS": False},  # delta and the rows' weights computed in each walk's steps
     "key_blocks_from_0": {"ALIGNED_KEY_BLOCKS": False},  # `_backward_keys`' blocks from key 0, not from an overlap's end
 }
@@ -132,10 +130,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="the states and their gradient by the parallel passes (`_chunk_sums`, `_query_sums`, "
                              "`_scan_sums`) instead of the sequential walks of `_states` and `_states_backward` "
                              "(ops_local_softmax_triton.PARALLEL_WALKS = True)")
-    parser.add_argument("--fused-backward", action="store_true",
-                        help="backward in one pass over each query block's window (`_backward_blocks`) instead of "
-                             "by queries then by keys (ops_local_softmax_triton.FUSED_BACKWARD = True); with --tune, "
-                             "what tunes `_backward_blocks`")
     parser.add_argument("--key-tile", type=int, metavar="N",
                         help="keys per tile of a query block's window in the forward and backward kernels by queries "
                              "(ops_local_softmax_triton.KEY_TILE, a power of two >= 16; default: theirs)")
@@ -213,8 +207,6 @@ def check_tune_arguments(parser: argparse.ArgumentParser, args: argparse.Namespa
     if unknown:
         parser.error(f"--tune-kernels takes names of ops_local_softmax_triton.LAUNCH ({', '.join(LAUNCH)}), got "
                      f"{', '.join(unknown)}")
-    if "_backward_blocks" in args.tune_kernels and not args.fused_backward:
-        parser.error("--tune-kernels _backward_blocks needs --fused-backward (the op launches it only then)")
     if min(args.warps) < 1 or any(w & (w - 1) for w in args.warps):
         parser.error(f"--warps must be powers of two, got {args.warps}")
     if min(args.stages) < 1 or args.workers < 1 or args.tune_length < 1:
@@ -246,8 +238,6 @@ def command_options(args: argparse.Namespace) -> dict:
     options = {name: value for name, value in (("BLOCK", args.kernel_block), ("KEY_TILE", args.key_tile),
                                                ("KEY_BLOCK", args.key_block), ("LAUNCH", args.launch))
                if value is not None}
-    if args.fused_backward:
-        options["FUSED_BACKWARD"] = True
     return {**options, "PARALLEL_WALKS": True} if args.parallel_walks else options
 
 

@@ -37,9 +37,9 @@ from pathlib import Path
 import torch
 
 
-TILED = ("_forward", "_backward_queries", "_backward_keys", "_backward_blocks")  # those taking KEY_TILE or KEY_BLOCK
+TILED = ("_forward", "_backward_queries", "_backward_keys")  # those taking KEY_TILE or KEY_BLOCK
 KERNELS = ("_states", "_chunk_sums", "_scan_sums", "_row_terms", "_states_backward", "_query_sums", "_forward",
-           "_backward_queries", "_backward_keys", "_backward_blocks")
+           "_backward_queries", "_backward_keys")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 POINTERS = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32"}
 INPUTS = ("Q", "K", "V", "TAB", "OUT", "DO", "DQ", "DK", "DV")  # tensors in the inputs' dtype; the others fp32

@@ -5,16 +5,17 @@
 #     bash benchmarks/run_gpu.sh OUT_DIR [STEP ...]
 #
 # STEP is any of env, compile, attention, attention_variants, attention_backward, attention_small_batch, attention_rows,
-# attention_block32, tune, tune_backward, ncu, tests, compile_tests, accelerate, train, train_compiled, train_graphs,
-# generate (default: env, attention, tests, compile_tests, train, generate, in that order):
+# attention_block32, tune, ncu, tests, compile_tests, accelerate, train, train_compiled, train_graphs, generate
+# (default: env, attention, tests, compile_tests, train, generate, in that order):
 #   compile               checks, and so compiles, the default kernels and each variant's in parallel processes, so
 #                         that a later attention_variants finds them compiled;
 #   attention_variants    times the op as it is beside other settings of its kernels in one process: windows in one
 #                         tile of 128 keys and 64 keys per backward program, the walks' parallel passes (at B=4,
 #                         H=16 the op takes them causal, the sequential walks bidirectional), forward's states
 #                         recomputed in backward;
-#   attention_backward    the op beside its backward in one pass over each window (`fused_backward`) and beside
-#                         `_backward_keys`' blocks from key 0 (`key_blocks_from_0`), at B=4, H=16 (SDPA to 16k);
+#   attention_backward    the op beside its walks computing each query's delta and weight at every step
+#                         (`row_terms_in_walks`) and beside `_backward_keys`' blocks from key 0 (`key_blocks_from_0`),
+#                         at B=4, H=16 (SDPA to 16k);
 #   attention_small_batch the op (its parallel passes at this shape) beside the sequential walks and the op called
 #                         through the torch.library operators' dispatch (`operators`), at the small model's training
 #                         shape (batch 1, 8 heads), and the host's time to issue the op at 4k (`--host-profile`);
@@ -22,7 +23,6 @@
 #                         8 and 64 of the steps above (the op switches at PARALLEL_WALK_PROGRAMS walks' programs);
 #   attention_block32     the op with the kernels' blocks of 32;
 #   tune                  bench_attention_gpu.py --tune: each kernel's warps and pipeline stages, one at a time;
-#                         tune_backward, those of `_backward_blocks` (the op with FUSED_BACKWARD);
 #   ncu                   Nsight Compute's counters of one forward + backward at 16k, the op causal and
 #                         bidirectional beside fla's chunk linear attention (`bench_attention_gpu.py --ncu-run`):
 #                         each kernel's throughput, occupancy and warp stall reasons, ncu's raw CSV beside the log;
@@ -68,7 +68,7 @@ step() {  # step NAME COMMAND...: runs COMMAND under LIMIT_<NAME> seconds, its o
     "${LIMIT_attention_variants:=240}" "${LIMIT_compile:=180}" \
     "${LIMIT_attention_small_batch:=120}" "${LIMIT_train_graphs:=360}" \
     "${LIMIT_tune:=240}" "${LIMIT_attention_rows:=120}" "${LIMIT_accelerate:=240}" \
-    "${LIMIT_compile_tests:=300}" "${LIMIT_attention_backward:=200}" "${LIMIT_tune_backward:=200}" \
+    "${LIMIT_compile_tests:=300}" "${LIMIT_attention_backward:=200}" \
     "${LIMIT_ncu:=240}"
 launch=()
 launch_from() {  # the steps' --launch option, once the tune report at LAUNCH_FROM exists
@@ -103,7 +103,7 @@ print(torch.__version__, triton.__version__, transformers.__version__, torch.cud
             parallel_walks recomputed_states "${launch[@]}" --lengths 4096 16384 65536 \
             --profile 16384 --json "$out/bench_attention_gpu_variants.json" ;;
         attention_backward) step attention_backward python3 benchmarks/bench_attention_gpu.py --variants \
-            fused_backward key_blocks_from_0 "${launch[@]}" --lengths 4096 16384 65536 --max-sdpa-length 16384 \
+            row_terms_in_walks key_blocks_from_0 "${launch[@]}" --lengths 4096 16384 65536 --max-sdpa-length 16384 \
             --json "$out/bench_attention_gpu_backward.json" ;;
         attention_small_batch) step attention_small_batch python3 benchmarks/bench_attention_gpu.py --batch 1 \
             --heads 8 "${launch[@]}" --variants operators sequential_walks --lengths 4096 16384 65536 \
@@ -125,8 +125,6 @@ print(torch.__version__, triton.__version__, transformers.__version__, torch.cud
                 --section WarpStateStats python3 benchmarks/bench_attention_gpu.py --ncu-run 16384 &&
             python3 benchmarks/bench_attention_gpu.py --ncu-summary "$1/ncu_attention.csv"' ncu "$out" ;;
         tune) step tune python3 benchmarks/bench_attention_gpu.py --tune --json "$out/bench_attention_gpu_tune.json" ;;
-        tune_backward) step tune_backward python3 benchmarks/bench_attention_gpu.py --tune --fused-backward \
-            --tune-kernels _backward_blocks --stages 1 2 --json "$out/bench_attention_gpu_tune_backward.json" ;;
         train_graphs) step train_graphs python3 benchmarks/bench_train.py --device cuda --bf16 \
             --compile reduce-overhead --eager bart --steps-only --lengths 16384 --models scaleformer bart \
             --json "$out/bench_train_gpu_graphs.json" ;;
@@ -136,8 +134,8 @@ print(torch.__version__, triton.__version__, transformers.__version__, torch.cud
             --positions ${POSITIONS:-128 1024 4096 8192} --models scaleformer bart \
             --json "$out/bench_generate_gpu.json" ;;
         *) echo "unknown step: $name (expected env, compile, attention, attention_variants, attention_backward," \
-                "attention_small_batch, attention_rows, attention_block32, tune, tune_backward, ncu, tests," \
-                "compile_tests, accelerate, train, train_compiled, train_graphs, generate)" >&2
+                "attention_small_batch, attention_rows, attention_block32, tune, ncu, tests, compile_tests," \
+                "accelerate, train, train_compiled, train_graphs, generate)" >&2
            exit 64 ;;
     esac
 done

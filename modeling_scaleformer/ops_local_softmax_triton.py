@@ -45,11 +45,9 @@ flash-linear-attention's chunk kernels:
   block's share of the table's gradient and lambda's;
 - `_backward_keys`: by blocks of KEY_BLOCK keys (from where two windows' overlap ends, `ALIGNED_KEY_BLOCKS`): the
   query blocks whose windows hold them give dk and dv, and the keys' shares of the gradients of the states their
-  chunks enter (one or two per direction) are added;
-- or, with `FUSED_BACKWARD`, `_backward_blocks` in place of both where windows overlap their neighbours' only: one
-  program per query block computes its window's pairs once, for the block's dq and for the dk and dv of the window's
-  first BLOCK keys (adding, for the first 2h of them, h when causal, the pairs of the previous block, whose window
-  holds them too), and `_backward_keys` takes the keys outside every window.
+  chunks enter (one or two per direction) are added. Each pair of a window is computed twice in backward, by
+  queries and by keys: one pass per query block giving its dq and its window's first keys' dk and dv took 1.27x to
+  1.34x the two passes' time at 16k and 64k on an H200, its tiles spilling (benchmarks/README.md).
 
 lambda's gradient is a sum of local terms (offsets within a block or a window, BLOCK for each carry), never a
 product of absolute positions. q, k, v, the table and the output stay in the inputs' dtype (read with their
@@ -514,7 +512,8 @@ def _query_sums(
     """`_states_backward` in parallel, first of two: one program per query block c, row and direction stores what
     the block's queries add to the gradient of its state L_c, exp(-m_i) exp(-lambda a) phi(q_i) / D [gs_i, -delta_i]
     summed over them, as exp(mu) times the sums in slot c - start and mu in NU (`_query_sum`; and delta_i, in
-    direction 0); `_scan_sums` (REVERSE) then turns the slots into G_{c+1}, the gradient of the state after chunk c."""
+    direction 0, without ROW_TERMS); `_scan_sums` (REVERSE) then turns the slots into G_{c+1}, the gradient of the
+    state after chunk c."""
     index, row, direction = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     acc = A.dtype.element_ty
     step, qfirst, kfirst, qshift, off_w, start, rate = _walk_start(
@@ -779,13 +778,11 @@ def _query_tile(K, V, MASK, row, heads, lk, start, w0, queries, q, features_q, q
                 DOT: tl.constexpr):
     """Slots w0 .. w0 + TILE - 1 of query block b's window (`_window_tile`): their pairs' shares of the block's
     gradients, added to dq (through the band logits), grad_features (through phi(q) / D), grad_rel (the band logits'
-    gradient by table row) and grad_rate (lambda's, by query); and what the keys' gradients take of the pairs: k,
-    phi(k), v, m_j, the band weights exp(l - m) m_j, the logits' and the kernel weights' gradients and the kernel
-    weights exp(-m) phi(q).phi(k) / D exp(-lambda (|t| - h)) m_j."""
+    gradient by table row) and grad_rate (lambda's, by query)."""
     op = q.dtype
     a = tl.arange(0, BLOCK)
     rr = tl.arange(0, BLOCK_R)
-    k, features_k, v, mk, band, logits, beyond, decay, distance, kernel, _ = _window_tile(
+    k, features_k, v, mk, band, logits, _, decay, distance, kernel, _ = _window_tile(
         K, V, MASK, row, heads, lk, start, w0, queries, q, features_q, qr, rate, scale, m, d, dv, skb, skh, skl, svb,
         svh, svl, HORIZON, CAUSAL, HAS_MASK, HAS_TABLE, False, BLOCK, TILE, BLOCK_D, BLOCK_V, BLOCK_R, DOT)
     # out = sums / den: a weight w_ij gets gs_i . v_j - delta_i
@@ -802,7 +799,7 @@ def _query_tile(K, V, MASK, row, heads, lk, start, w0, queries, q, features_q, q
         slot = a[:, None] + 2 * HORIZON - rr[None, :] - w0
         here = (slot >= 0) & (slot < TILE) & (rr[None, :] < 2 * HORIZON + 1)
         grad_rel += tl.where(here, tl.gather(grad_logits, tl.minimum(tl.maximum(slot, 0), TILE - 1), axis=1), 0.0)
-    return dq, grad_features, grad_rel, grad_rate, k, features_k, v, mk, band_weights, grad_logits, grad_kernel, kernel
+    return dq, grad_features, grad_rel, grad_rate
 
 
 @triton.jit
@@ -848,7 +845,7 @@ def _backward_queries(
     grad_rel = tl.zeros((BLOCK, BLOCK_R), dtype=acc)  # the band logits' gradient by table row
     start = b * BLOCK + offset - HORIZON
     for w0 in range(0, BLOCK + HORIZON + HORIZON * (1 - CAUSAL), TILE):
-        dq, grad_features, grad_rel, grad_rate, _, _, _, _, _, _, _, _ = _query_tile(
+        dq, grad_features, grad_rel, grad_rate = _query_tile(
             K, V, MASK, row, heads, lk, start, w0, queries, q, features_q, qr, gs, delta, m, rate, scale,
             d, dv, skb, skh, skl, svb, svh, svl, dq, grad_features, grad_rel, grad_rate, HORIZON, CAUSAL, HAS_MASK,
             HAS_TABLE, BLOCK, TILE, BLOCK_D, BLOCK_V, BLOCK_R, DOT)
@@ -944,14 +941,14 @@ def _key_pairs(Q, DO, SHIFT, DEN, DELTA, tab, row, b, lq, heads, offset, j, keys
 @triton.jit
 def _backward_keys(
     Q, K, V, MASK, TAB, RATE, A, AZ, NU, DO, SHIFT, DEN, DELTA, DK, DV, GRAD_RATE,
-    lq, lk, heads, rows, offset, nq, n_states, start0, start1, key_first, lo, hi, d, dv, sqb, sqh, sql, skb, skh, skl,
+    lq, lk, heads, rows, offset, nq, n_states, start0, start1, key_first, d, dv, sqb, sqh, sql, skb, skh, skl,
     svb, svh, svl, sgb, sgh, sgl, sdkb, sdkh, sdkl, sdvb, sdvh, sdvl, scale,
     HORIZON: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_TABLE: tl.constexpr, BLOCK: tl.constexpr,
     BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr, DOT: tl.constexpr,
 ):
-    """dk and dv of BLOCK_K keys a program from key_first on (those of 0 .. lk - 1 outside lo .. hi - 1, all of them
-    where lo = hi), and their part of lambda's gradient (by program, into GRAD_RATE): the shares of the query blocks
-    whose windows hold them (`_key_pairs`) and of the states' gradients (`_key_shares`)."""
+    """dk and dv of BLOCK_K keys a program from key_first on (those of 0 .. lk - 1), and their part of lambda's
+    gradient (by program, into GRAD_RATE): the shares of the query blocks whose windows hold them (`_key_pairs`) and
+    of the states' gradients (`_key_shares`)."""
     kb, row = tl.program_id(0), tl.program_id(1)
     acc = A.dtype.element_ty
     op = Q.dtype.element_ty
@@ -959,7 +956,7 @@ def _backward_keys(
     dd = tl.arange(0, BLOCK_D)
     j0 = key_first + kb * BLOCK_K
     j = j0 + tl.arange(0, BLOCK_K)
-    keys = (j >= 0) & (j < lk) & ((j < lo) | (j >= hi))
+    keys = (j >= 0) & (j < lk)
     k = _load_rows(K, row, heads, skb, skh, skl, j, keys, d, BLOCK_D)
     v = _load_rows(V, row, heads, svb, svh, svl, j, keys, dv, BLOCK_V)
     mk = _key_weights(MASK, row, heads, lk, j, keys, HAS_MASK, acc)
@@ -990,71 +987,6 @@ def _backward_keys(
     tl.store(ptr, dv_, mask=mask)
 
 
-@triton.jit
-def _backward_blocks(
-    Q, K, V, MASK, TAB, RATE, S, Z, SE, A, AZ, NU, DO, SHIFT, DEN, DELTA, DQ, DK, DV, DTAB, GRAD_RATE,
-    lq, lk, heads, rows, offset, nq, n_states, start0, start1, hi, d, dv, sqb, sqh, sql, skb, skh, skl, svb, svh,
-    svl, sgb, sgh, sgl, sdqb, sdqh, sdql, sdkb, sdkh, sdkl, sdvb, sdvh, sdvl, scale,
-    HORIZON: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_TABLE: tl.constexpr, BLOCK: tl.constexpr,
-    TILE: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr, DOT: tl.constexpr,
-):
-    """`_backward_queries` and `_backward_keys` in one pass over each window (`FUSED_BACKWARD`), for windows that
-    overlap their neighbours only (2h <= BLOCK, h <= BLOCK when causal). Program b (0 .. nq) takes query block b's
-    window s_b .. s_b + width - 1 by tiles, as `_backward_queries` does, and owns its first BLOCK keys (program nq,
-    past the last query block, the keys of block nq - 1's window beyond s_nq): their pairs with block b are those of
-    the tiles, and block b - 1's window holds the first width - BLOCK of them (`_key_pairs`); with the states'
-    shares (`_key_shares`) their dk and dv are whole. The pairs are computed once each and twice where windows
-    overlap, instead of once by queries and once or twice by keys; keys outside every window (before s_0, or past
-    s_nq + width - BLOCK: `hi`, `_overlap_end`) are `_backward_keys`'."""
-    b, row = tl.program_id(0), tl.program_id(1)
-    acc = S.dtype.element_ty
-    op = Q.dtype.element_ty
-    rate = tl.load(RATE + row % heads).to(acc)
-    tab = _table_tile(TAB, row, heads, d, HORIZON, HAS_TABLE, BLOCK_R, BLOCK_D)
-    i, queries, q, features_q, qr, gs, delta, m = _block_backward_inputs(
-        Q, DO, SHIFT, DEN, DELTA, tab, row, b, lq, heads, d, dv, sqb, sqh, sql, sgb, sgh, sgl, HAS_TABLE, acc, BLOCK,
-        BLOCK_D, BLOCK_V, BLOCK_R, DOT)
-    # program nq reads block nq - 1's states, and has no query to weigh them
-    grad_features, grad_rate = _query_state_grads(S, Z, SE, row, tl.minimum(b, nq - 1), rows, nq, n_states, start0,
-                                                  start1, d, dv, q, queries, gs, delta, m, rate, CAUSAL, BLOCK,
-                                                  BLOCK_D, BLOCK_V, DOT)
-    dq = tl.zeros((BLOCK, BLOCK_D), dtype=acc)
-    grad_rel = tl.zeros((BLOCK, BLOCK_R), dtype=acc)
-    key_rate = tl.zeros((TILE,), dtype=acc)  # lambda's gradient through the owned keys' states
-    width = BLOCK + HORIZON + HORIZON * (1 - CAUSAL)
-    start = b * BLOCK + offset - HORIZON
-    for w0 in range(0, width, TILE):
-        (dq, grad_features, grad_rel, grad_rate, k, features_k, v, mk, band_weights, grad_logits, grad_kernel,
-         kernel) = _query_tile(
-            K, V, MASK, row, heads, lk, start, w0, queries, q, features_q, qr, gs, delta, m, rate, scale,
-            d, dv, skb, skh, skl, svb, svh, svl, dq, grad_features, grad_rel, grad_rate, HORIZON, CAUSAL, HAS_MASK,
-            HAS_TABLE, BLOCK, TILE, BLOCK_D, BLOCK_V, BLOCK_R, DOT)
-        if w0 < BLOCK:  # a tile of the keys this program owns: their dk and dv
-            w = w0 + tl.arange(0, TILE)
-            j = start + w
-            mine = (w < BLOCK) & (j >= 0) & (j < lk) & (j < hi)
-            weights = band_weights + kernel
-            dv_ = tl.dot(tl.trans(weights.to(op)), gs, input_precision=DOT)
-            dk = tl.dot(tl.trans(grad_logits.to(op)), q, input_precision=DOT)
-            grad_keys = tl.dot(tl.trans(grad_kernel.to(op)), features_q, input_precision=DOT)  # through phi(k)
-            if b > 0:
-                if w0 < width - BLOCK:  # the keys that block b - 1's window holds too
-                    dk, grad_keys, dv_ = _key_pairs(Q, DO, SHIFT, DEN, DELTA, tab, row, b - 1, lq, heads, offset, j,
-                                                    mine, k, features_k.to(op), v, mk, rate, scale, d, dv, sqb, sqh,
-                                                    sql, sgb, sgh, sgl, dk, grad_keys, dv_, HORIZON, CAUSAL,
-                                                    HAS_TABLE, BLOCK, BLOCK_D, BLOCK_V, BLOCK_R, DOT)
-            grad_keys, dv_, key_rate = _key_shares(A, AZ, NU, k, v, mk, j, mine, rate, row, rows, lq, lk, offset, nq,
-                                                   n_states, start0, start1, d, dv, grad_keys, dv_, key_rate, HORIZON,
-                                                   CAUSAL, BLOCK, TILE, BLOCK_D, BLOCK_V, DOT)
-            dk += grad_keys * _elu_slope(k.to(acc))
-            ptr, mask = _row_ptrs(DK, row, heads, sdkb, sdkh, sdkl, j, mine, d, BLOCK_D)
-            tl.store(ptr, dk, mask=mask)
-            ptr, mask = _row_ptrs(DV, row, heads, sdvb, sdvh, sdvl, j, mine, dv, BLOCK_V)
-            tl.store(ptr, dv_, mask=mask)
-    _store_query_grads(DQ, DTAB, GRAD_RATE, tab, q, i, queries, row, heads, b, d, sdqb, sdqh, sdql, dq, grad_features,
-                       grad_rel, tl.sum(grad_rate, 0) + tl.sum(key_rate, 0), HORIZON, HAS_TABLE, BLOCK_D, BLOCK_R, DOT)
-
-
 BLOCK = 64  # queries per block of the forward and backward kernels, keys per chunk of the states
 # keys per tile of a query block's window (BLOCK + 2h keys, BLOCK + h when causal) in `_forward` and
 # `_backward_queries`, and per program of `_backward_keys`: powers of two >= 16 (Triton's products); tiles as wide as
@@ -1082,10 +1014,7 @@ LAUNCH = {"_states": dict(num_warps=8), "_chunk_sums": dict(num_warps=8), "_scan
           "_query_sums": dict(num_warps=8), "_row_terms": dict(num_warps=8),
           "_states_backward": dict(num_warps=8, num_stages=2),
           "_forward": dict(num_warps=4, num_stages=1), "_backward_queries": dict(num_warps=4, num_stages=1),
-          "_backward_keys": dict(num_warps=4, num_stages=2),
-          # not timed yet: the fewest spills that ptxas reports for sm90 (1,672 / 2,340 bytes, against 3,860 / 5,692
-          # with 4 warps; benchmarks/kernel_resources.py)
-          "_backward_blocks": dict(num_warps=8, num_stages=1)}
+          "_backward_keys": dict(num_warps=4, num_stages=2)}
 # launch options of every kernel where D or Dv exceeds 64 (tiles 128 wide): one stage, 8 warps. With 16-bit inputs at
 # D = Dv = 128, ptxas for sm90 gives every kernel at most 139,264 bytes of shared memory so (`_states` asked for
 # 262,656 at 3 stages); in float32, `_backward_keys` asks for 294,912, more than the 232,448 of an H100 or H200
@@ -1113,12 +1042,6 @@ SCAN_SLOTS = 8
 # held from one to the other, instead of recomputed there: one walk fewer, 7-13% less time on an H200 at B=4, H=16
 # (benchmarks/README.md)
 KEEP_STATES = True
-# backward by `_backward_blocks`, where windows overlap their neighbours' only (`_fused_backward`): one program per
-# query block computes each pair of its window once, for the block's dq and for the dk and dv of the window's first
-# BLOCK keys (the next program computes the pairs of the keys that the next window holds too again), instead of
-# `_backward_queries` and `_backward_keys` computing every pair once each. Off until a GPU has timed it against them
-# (`bench_attention_gpu.py --variants fused_backward`, `run_gpu.sh attention_backward`)
-FUSED_BACKWARD = False
 # `_backward_keys`' blocks of keys start where two windows' overlap ends (s_b + 2h, s_b + h when causal; `_key_origin`)
 # rather than at key 0: at h = 16, a block of 32 keys then meets one window or two, 1.5 on average, where from key 0
 # it meets two in the bidirectional case (the same 1.5 when causal)
@@ -1149,24 +1072,13 @@ def fits(horizon: int, dim: int, value_dim: int, dtype: torch.dtype) -> bool:
     return horizon <= MAX_HORIZON and max(dim, value_dim) <= max_dim(dtype)
 
 
-def _fused_backward(horizon: int, causal: bool) -> bool:
-    """Whether backward takes `_backward_blocks` (`FUSED_BACKWARD`): its windows (BLOCK + 2h keys, BLOCK + h when
-    causal, every BLOCK positions) must overlap their neighbours' only."""
-    return FUSED_BACKWARD and horizon * (1 if causal else 2) <= BLOCK
-
-
-def _overlap_end(block: int, offset: int, horizon: int, causal: bool) -> int:
-    """The key past the overlap of query block `block`'s window with the previous one's: s_b + 2h, s_b + h when
-    causal (s_b = b BLOCK + offset - h, the window's first key); for block nq, the key past the last window."""
-    return block * BLOCK + offset + (0 if causal else horizon)
-
-
 def _key_origin(offset: int, horizon: int, causal: bool) -> int:
     """Where `_backward_keys`' first block of KEY_BLOCK keys starts (at most 0; `ALIGNED_KEY_BLOCKS`): at a key where
-    two windows' overlap ends (`_overlap_end`), or at key 0."""
+    two windows' overlap ends (s_b + 2h, s_b + h when causal; s_b = b BLOCK + offset - h, window b's first key), or at
+    key 0."""
     if not ALIGNED_KEY_BLOCKS:
         return 0
-    return -((KEY_BLOCK - _overlap_end(0, offset, horizon, causal) % KEY_BLOCK) % KEY_BLOCK)
+    return -((KEY_BLOCK - (offset + (0 if causal else horizon)) % KEY_BLOCK) % KEY_BLOCK)
 
 
 def _parallel_walks(rows: int, directions: int) -> bool:
@@ -1328,39 +1240,23 @@ def _backward_body(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
     tensors = (q, k, v, mask_arg, q if table is None else table, rate)
     flags = dict(CAUSAL=causal, HAS_TABLE=table is not None, **{key: common[key] for key in ("HORIZON", "HAS_MASK",
                                                                                               "DOT")})
-    lo = hi = 0  # the keys outside lo .. hi - 1 are `_backward_keys`' (all where lo = hi)
-    if _fused_backward(horizon, causal):
-        lo, hi = offset - horizon, _overlap_end(walk.nq, offset, horizon, causal)  # s_0, past the last window
-        blocks = walk.nq + 1
-        dtable = None if table is None else den.new_empty(rows, blocks, 2 * horizon + 1, d)
-        grad_rate_queries = den.new_empty(rows, blocks)
-        _backward_blocks[(blocks, rows)](
-            *tensors, states, norms, scales, adjoints, adjoint_norms, adjoint_scales, g, shift, den, delta, dq, dk, dv_,
-            den if dtable is None else dtable, grad_rate_queries, lq, lk, heads, rows, offset, walk.nq, walk.n_states,
-            *walk.starts, hi, d, dv, *_strides(q, k, v, g, dq, dk, dv_), scale, **flags, **sizes,
-            **_launch("_backward_blocks", d, dv))
-    else:
-        dtable = None if table is None else den.new_empty(rows, walk.nq, 2 * horizon + 1, d)
-        grad_rate_queries = den.new_empty(rows, walk.nq)
-        _backward_queries[(walk.nq, rows)](
-            *tensors, states, norms, scales, g, shift, den, delta, dq, den if dtable is None else dtable,
-            grad_rate_queries,
-            lq, lk, heads, rows, offset, walk.nq, walk.n_states, *walk.starts, d, dv, *_strides(q, k, v, g, dq),
-            scale, **flags, **sizes, **_launch("_backward_queries", d, dv))
-    grad_rate_keys = []
-    for first, end in ((0, min(max(lo, 0), lk)), (min(max(hi, 0), lk), lk)) if lo < hi else ((_key_origin(
-            offset, horizon, causal), lk),):
-        key_blocks = triton.cdiv(end - first, KEY_BLOCK)
-        if key_blocks:
-            grad_rate_keys.append(den.new_empty(rows, key_blocks))
-            _backward_keys[(key_blocks, rows)](
-                *tensors, adjoints, adjoint_norms, adjoint_scales, g, shift, den, delta, dk, dv_, grad_rate_keys[-1],
-                lq, lk,
-                heads, rows, offset, walk.nq, walk.n_states, *walk.starts, first, lo, hi, d, dv,
-                *_strides(q, k, v, g, dk, dv_), scale, BLOCK_K=KEY_BLOCK, BLOCK_R=sizes["BLOCK_R"], **flags,
-                **{key: common[key] for key in ("BLOCK", "BLOCK_D", "BLOCK_V")}, **_launch("_backward_keys", d, dv))
-    torch.sum((grad_rate_walk.flatten(2).sum(2).sum(0) + grad_rate_queries.sum(1)
-               + sum(part.sum(1) for part in grad_rate_keys)).view(b, heads), 0, out=grad_rate)
+    dtable = None if table is None else den.new_empty(rows, walk.nq, 2 * horizon + 1, d)
+    grad_rate_queries = den.new_empty(rows, walk.nq)
+    _backward_queries[(walk.nq, rows)](
+        *tensors, states, norms, scales, g, shift, den, delta, dq, den if dtable is None else dtable, grad_rate_queries,
+        lq, lk, heads, rows, offset, walk.nq, walk.n_states, *walk.starts, d, dv, *_strides(q, k, v, g, dq), scale,
+        **flags, **sizes, **_launch("_backward_queries", d, dv))
+    first = _key_origin(offset, horizon, causal)
+    key_blocks = triton.cdiv(lk - first, KEY_BLOCK)
+    grad_rate_keys = den.new_zeros(rows, key_blocks)
+    if key_blocks:
+        _backward_keys[(key_blocks, rows)](
+            *tensors, adjoints, adjoint_norms, adjoint_scales, g, shift, den, delta, dk, dv_, grad_rate_keys, lq, lk,
+            heads, rows, offset, walk.nq, walk.n_states, *walk.starts, first, d, dv, *_strides(q, k, v, g, dk, dv_),
+            scale, BLOCK_K=KEY_BLOCK, BLOCK_R=sizes["BLOCK_R"], **flags,
+            **{key: common[key] for key in ("BLOCK", "BLOCK_D", "BLOCK_V")}, **_launch("_backward_keys", d, dv))
+    torch.sum((grad_rate_walk.flatten(2).sum(2).sum(0) + grad_rate_queries.sum(1) + grad_rate_keys.sum(1)).view(
+        b, heads), 0, out=grad_rate)
     if dtable is not None:
         torch.sum(dtable.sum(1).view(b, heads, -1, d), 0, out=grad_table)
     return dq, dk, dv_, grad_table, grad_rate

@@ -59,8 +59,8 @@ def test_run_gpu_refuses_an_unknown_step(tmp_path):
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 64
     assert ("unknown step: atention (expected env, compile, attention, attention_variants, attention_backward, "
-            "attention_small_batch, attention_rows, attention_block32, tune, tune_backward, ncu, tests, "
-            "compile_tests, accelerate, train, train_compiled, train_graphs, generate)") in result.stderr
+            "attention_small_batch, attention_rows, attention_block32, tune, ncu, tests, compile_tests, "
+            "accelerate, train, train_compiled, train_graphs, generate)") in result.stderr
 
 
 NCU_CSV = """==PROF== Connected to process 4242 (python3)
@@ -158,11 +158,6 @@ def test_bench_attention_gpu_tune_skips_each_kernels_own_setting(import_benchmar
     with pytest.raises(SystemExit):
         bench.parse_args(["--device", "cpu", "--tune", "--tune-kernels", "_nope"])
     assert "--tune-kernels takes names of ops_local_softmax_triton.LAUNCH" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        bench.parse_args(["--device", "cpu", "--tune", "--tune-kernels", "_backward_blocks"])
-    assert "--tune-kernels _backward_blocks needs --fused-backward" in capsys.readouterr().err
-    args = bench.parse_args(["--device", "cpu", "--tune", "--fused-backward", "--tune-kernels", "_backward_blocks"])
-    assert bench.command_options(args) == {"FUSED_BACKWARD": True}
 
 
 def test_bench_attention_gpu_launches_the_kernels_as_a_tune_report_found_best(import_benchmark, tmp_path, capsys):

@@ -361,32 +361,22 @@ def test_key_tiles_do_not_change_the_result(causal, decay_inputs, monkeypatch, t
     dict(lq=40, lk=40, horizon=10),
 ], ids=["lq>lk-offset-keys-before-the-windows", "keys-past-the-windows", "overlap-of-a-block", "length-1",
         "tiles-of-8", "tiles-of-32", "overlap-beyond-a-block"])
-def test_backward_layouts_give_the_same_gradients(case, causal, decay_inputs, monkeypatch, triton_paths):
-    """Backward in one pass over each window (`FUSED_BACKWARD`: `_backward_blocks`, then `_backward_keys` for the keys
-    outside every window) and backward by queries then keys with the key blocks from key 0 (not `ALIGNED_KEY_BLOCKS`,
-    the default, which the other tests hold to the reference) give the same gradients to rounding (blocks of 16,
-    padded keys; tiles of 8 keys, several in an overlap, and of 32, wider than a block). Windows that overlap more
-    than their neighbours' (2h > BLOCK bidirectional) take the two passes."""
+def test_key_blocks_from_key_0_give_the_same_gradients(case, causal, decay_inputs, monkeypatch, triton_paths):
+    """`_backward_keys`' blocks from key 0 (not `ALIGNED_KEY_BLOCKS`, the default, which the other tests hold to the
+    reference) give the gradients of the blocks from where two windows' overlap ends, to rounding (blocks of 16,
+    padded keys; windows in tiles of 8 keys, several in an overlap, and of 32, wider than a block; overlaps of less
+    and more than a block)."""
     from modeling_scaleformer import ops_local_softmax_triton as kernels
 
     case = dict(case)
     offset, tile = case.pop("offset", 0), case.pop("tile", 16)
     inputs = decay_inputs(b=1, h=2, mask="padding", **case)
-    launched = []
-    for name in ("_backward_blocks", "_backward_queries"):
-        kernel = getattr(kernels, name)
-        monkeypatch.setattr(kernels, name, type(name, (), {"__getitem__": lambda self, grid, name=name, kernel=kernel:
-                                                          launched.append(name) or kernel[grid]})())
     results = []
-    for fused, aligned in ((False, False), (True, True)):
+    for aligned in (False, True):
         triton_paths(16)
         monkeypatch.setattr(kernels, "KEY_TILE", tile)
-        monkeypatch.setattr(kernels, "FUSED_BACKWARD", fused)
         monkeypatch.setattr(kernels, "ALIGNED_KEY_BLOCKS", aligned)
-        launched.clear()
         results.append(output_and_gradients(inputs[:5], causal=causal, key_mask=inputs[5], query_offset=offset))
-        takes = fused and case["horizon"] * (1 if causal else 2) <= 16
-        assert launched == ["_backward_blocks" if takes else "_backward_queries"]
     monkeypatch.setattr(kernels, "KEY_BLOCK", 32)  # at h = 16: from s_b + 32 = 16 mod 32, and s_b + 16 = 0 causal
     assert kernels._key_origin(0, 16, False) == -16 and kernels._key_origin(0, 16, True) == 0
     assert kernels._key_origin(5, 16, False) == -11 and kernels._key_origin(5, 16, True) == -27
@@ -819,23 +809,6 @@ def test_triton_attention_beyond_fits_on_cuda(case, monkeypatch):
     from modeling_scaleformer import ops_local_softmax_triton
 
     monkeypatch.setattr(ops_local_softmax_triton, "MAX_DIM", 128)
-    check_against_the_reference_on_cuda(case)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("case", [
-    dict(lq=300, lk=300, d=64, h=16, dtype=torch.bfloat16), dict(lq=300, lk=300, d=64, h=16, causal=True),
-    dict(lq=40, lk=200, d=8, h=3), dict(lq=300, lk=300, d=64, h=32), dict(lq=300, lk=200, d=64, h=63, causal=True),
-], ids=["d64-h16-bf16", "d64-h16-causal", "lq<lk", "h32-overlap-of-a-block", "h63-causal-lq>lk"])
-def test_fused_backward_on_cuda(case, monkeypatch):
-    """Backward in one pass over each window (`FUSED_BACKWARD`) at the sizes the models use, as
-    `test_triton_attention_shapes_on_cuda`: the check that making it the default waits for, with its timing
-    (`bench_attention_gpu.py --variants fused_backward`)."""
-    from modeling_scaleformer import ops_local_softmax_triton
-
-    monkeypatch.setattr(ops_local_softmax_triton, "FUSED_BACKWARD", True)
-    assert ops_local_softmax_triton._fused_backward(case["h"], case.get("causal", False))
     check_against_the_reference_on_cuda(case)
 
 

@@ -118,7 +118,7 @@ def test_attention_kernels_lower(shape, options, causal, dtype):
         for kernel in (kernels._query_sums, kernels._states_backward):
             lower(kernel, kernel_dtype, operands, operand_names=INPUTS, ROW_TERMS=row_terms,
                   **{key: common[key] for key in ("BLOCK", "BLOCK_D", "BLOCK_V", "DOT")})
-    for kernel in (kernels._forward, kernels._backward_queries, kernels._backward_blocks):
+    for kernel in (kernels._forward, kernels._backward_queries):
         lower(kernel, kernel_dtype, operands, operand_names=INPUTS, CAUSAL=causal, **options, **sizes,
               **{key: common[key] for key in ("HORIZON", "DOT")})
     lower(kernels._backward_keys, kernel_dtype, operands, operand_names=INPUTS, CAUSAL=causal,
@@ -143,7 +143,7 @@ def test_attention_kernels_assemble_for_sm90(causal):
     for name, constexprs in (("_states", walk), ("_chunk_sums", walk), ("_scan_sums", dict(scan, REVERSE=True)),
                              ("_row_terms", dict(BLOCK=sizes["BLOCK"], BLOCK_V=sizes["BLOCK_V"])),
                              ("_query_sums", queries), ("_states_backward", queries), ("_forward", tiles),
-                             ("_backward_queries", tiles), ("_backward_blocks", tiles),
+                             ("_backward_queries", tiles),
                              ("_backward_keys", dict(walk, CAUSAL=causal, HAS_TABLE=True, BLOCK_K=kernels.KEY_BLOCK,
                                                      BLOCK_R=sizes["BLOCK_R"]))):
         compiled = triton.compile(source(getattr(kernels, name), torch.float32, torch.bfloat16, INPUTS, **constexprs),
