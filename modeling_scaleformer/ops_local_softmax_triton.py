@@ -1248,7 +1248,7 @@ def _backward_body(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
         **flags, **sizes, **_launch("_backward_queries", d, dv))
     first = _key_origin(offset, horizon, causal)
     key_blocks = triton.cdiv(lk - first, KEY_BLOCK)
-    grad_rate_keys = den.new_zeros(rows, key_blocks)
+    grad_rate_keys = den.new_empty(rows, key_blocks)
     if key_blocks:
         _backward_keys[(key_blocks, rows)](
             *tensors, adjoints, adjoint_norms, adjoint_scales, g, shift, den, delta, dk, dv_, grad_rate_keys, lq, lk,
