@@ -566,8 +566,8 @@ def ncu_summary(path: Path, stalls: int = 3) -> int:
     for row in rows:
         values = [float_or_none(row.get(metric)) for metric in present]
         cells = ["–" if value is None else f"{value:,.0f}" if value >= 100 else f"{value:.2f}" for value in values]
-        reasons = sorted(((float_or_none(value) or 0.0, NCU_STALL.match(metric).group(1))
-                          for metric, value in row.items() if NCU_STALL.match(metric)), reverse=True)[:stalls]
+        reasons = sorted(((float_or_none(value) or 0.0, match.group(1)) for metric, value in row.items()
+                          if (match := NCU_STALL.match(metric))), reverse=True)[:stalls]
         stalled = ", ".join(f"{name} {value:.1f}" for value, name in reasons if value > 0)
         print(f"| {row.get('Kernel Name', '?')[:48]} | {' | '.join(cells)} | {stalled or '–'} |")
     missing = [metric for metric in NCU_COLUMNS if metric not in present]

@@ -568,7 +568,7 @@ def _pairs(q, k, features_q, features_k, mk, t, pair, qr, rate, scale, shift, HO
     base = tl.where(shift > float("-inf"), shift, 0.0)
     decay = tl.where(beyond, _shift_scale(base[:, None] - exponents), 0.0) * mk[None, :]
     kernel = tl.dot(features_q, tl.trans(features_k), input_precision=DOT) * decay
-    return band, logits, beyond, decay, distance, kernel, shift
+    return band, logits, decay, distance, kernel, shift
 
 
 @triton.jit
@@ -622,11 +622,10 @@ def _window_tile(K, V, MASK, row, heads, lk, start, w0, queries, q, features_q, 
     mk = _key_weights(MASK, row, heads, lk, j, exists, HAS_MASK, acc)
     features_k = _elu_features(k.to(acc), exists[:, None] & (tl.arange(0, BLOCK_D)[None, :] < d))
     t = tl.arange(0, BLOCK)[:, None] + HORIZON - w[None, :]
-    band, logits, beyond, decay, distance, kernel, shift = _pairs(q, k, features_q, features_k.to(op), mk, t,
-                                                                  queries[:, None] & exists[None, :], qr, rate, scale,
-                                                                  shift, HORIZON, CAUSAL, HAS_TABLE, ONLINE, BLOCK_R,
-                                                                  DOT)
-    return k, features_k, v, mk, band, logits, beyond, decay, distance, kernel, shift
+    band, logits, decay, distance, kernel, shift = _pairs(q, k, features_q, features_k.to(op), mk, t,
+                                                          queries[:, None] & exists[None, :], qr, rate, scale, shift,
+                                                          HORIZON, CAUSAL, HAS_TABLE, ONLINE, BLOCK_R, DOT)
+    return k, features_k, v, mk, band, logits, decay, distance, kernel, shift
 
 
 @triton.jit
@@ -692,7 +691,7 @@ def _forward(
     far_den = tl.zeros((BLOCK,), dtype=acc)  # under run_max
     start = b * BLOCK + offset - HORIZON
     for w0 in range(0, BLOCK + HORIZON + HORIZON * (1 - CAUSAL), TILE):
-        _, _, v, mk, band, logits, _, _, _, kernel, new_max = _window_tile(
+        _, _, v, mk, band, logits, _, _, kernel, new_max = _window_tile(
             K, V, MASK, row, heads, lk, start, w0, queries, q, features_q, qr, rate, scale, run_max, d, dv, skb, skh,
             skl, svb, svh, svl, HORIZON, CAUSAL, HAS_MASK, HAS_TABLE, True, BLOCK, TILE, BLOCK_D, BLOCK_V, BLOCK_R,
             DOT)
@@ -782,7 +781,7 @@ def _query_tile(K, V, MASK, row, heads, lk, start, w0, queries, q, features_q, q
     op = q.dtype
     a = tl.arange(0, BLOCK)
     rr = tl.arange(0, BLOCK_R)
-    k, features_k, v, mk, band, logits, _, decay, distance, kernel, _ = _window_tile(
+    k, features_k, v, mk, band, logits, decay, distance, kernel, _ = _window_tile(
         K, V, MASK, row, heads, lk, start, w0, queries, q, features_q, qr, rate, scale, m, d, dv, skb, skh, skl, svb,
         svh, svl, HORIZON, CAUSAL, HAS_MASK, HAS_TABLE, False, BLOCK, TILE, BLOCK_D, BLOCK_V, BLOCK_R, DOT)
     # out = sums / den: a weight w_ij gets gs_i . v_j - delta_i
@@ -925,9 +924,8 @@ def _key_pairs(Q, DO, SHIFT, DEN, DELTA, tab, row, b, lq, heads, offset, j, keys
     start = b * BLOCK + offset - HORIZON
     window = (j >= start) & (j < start + BLOCK + HORIZON + HORIZON * (1 - CAUSAL)) & keys
     t = (i + offset)[:, None] - j[None, :]
-    band, logits, _, decay, _, kernel, _ = _pairs(q, k, features_q, features_k, mk, t,
-                                                  queries[:, None] & window[None, :], qr, rate, scale, m, HORIZON,
-                                                  CAUSAL, HAS_TABLE, False, BLOCK_R, DOT)
+    band, logits, decay, _, kernel, _ = _pairs(q, k, features_q, features_k, mk, t, queries[:, None] & window[None, :],
+                                               qr, rate, scale, m, HORIZON, CAUSAL, HAS_TABLE, False, BLOCK_R, DOT)
     band_weights = tl.where(band, tl.exp(logits - m[:, None]) * mk[None, :], 0.0)
     weights = band_weights + kernel
     grad_weights = tl.dot(gs, tl.trans(v), input_precision=DOT) - delta[:, None]
@@ -1343,9 +1341,8 @@ def _walk_adjoints(q, lk: int, rate, states, norms, state_scales, g, out, shift,
     carried = den.new_empty(directions, rows, parts)
     _scan_sums[(rows, directions, parts)](
         rate, adjoints, adjoint_norms, block_scales, scales, states, norms, state_scales, carried, heads, rows,
-        walk.nq, slots,
-        *walk.starts, d, dv, parts, REVERSE=True, BLOCK=BLOCK, BLOCK_SD=SCAN_ROWS, BLOCK_V=common["BLOCK_V"],
-        SLOTS=SCAN_SLOTS, **_launch("_scan_sums", d, dv))
+        walk.nq, slots, *walk.starts, d, dv, parts, REVERSE=True, BLOCK=BLOCK, BLOCK_SD=SCAN_ROWS,
+        BLOCK_V=common["BLOCK_V"], SLOTS=SCAN_SLOTS, **_launch("_scan_sums", d, dv))
     return adjoints, adjoint_norms, scales, carried
 
 

@@ -101,10 +101,10 @@ def test_rows_far_from_their_keys(mode, lk, visible, monkeypatch):
 
 
 def test_rows_beyond_the_keys(beyond_the_keys_case, beyond_the_keys_inputs, monkeypatch):
-    """Rows past every key, past a padded row's last visible key, before its first (without causality): the chunked
-    path (chunks of 4) against the float64 reference, output and gradients. Where rows lie 200 positions or more from
-    their keys (`lost`), the fast head's chunked sums underflow even in float64: without `_rows_beyond_the_keys`
-    those rows would be lost."""
+    """Rows past every key, past a padded row's last visible key, before its first (without causality), inside gaps of
+    hidden keys: the chunked path (chunks of 4) against the float64 reference, output and gradients. Where rows lie
+    200 positions or more from their keys (`lost`), the fast head's chunked sums underflow even in float64: without
+    `_rows_beyond_the_keys` those rows would be lost."""
     args, kwargs, lost = beyond_the_keys_inputs(beyond_the_keys_case)
     got = chunk_local_softmax_decay_attention(*args, **kwargs, chunk_size=4)
     expected = naive_local_softmax_decay_attention(*args, **kwargs)
