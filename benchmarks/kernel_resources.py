@@ -95,7 +95,7 @@ def constexprs(kernels, name: str, args: argparse.Namespace) -> dict:
     if name == "_row_terms":
         return {key: walk[key] for key in ("BLOCK", "BLOCK_V")}
     if name in ("_query_sums", "_states_backward"):
-        return {**{key: walk[key] for key in ("BLOCK", "BLOCK_D", "BLOCK_V", "DOT")}, "ROW_TERMS": kernels.ROW_TERMS}
+        return {key: walk[key] for key in ("BLOCK", "BLOCK_D", "BLOCK_V", "DOT")}
     if name == "_backward_keys":
         return dict(walk, CAUSAL=args.causal, HAS_TABLE=True, BLOCK_K=kernels.KEY_BLOCK, BLOCK_R=sizes["BLOCK_R"])
     return dict(sizes, HORIZON=args.horizon, CAUSAL=args.causal, HAS_MASK=True, HAS_TABLE=True, DOT=dot)

@@ -37,8 +37,8 @@ flash-linear-attention's chunk kernels:
   G_b = exp(-lambda BLOCK) G_{b+1} + that), in the states' layout, with delta_i = g_i . out_i / den_i:
   `_states_backward` walks the blocks back with one program per row and direction; the parallel passes take every
   block's sum at once, then a sequential elementwise pass from the last block back. `_row_terms` computes delta_i and
-  each query's log weight exp(-m_i) / den_i first, once (`ROW_TERMS`), so that a walk's step reads two floats a query
-  instead of reducing its g and out over Dv. Each G is kept as exp(nu) G' with nu its own scale: a row whose visible
+  each query's log weight exp(-m_i) / den_i first, once, so that a walk's step reads two floats a query instead of
+  reducing its g and out over Dv. Each G is kept as exp(nu) G' with nu its own scale: a row whose visible
   keys all lie far back weighs exp(-m_i) / den_i = 1 / (its total weight), which passes float32's range (e^88) 180
   positions from its keys at lambda = 0.5, while its keys' gradients, that weight times their decay, stay finite;
 - `_backward_queries`: by query blocks, like `_forward` (the same tiles, m and the normaliser known): dq, each
@@ -388,68 +388,52 @@ def _output_gradient(DO, SHIFT, DEN, row, heads, lq, i, inside, dv, sgb, sgh, sg
 
 
 @triton.jit
-def _row_weights(OUT, row, heads, i, inside, gs, m, den, dv, sob, soh, sol, BLOCK_V: tl.constexpr):
-    """delta = g . out / den of the rows i (where `inside`; gs = g / den, `_output_gradient`) and the log of
-    exp(-m) / den, the row's weight in the states' gradient (-inf for a row without a visible key, den = 0, or
-    without a gradient): a log, uncapped, since m can lie anywhere below the dtype's range (a row far past its
-    keys)."""
-    out = _load_rows(OUT, row, heads, sob, soh, sol, i, inside, dv, BLOCK_V).to(gs.dtype)
-    weight = tl.where((den > 0) & (tl.max(tl.abs(gs), 1) > 0), -m - tl.log(tl.where(den > 0, den, 1.0)),
-                      float("-inf"))
-    return tl.sum(gs * out, 1), weight
-
-
-@triton.jit
 def _row_terms(
     DO, OUT, SHIFT, DEN, DELTA, WEIGHT, lq, heads, dv, sgb, sgh, sgl, sob, soh, sol,
     BLOCK: tl.constexpr, BLOCK_V: tl.constexpr,
 ):
-    """delta and the log weight (`_row_weights`) of BLOCK queries a program, once before the walks of the states'
-    gradient (`ROW_TERMS`), which read them at each step instead of reducing each row's g and out there."""
+    """What the walks of the states' gradient read of each query, BLOCK queries a program, computed once before them
+    (two floats a query at each step, instead of reducing its g and out over Dv there): delta = g . out / den
+    (gs = g / den, `_output_gradient`) and the log of exp(-m) / den, the row's weight in the states' gradient (-inf
+    for a row without a visible key, den = 0, or without a gradient): a log, uncapped, since m can lie anywhere below
+    the dtype's range (a row far past its keys)."""
     b, row = tl.program_id(0), tl.program_id(1)
     i = b * BLOCK + tl.arange(0, BLOCK)
     inside = i < lq
     at, gs, m, den = _output_gradient(DO, SHIFT, DEN, row, heads, lq, i, inside, dv, sgb, sgh, sgl,
                                       DEN.dtype.element_ty, BLOCK_V)
-    delta, weight = _row_weights(OUT, row, heads, i, inside, gs, m, den, dv, sob, soh, sol, BLOCK_V)
-    tl.store(DELTA + at, delta, mask=inside)
+    out = _load_rows(OUT, row, heads, sob, soh, sol, i, inside, dv, BLOCK_V).to(gs.dtype)
+    weight = tl.where((den > 0) & (tl.max(tl.abs(gs), 1) > 0), -m - tl.log(tl.where(den > 0, den, 1.0)),
+                      float("-inf"))
+    tl.store(DELTA + at, tl.sum(gs * out, 1), mask=inside)
     tl.store(WEIGHT + at, weight, mask=inside)
 
 
 @triton.jit
-def _query_rows(Q, DO, OUT, SHIFT, DEN, DELTA, WEIGHT, row, heads, lq, x, inside, qfirst, step, d, dv, sqb, sqh, sql,
-                sgb, sgh, sgl, sob, soh, sol, ROW_TERMS: tl.constexpr, ACC: tl.constexpr, BLOCK_D: tl.constexpr,
-                BLOCK_V: tl.constexpr):
+def _query_rows(Q, DO, SHIFT, DEN, DELTA, WEIGHT, row, heads, lq, x, inside, qfirst, step, d, dv, sqb, sqh, sql,
+                sgb, sgh, sgl, ACC: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr):
     """Queries x (a direction's coordinates; memory rows qfirst + step x) with what the states' gradient needs of
-    them: their rows, q (raw, ACC), gs (`_output_gradient`), -m, delta and the log weight (`_row_weights`: read
-    where `_row_terms` wrote them, with ROW_TERMS, else computed here)."""
+    them: q (raw, ACC), gs (`_output_gradient`), -m, and delta and the log weight where `_row_terms` wrote them."""
     i = qfirst + step * x
     q = _load_rows(Q, row, heads, sqb, sqh, sql, i, inside, d, BLOCK_D).to(ACC)
     at, gs, m, den = _output_gradient(DO, SHIFT, DEN, row, heads, lq, i, inside, dv, sgb, sgh, sgl, ACC, BLOCK_V)
-    if ROW_TERMS:
-        delta = tl.load(DELTA + at, mask=inside, other=0.0)
-        weight = tl.load(WEIGHT + at, mask=inside, other=float("-inf"))
-    else:
-        delta, weight = _row_weights(OUT, row, heads, i, inside, gs, m, den, dv, sob, soh, sol, BLOCK_V)
-    return i, q, gs, delta, -m, weight
+    delta = tl.load(DELTA + at, mask=inside, other=0.0)
+    weight = tl.load(WEIGHT + at, mask=inside, other=float("-inf"))
+    return q, gs, delta, -m, weight
 
 
 @triton.jit
-def _query_sum(Q, DO, OUT, SHIFT, DEN, DELTA, WEIGHT, row, heads, lq, direction, c, qfirst, step, qshift, rate, d, dv,
-               sqb, sqh, sql, sgb, sgh, sgl, sob, soh, sol, ROW_TERMS: tl.constexpr, ACC: tl.constexpr,
-               BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, DOT: tl.constexpr):
+def _query_sum(Q, DO, SHIFT, DEN, DELTA, WEIGHT, row, heads, lq, c, qfirst, step, qshift, rate, d, dv, sqb, sqh, sql,
+               sgb, sgh, sgl, ACC: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr,
+               DOT: tl.constexpr):
     """What query block c adds to the gradient of its state L_c, exp(-m_i) exp(-lambda a) phi(q_i) / D [gs_i,
     -delta_i] summed over its queries ((D, Dv) and (D,)), divided by exp(mu), mu the log of the block's largest
     exp(-m_i - lambda a) / den_i (a row whose visible keys all lie far back weighs 1 / (its keys' tiny weight),
-    beyond float32's range, and exp(-lambda a) alone underflows at a fast decay), and mu; without ROW_TERMS, stores
-    delta_i in direction 0."""
+    beyond float32's range, and exp(-lambda a) alone underflows at a fast decay), and mu."""
     x = c * BLOCK - qshift + tl.arange(0, BLOCK)
     inside = (x >= 0) & (x < lq)
-    i, q, gs, delta, shift, weight = _query_rows(Q, DO, OUT, SHIFT, DEN, DELTA, WEIGHT, row, heads, lq, x, inside,
-                                                 qfirst, step, d, dv, sqb, sqh, sql, sgb, sgh, sgl, sob, soh, sol,
-                                                 ROW_TERMS, ACC, BLOCK_D, BLOCK_V)
-    if not ROW_TERMS:
-        tl.store(DELTA + row.to(tl.int64) * lq + i, delta, mask=inside & (x * 0 + direction == 0))
+    q, gs, delta, shift, weight = _query_rows(Q, DO, SHIFT, DEN, DELTA, WEIGHT, row, heads, lq, x, inside, qfirst,
+                                              step, d, dv, sqb, sqh, sql, sgb, sgh, sgl, ACC, BLOCK_D, BLOCK_V)
     decay = rate * tl.arange(0, BLOCK).to(ACC)  # lambda a: the decay exp(-lambda a) from the state to query a
     weight -= decay
     mu = tl.max(weight, 0)
@@ -464,9 +448,9 @@ def _query_sum(Q, DO, OUT, SHIFT, DEN, DELTA, WEIGHT, row, heads, lq, direction,
 
 @triton.jit
 def _states_backward(
-    Q, RATE, S, Z, SE, A, AZ, NU, DO, OUT, SHIFT, DEN, DELTA, WEIGHT, CARRIED,
-    lq, lk, heads, rows, offset, nq, n_states, start0, start1, d, dv, sqb, sqh, sql, sgb, sgh, sgl, sob, soh, sol,
-    ROW_TERMS: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, DOT: tl.constexpr,
+    Q, RATE, S, Z, SE, A, AZ, NU, DO, SHIFT, DEN, DELTA, WEIGHT, CARRIED,
+    lq, lk, heads, rows, offset, nq, n_states, start0, start1, d, dv, sqb, sqh, sql, sgb, sgh, sgl,
+    BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, DOT: tl.constexpr,
 ):
     """The states' gradient by a sequential walk back over the query blocks, one program per batch*head row and
     direction: G_{c+1}, the gradient of the state after chunk c, as exp(nu) G' (G' into slot c - start of A and AZ,
@@ -494,9 +478,8 @@ def _states_backward(
                            + tl.sum(adjoint_norm * tl.load(z_ptr, mask=z_mask, other=0.0), 0),
                            nu + state_exponent - rate * BLOCK)
         # G_c = exp(-lambda BLOCK) G_{c+1} + the gradient of L_c from query block c (none for c < 0)
-        block, block_norm, mu = _query_sum(Q, DO, OUT, SHIFT, DEN, DELTA, WEIGHT, row, heads, lq, direction, c,
-                                           qfirst, step, qshift, rate, d, dv, sqb, sqh, sql, sgb, sgh, sgl, sob, soh,
-                                           sol, ROW_TERMS, acc, BLOCK, BLOCK_D, BLOCK_V, DOT)
+        block, block_norm, mu = _query_sum(Q, DO, SHIFT, DEN, DELTA, WEIGHT, row, heads, lq, c, qfirst, step, qshift,
+                                           rate, d, dv, sqb, sqh, sql, sgb, sgh, sgl, acc, BLOCK, BLOCK_D, BLOCK_V, DOT)
         nu, old, new = _scaled_step(nu, mu, rate * BLOCK)
         adjoint = adjoint * old + block * new
         adjoint_norm = adjoint_norm * old + block_norm * new
@@ -505,23 +488,22 @@ def _states_backward(
 
 @triton.jit
 def _query_sums(
-    Q, RATE, A, AZ, NU, DO, OUT, SHIFT, DEN, DELTA, WEIGHT,
-    lq, lk, heads, rows, offset, nq, n_states, start0, start1, d, dv, sqb, sqh, sql, sgb, sgh, sgl, sob, soh, sol,
-    ROW_TERMS: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, DOT: tl.constexpr,
+    Q, RATE, A, AZ, NU, DO, SHIFT, DEN, DELTA, WEIGHT,
+    lq, lk, heads, rows, offset, nq, n_states, start0, start1, d, dv, sqb, sqh, sql, sgb, sgh, sgl,
+    BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, DOT: tl.constexpr,
 ):
     """`_states_backward` in parallel, first of two: one program per query block c, row and direction stores what
     the block's queries add to the gradient of its state L_c, exp(-m_i) exp(-lambda a) phi(q_i) / D [gs_i, -delta_i]
-    summed over them, as exp(mu) times the sums in slot c - start and mu in NU (`_query_sum`; and delta_i, in
-    direction 0, without ROW_TERMS); `_scan_sums` (REVERSE) then turns the slots into G_{c+1}, the gradient of the
-    state after chunk c."""
+    summed over them, as exp(mu) times the sums in slot c - start and mu in NU (`_query_sum`); `_scan_sums`
+    (REVERSE) then turns the slots into G_{c+1}, the gradient of the state after chunk c."""
     index, row, direction = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     acc = A.dtype.element_ty
     step, qfirst, kfirst, qshift, off_w, start, rate = _walk_start(
         RATE, row, heads, direction, lq, lk, offset, nq, start0, start1, acc, BLOCK)
     if index < nq - start:
-        block, block_norm, mu = _query_sum(Q, DO, OUT, SHIFT, DEN, DELTA, WEIGHT, row, heads, lq, direction,
-                                           start + index, qfirst, step, qshift, rate, d, dv, sqb, sqh, sql, sgb, sgh,
-                                           sgl, sob, soh, sol, ROW_TERMS, acc, BLOCK, BLOCK_D, BLOCK_V, DOT)
+        block, block_norm, mu = _query_sum(Q, DO, SHIFT, DEN, DELTA, WEIGHT, row, heads, lq, start + index, qfirst,
+                                           step, qshift, rate, d, dv, sqb, sqh, sql, sgb, sgh, sgl, acc, BLOCK,
+                                           BLOCK_D, BLOCK_V, DOT)
         tl.store(NU + (direction * rows + row).to(tl.int64) * n_states + index, mu)
         a_ptr, az_ptr, a_mask, az_mask = _state_ptrs(A, AZ, direction, row, rows, index, n_states, d, dv, BLOCK_D,
                                                      BLOCK_V)
@@ -1000,10 +982,9 @@ MIN_TILE = 64
 # in float32, `_backward_keys` asks for more shared memory than an H100 or H200 has)
 MAX_HORIZON = 63
 MAX_DIM = 64
-# bfloat16 inputs: D, Dv up to 128 (tiles 128 wide, launched as `WIDE_LAUNCH`), checked against the float64 reference
-# on an H200 (`test_triton_attention_beyond_fits_on_cuda`, `bench_attention_gpu.py --dim 128`; benchmarks/README.md);
-# float16 has not run there yet
-MAX_DIM_BFLOAT16 = 128
+# 16-bit inputs: D, Dv up to 128 (tiles 128 wide, launched as `WIDE_LAUNCH`), checked against the float64 reference
+# on a GPU (`test_triton_attention_shapes_on_cuda`; bfloat16 on an H200, float16 on an H100; benchmarks/README.md)
+MAX_DIM_16BIT = 128
 # launch options of each kernel: `_forward`, `_backward_queries` and `_backward_keys` as timed fastest by
 # `bench_attention_gpu.py --tune` (4 and 8 warps, 1 to 3 stages; B=4, H=16, L=16384, D = Dv = 64, h = 16, bf16, on an
 # H200: 0.93, 0.93 and 0.85 of the time with 8 warps, benchmarks/README.md), the others those with the fewest register
@@ -1044,12 +1025,6 @@ KEEP_STATES = True
 # rather than at key 0: at h = 16, a block of 32 keys then meets one window or two, 1.5 on average, where from key 0
 # it meets two in the bidirectional case (the same 1.5 when causal)
 ALIGNED_KEY_BLOCKS = True
-# delta = g . out / den and each query's log weight in the states' gradient computed once, by `_row_terms` before the
-# walks of the states' gradient, which read them at each step (two floats a query), instead of in each walk's step
-# (reading out and reducing g and out over Dv there, in each direction): with Triton 3.9 for sm90, `_states_backward`
-# then holds 27 warp shuffles instead of 215 (benchmarks/kernel_resources.py --instructions). Not yet timed on a GPU
-# against the walks computing them (`bench_attention_gpu.py --variants row_terms_in_walks`)
-ROW_TERMS = True
 # eager calls run the operators' bodies through `_EagerAttention`, without `torch.library`'s dispatch (else through
 # the operators, as traced calls do)
 EAGER_FUNCTION = True
@@ -1062,7 +1037,7 @@ def _launch(kernel: str, d: int, dv: int) -> dict:
 
 def max_dim(dtype: torch.dtype) -> int:
     """The largest head dimensions D, Dv the kernels take for inputs of `dtype`."""
-    return MAX_DIM_BFLOAT16 if dtype == torch.bfloat16 else MAX_DIM
+    return MAX_DIM_16BIT if dtype in (torch.bfloat16, torch.float16) else MAX_DIM
 
 
 def fits(horizon: int, dim: int, value_dim: int, dtype: torch.dtype) -> bool:
@@ -1319,23 +1294,20 @@ def _walk_adjoints(q, lk: int, rate, states, norms, state_scales, g, out, shift,
     adjoints, adjoint_norms = states.new_empty(states.shape), norms.new_empty(norms.shape)
     scales = den.new_empty(directions, rows, slots)
     sizes = dict(BLOCK=BLOCK, BLOCK_D=common["BLOCK_D"], BLOCK_V=common["BLOCK_V"])
-    weight = den
-    if ROW_TERMS:
-        weight = torch.empty_like(den)
-        _row_terms[(triton.cdiv(lq, BLOCK), rows)](g, out, shift, den, delta, weight, lq, heads, dv,
-                                                   *_strides(g, out), BLOCK=BLOCK, BLOCK_V=common["BLOCK_V"],
-                                                   **_launch("_row_terms", d, dv))
+    weight = torch.empty_like(den)
+    _row_terms[(triton.cdiv(lq, BLOCK), rows)](g, out, shift, den, delta, weight, lq, heads, dv, *_strides(g, out),
+                                               BLOCK=BLOCK, BLOCK_V=common["BLOCK_V"], **_launch("_row_terms", d, dv))
     if not _parallel_walks(rows, directions):
         carried = den.new_empty(directions, rows, 1)
         _states_backward[(rows, directions)](
-            q, rate, states, norms, state_scales, adjoints, adjoint_norms, scales, g, out, shift, den, delta, weight,
-            carried, lq, lk, heads, rows, offset, walk.nq, slots, *walk.starts, d, dv, *_strides(q, g, out),
-            ROW_TERMS=ROW_TERMS, DOT=common["DOT"], **sizes, **_launch("_states_backward", d, dv))
+            q, rate, states, norms, state_scales, adjoints, adjoint_norms, scales, g, shift, den, delta, weight,
+            carried, lq, lk, heads, rows, offset, walk.nq, slots, *walk.starts, d, dv, *_strides(q, g),
+            DOT=common["DOT"], **sizes, **_launch("_states_backward", d, dv))
         return adjoints, adjoint_norms, scales, carried
     block_scales = den.new_empty(directions, rows, slots)
     _query_sums[(slots, rows, directions)](
-        q, rate, adjoints, adjoint_norms, block_scales, g, out, shift, den, delta, weight, lq, lk, heads, rows, offset,
-        walk.nq, slots, *walk.starts, d, dv, *_strides(q, g, out), ROW_TERMS=ROW_TERMS, DOT=common["DOT"], **sizes,
+        q, rate, adjoints, adjoint_norms, block_scales, g, shift, den, delta, weight, lq, lk, heads, rows, offset,
+        walk.nq, slots, *walk.starts, d, dv, *_strides(q, g), DOT=common["DOT"], **sizes,
         **_launch("_query_sums", d, dv))
     parts = triton.cdiv(d, SCAN_ROWS)
     carried = den.new_empty(directions, rows, parts)

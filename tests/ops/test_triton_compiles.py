@@ -114,10 +114,9 @@ def test_attention_kernels_lower(shape, options, causal, dtype):
         lower(kernels._scan_sums, kernel_dtype, REVERSE=reverse, **scan)
     lower(kernels._row_terms, kernel_dtype, operands, operand_names=INPUTS, BLOCK=sizes["BLOCK"],
           BLOCK_V=sizes["BLOCK_V"])
-    for row_terms in (True, False):  # read from `_row_terms`, or computed in the walks' steps
-        for kernel in (kernels._query_sums, kernels._states_backward):
-            lower(kernel, kernel_dtype, operands, operand_names=INPUTS, ROW_TERMS=row_terms,
-                  **{key: common[key] for key in ("BLOCK", "BLOCK_D", "BLOCK_V", "DOT")})
+    for kernel in (kernels._query_sums, kernels._states_backward):
+        lower(kernel, kernel_dtype, operands, operand_names=INPUTS,
+              **{key: common[key] for key in ("BLOCK", "BLOCK_D", "BLOCK_V", "DOT")})
     for kernel in (kernels._forward, kernels._backward_queries):
         lower(kernel, kernel_dtype, operands, operand_names=INPUTS, CAUSAL=causal, **options, **sizes,
               **{key: common[key] for key in ("HORIZON", "DOT")})
@@ -139,7 +138,7 @@ def test_attention_kernels_assemble_for_sm90(causal):
                 DOT="tf32")
     tiles = dict(sizes, HORIZON=16, CAUSAL=causal, HAS_MASK=True, HAS_TABLE=True, DOT="tf32")
     scan = dict(BLOCK=sizes["BLOCK"], BLOCK_SD=kernels.SCAN_ROWS, BLOCK_V=sizes["BLOCK_V"], SLOTS=kernels.SCAN_SLOTS)
-    queries = dict({key: walk[key] for key in ("BLOCK", "BLOCK_D", "BLOCK_V", "DOT")}, ROW_TERMS=kernels.ROW_TERMS)
+    queries = {key: walk[key] for key in ("BLOCK", "BLOCK_D", "BLOCK_V", "DOT")}
     for name, constexprs in (("_states", walk), ("_chunk_sums", walk), ("_scan_sums", dict(scan, REVERSE=True)),
                              ("_row_terms", dict(BLOCK=sizes["BLOCK"], BLOCK_V=sizes["BLOCK_V"])),
                              ("_query_sums", queries), ("_states_backward", queries), ("_forward", tiles),
