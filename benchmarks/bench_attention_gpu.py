@@ -19,7 +19,9 @@ most 1.1. With `--device cpu` (`--quick`) the same code runs on small shapes, as
 about GPUs.
 
 `--tune` times launch settings of the kernels instead (`ops_local_softmax_triton.LAUNCH`: warps and pipeline stages
-per kernel): for each kernel of `--tune-kernels` and each setting of `--warps` x `--stages` other than its own, the
+per kernel, and caps on registers per thread with `--registers`, Triton's maxnreg: fewer registers let more programs
+share a multiprocessor, at the cost of spills): for each kernel of `--tune-kernels` and each setting of `--warps` x
+`--stages` (x no cap and each of `--registers`) other than its own, the
 op at `--tune-length` with that kernel so launched and the others as they are, against the op as it is, timed at
 the start, the middle and the end of the run (their median is the baseline; the three show drift). Each setting is
 checked first as above, which compiles its kernels, in `--workers` processes at once (compiling is the host's work);
@@ -55,6 +57,7 @@ import contextlib
 import cProfile
 import csv
 import io
+import itertools
 import json
 import multiprocessing
 import pstats
@@ -159,6 +162,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warps", type=int, nargs="+", default=[4, 8], metavar="N", help="with --tune (default: 4 8)")
     parser.add_argument("--stages", type=int, nargs="+", default=[1, 2, 3], metavar="N",
                         help="with --tune (default: 1 2 3)")
+    parser.add_argument("--registers", type=int, nargs="+", default=[], metavar="N",
+                        help="with --tune: caps on registers per thread to try beside none (maxnreg; default: none)")
     parser.add_argument("--workers", type=int, default=8,
                         help="with --tune: processes that check (and so compile) the settings at once (default: 8; "
                              "--quick: at most 2)")
@@ -211,6 +216,8 @@ def check_tune_arguments(parser: argparse.ArgumentParser, args: argparse.Namespa
         parser.error(f"--warps must be powers of two, got {args.warps}")
     if min(args.stages) < 1 or args.workers < 1 or args.tune_length < 1:
         parser.error("--stages, --workers and --tune-length must be positive")
+    if any(not 24 <= cap <= 255 for cap in args.registers):
+        parser.error(f"--registers must lie between 24 and 255, got {args.registers}")
     if args.quick:
         args.tune_length, args.workers = QUICK_LENGTHS[0], min(args.workers, 2)
     args.lengths = [args.tune_length]
@@ -640,17 +647,17 @@ def benchmark(args: argparse.Namespace) -> int:
 
 
 def tune_settings(args: argparse.Namespace) -> list[tuple[str, dict]]:
-    """(kernel, launch options) for every kernel of --tune-kernels and every warps x stages but its own."""
+    """(kernel, launch options) for every kernel of --tune-kernels and every warps x stages (x no cap and each of
+    --registers) but its own."""
     from modeling_scaleformer.ops_local_softmax_triton import LAUNCH
 
     found = []
     for kernel in args.tune_kernels:
         current = {"num_stages": TRITON_DEFAULT_STAGES, **LAUNCH[kernel]}
-        for warps in args.warps:
-            for stages in args.stages:
-                options = dict(num_warps=warps, num_stages=stages)
-                if options != current:
-                    found.append((kernel, options))
+        for warps, stages, cap in itertools.product(args.warps, args.stages, [None, *args.registers]):
+            options = dict(num_warps=warps, num_stages=stages, **({"maxnreg": cap} if cap else {}))
+            if options != current:
+                found.append((kernel, options))
     return found
 
 
@@ -712,25 +719,25 @@ def tune(args: argparse.Namespace) -> int:
         print(f"[time] {kernel} {options}: {row['seconds'] or 'failed its check'}", file=sys.stderr, flush=True)
     baselines.append(time_setting(args, None, None))
     base = {d: statistics.median(b[d] for b in baselines) for d in ("causal", "bidir")}
-    print("| kernel | warps | stages | causal ms | bidir ms | causal / baseline | bidir / baseline | check (largest "
-          "error) |")
-    print("|:---|---:|---:|---:|---:|---:|---:|---:|")
-    print(f"| baseline (LAUNCH) | – | – | {1000 * base['causal']:.3f} | {1000 * base['bidir']:.3f} | 1.00 | 1.00 "
+    print("| kernel | warps | stages | register cap | causal ms | bidir ms | causal / baseline | bidir / baseline | "
+          "check (largest error) |")
+    print("|:---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print(f"| baseline (LAUNCH) | – | – | – | {1000 * base['causal']:.3f} | {1000 * base['bidir']:.3f} | 1.00 | 1.00 "
           "| – |")
     best = {}
     for row in rows:
         worst = max(e for errors in row["check"]["errors"].values() for e in errors.values())
         if row["seconds"] is None:
-            print(f"| {row['kernel']} | {row['num_warps']} | {row['num_stages']} | – | – | – | – | FAILED "
-                  f"{worst:.1e} |")
+            print(f"| {row['kernel']} | {row['num_warps']} | {row['num_stages']} | {row.get('maxnreg', '–')} | – | – | "
+                  f"– | – | FAILED {worst:.1e} |")
             continue
         ratios = {d: row["seconds"][d] / base[d] for d in base}
-        print(f"| {row['kernel']} | {row['num_warps']} | {row['num_stages']} | {1000 * row['seconds']['causal']:.3f} "
-              f"| {1000 * row['seconds']['bidir']:.3f} | {ratios['causal']:.2f} | {ratios['bidir']:.2f} | "
-              f"{worst:.1e} |")
+        print(f"| {row['kernel']} | {row['num_warps']} | {row['num_stages']} | {row.get('maxnreg', '–')} | "
+              f"{1000 * row['seconds']['causal']:.3f} | {1000 * row['seconds']['bidir']:.3f} | {ratios['causal']:.2f} "
+              f"| {ratios['bidir']:.2f} | {worst:.1e} |")
         mean = statistics.fmean(ratios.values())
         if mean < best.get(row["kernel"], (1.0, None))[0]:
-            best[row["kernel"]] = (mean, dict(num_warps=row["num_warps"], num_stages=row["num_stages"]))
+            best[row["kernel"]] = (mean, {key: row[key] for key in ("num_warps", "num_stages", "maxnreg") if key in row})
     print()
     print("Baseline times in the run (ms, causal / bidir): "
           + ", ".join(f"{1000 * b['causal']:.3f} / {1000 * b['bidir']:.3f}" for b in baselines))

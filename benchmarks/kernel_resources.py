@@ -2,8 +2,12 @@
 
 Each kernel of `ops_local_softmax_triton` is compiled by Triton for the target (sm90 by default: an H100) with the
 host's block sizes for the given horizon, head dimensions and dtype, then assembled by the ptxas Triton uses for
-that target (`ptxas -v`), for every block size, key tile (or, for `_scan_sums`, rows and slots a step), warp count
-and pipeline depth asked for. No GPU is needed. The table gives what ptxas reports: registers per thread (255 at
+that target (`ptxas -v`), for every block size, key tile (or, for `_scan_sums`, rows and slots a step), warp count,
+pipeline depth and cap on registers asked for. No GPU is needed. Each kernel is compiled as a launch at B=4, H=16,
+L=16384, D=64 specialises it: every pointer 16-byte aligned and every integer argument a multiple of 16, which
+Triton's launches mark (`tt.divisibility`) and which lets it vectorise loads and drop masks (`--unaligned` compiles
+without those marks, as a launch whose lengths are not multiples of 16 partly does: on 2026-11-28 the window kernels
+then had twice the instructions). The table gives what ptxas reports: registers per thread (255 at
 most), bytes spilled to local memory (stores / loads) and the shared memory Triton allocates; `*` marks the launch
 options the op uses (`LAUNCH`) at the block size it uses (`BLOCK`). This is not a timing: a kernel that spills is
 slower than the same kernel without spills, and one that asks for more shared memory than a multiprocessor holds
@@ -14,6 +18,7 @@ from the repository root with the package and Triton installed (`pip install -e 
     python benchmarks/kernel_resources.py --blocks 64 --warps 8 --stages 2 --kernels _forward
     python benchmarks/kernel_resources.py --blocks 64 --kernels _scan_sums --scans 4x8 2x16   # rows x slots a step
     python benchmarks/kernel_resources.py --blocks 64 --warps 4 --stages 1 --instructions  # and the machine code's mix
+    python benchmarks/kernel_resources.py --blocks 64 --warps 4 --stages 1 --registers 168 128  # spills under caps
 
 `--instructions` also disassembles each kernel (the nvdisasm beside that ptxas) and counts, in its machine code (SASS),
 the instructions that say how Triton laid its work out: the tensor cores' products as warpgroup MMAs (HGMMA, sm90's
@@ -57,6 +62,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "(SCAN_ROWS and SCAN_SLOTS; default: theirs)")
     parser.add_argument("--warps", type=int, nargs="+", default=[4, 8], help="num_warps (default: 4 8)")
     parser.add_argument("--stages", type=int, nargs="+", default=[1, 2, 3], help="num_stages (default: 1 2 3)")
+    parser.add_argument("--registers", type=int, nargs="+", metavar="N",
+                        help="caps on registers per thread (Triton's maxnreg launch option; default: none)")
+    parser.add_argument("--unaligned", action="store_true",
+                        help="compile without marking pointers aligned and integers multiples of 16 (see above)")
     parser.add_argument("--horizon", type=int, default=16)
     parser.add_argument("--dim", type=int, default=64, help="D, the queries' and keys' head dimension")
     parser.add_argument("--value-dim", type=int, default=64, help="Dv, the values' head dimension")
@@ -108,10 +117,11 @@ def ptxas(arch: int):
     return get_ptxas(arch)
 
 
-def resources(kernel, dtype: torch.dtype, fixed: dict, options: dict, arch: int,
-              instructions: bool = False) -> tuple[int, int, int, int, dict | None]:
+def resources(kernel, dtype: torch.dtype, fixed: dict, options: dict, arch: int, instructions: bool = False,
+              aligned: bool = True) -> tuple[int, int, int, int, dict | None]:
     """(registers, spill store bytes, spill load bytes, shared bytes, `instruction_counts` when `instructions`, else
-    None) of `kernel` compiled for sm`arch`."""
+    None) of `kernel` compiled for sm`arch`, its pointers and integer arguments marked multiples of 16 when
+    `aligned`."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -120,8 +130,10 @@ def resources(kernel, dtype: torch.dtype, fixed: dict, options: dict, arch: int,
     signature = {name: "constexpr" if name in fixed else
                  (POINTERS[dtype] if name in INPUTS else "*fp32") if name.isupper() else
                  "fp32" if name == "scale" else "i32" for name in names}
+    attrs = {(index,): [["tt.divisibility", 16]] for index, name in enumerate(names)
+             if aligned and name not in fixed and name != "scale"}
     source = ASTSource(fn=kernel, signature=signature,
-                       constexprs={(names.index(name),): value for name, value in fixed.items()})
+                       constexprs={(names.index(name),): value for name, value in fixed.items()}, attrs=attrs)
     compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
     with tempfile.TemporaryDirectory() as scratch:
         ptx = os.path.join(scratch, "kernel.ptx")
@@ -152,9 +164,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# Triton kernels of the default attention: Triton {triton.__version__}, ptxas {ptxas(args.arch).version} "
           f"-v for sm_{args.arch}, {args.dtype}, {direction}, h={args.horizon}, D={args.dim}, Dv={args.value_dim}\n")
     counted = "".join(f" {kind} |" for kind in (*OPCODES, "instructions")) if args.instructions else ""
-    print("| kernel | BLOCK | key tile or scan | warps | stages | registers | spill stores / loads (bytes) "
-          f"| shared (bytes) |{counted}")
-    print("|:---|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * (len(OPCODES) + 1) * args.instructions)
+    print("| kernel | BLOCK | key tile or scan | warps | stages | register cap | registers | spill stores / loads "
+          f"(bytes) | shared (bytes) |{counted}")
+    print("|:---|---:|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * (len(OPCODES) + 1) * args.instructions)
     tiles = args.tiles or [kernels.KEY_TILE]
     scans = args.scans or [chosen_scan_name]
     try:
@@ -167,19 +179,19 @@ def main(argv: list[str] | None = None) -> int:
                 elif tile is not None:
                     kernels.KEY_TILE = kernels.KEY_BLOCK = tile
                 fixed = constexprs(kernels, name, args)
-                for warps in args.warps:
-                    for stages in args.stages:
-                        options = {"num_warps": warps, "num_stages": stages}
-                        registers, stores, loads, shared, counts = resources(
-                            getattr(kernels, name), DTYPES[args.dtype], fixed, options, args.arch, args.instructions)
-                        launch = {"num_warps": 4, "num_stages": 3, **kernels._launch(name, args.dim, args.value_dim)}
-                        chosen_tile = (chosen[2] if name == "_backward_keys" else chosen_scan_name
-                                       if name == "_scan_sums" else chosen[1])
-                        used = block == chosen[0] and tile in (None, chosen_tile)
-                        mark = " *" if used and launch == options else ""
-                        counted = "".join(f" {counts[kind]:,} |" for kind in (*OPCODES, "total")) if counts else ""
-                        print(f"| {name}{mark} | {block} | {tile or '-'} | {warps} | {stages} | {registers} | "
-                              f"{stores} / {loads} | {shared:,} |{counted}", flush=True)
+                for warps, stages, cap in itertools.product(args.warps, args.stages, args.registers or [None]):
+                    options = {"num_warps": warps, "num_stages": stages, **({"maxnreg": cap} if cap else {})}
+                    registers, stores, loads, shared, counts = resources(
+                        getattr(kernels, name), DTYPES[args.dtype], fixed, options, args.arch, args.instructions,
+                        not args.unaligned)
+                    launch = {"num_warps": 4, "num_stages": 3, **kernels._launch(name, args.dim, args.value_dim)}
+                    chosen_tile = (chosen[2] if name == "_backward_keys" else chosen_scan_name
+                                   if name == "_scan_sums" else chosen[1])
+                    used = block == chosen[0] and tile in (None, chosen_tile)
+                    mark = " *" if used and launch == options else ""
+                    counted = "".join(f" {counts[kind]:,} |" for kind in (*OPCODES, "total")) if counts else ""
+                    print(f"| {name}{mark} | {block} | {tile or '-'} | {warps} | {stages} | {cap or '-'} | "
+                          f"{registers} | {stores} / {loads} | {shared:,} |{counted}", flush=True)
     finally:
         kernels.BLOCK, kernels.KEY_TILE, kernels.KEY_BLOCK = chosen
         kernels.SCAN_ROWS, kernels.SCAN_SLOTS = chosen_scan

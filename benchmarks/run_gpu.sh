@@ -5,7 +5,8 @@
 #     bash benchmarks/run_gpu.sh OUT_DIR [STEP ...]
 #
 # STEP is any of env, compile, attention, attention_variants, attention_backward, attention_small_batch, attention_rows,
-# attention_block32, tune, ncu, tests, compile_tests, accelerate, train, train_compiled, train_graphs, generate
+# attention_block32, tune, tune_registers, ncu, tests, compile_tests, accelerate, train, train_compiled, train_graphs,
+# generate
 # (default: env, attention, tests, compile_tests, train, generate, in that order):
 #   compile               checks, and so compiles, the default kernels and each variant's in parallel processes, so
 #                         that a later attention_variants finds them compiled;
@@ -22,6 +23,9 @@
 #                         8 and 64 of the steps above (the op switches at PARALLEL_WALK_PROGRAMS walks' programs);
 #   attention_block32     the op with the kernels' blocks of 32;
 #   tune                  bench_attention_gpu.py --tune: each kernel's warps and pipeline stages, one at a time;
+#   tune_registers        the same for the three window kernels, 4 or 8 warps, 1 or 2 stages, with no cap on
+#                         registers or 168 or 128 a thread (maxnreg): at 245-255 registers two programs of 4 warps
+#                         share an SM, and Nsight Compute found them waiting on their instructions' latency;
 #   ncu                   Nsight Compute's counters of one forward + backward at 16k, the op causal and
 #                         bidirectional beside fla's chunk linear attention (`bench_attention_gpu.py --ncu-run`):
 #                         each kernel's throughput, occupancy and warp stall reasons, ncu's raw CSV beside the log;
@@ -68,7 +72,7 @@ step() {  # step NAME COMMAND...: runs COMMAND under LIMIT_<NAME> seconds, its o
     "${LIMIT_attention_small_batch:=120}" "${LIMIT_train_graphs:=360}" \
     "${LIMIT_tune:=240}" "${LIMIT_attention_rows:=120}" "${LIMIT_accelerate:=240}" \
     "${LIMIT_compile_tests:=300}" "${LIMIT_attention_backward:=200}" \
-    "${LIMIT_ncu:=240}"
+    "${LIMIT_ncu:=240}" "${LIMIT_tune_registers:=300}"
 launch=()
 launch_from() {  # the steps' --launch option, once the tune report at LAUNCH_FROM exists
     launch=()
@@ -124,6 +128,9 @@ print(torch.__version__, triton.__version__, transformers.__version__, torch.cud
                 --section WarpStateStats python3 benchmarks/bench_attention_gpu.py --ncu-run 16384 &&
             python3 benchmarks/bench_attention_gpu.py --ncu-summary "$1/ncu_attention.csv"' ncu "$out" ;;
         tune) step tune python3 benchmarks/bench_attention_gpu.py --tune --json "$out/bench_attention_gpu_tune.json" ;;
+        tune_registers) step tune_registers python3 benchmarks/bench_attention_gpu.py --tune --tune-kernels _forward \
+            _backward_queries _backward_keys --warps 4 8 --stages 1 2 --registers 168 128 \
+            --json "$out/bench_attention_gpu_tune_registers.json" ;;
         train_graphs) step train_graphs python3 benchmarks/bench_train.py --device cuda --bf16 \
             --compile reduce-overhead --eager bart --steps-only --lengths 16384 --models scaleformer bart \
             --json "$out/bench_train_gpu_graphs.json" ;;
@@ -133,7 +140,7 @@ print(torch.__version__, triton.__version__, transformers.__version__, torch.cud
             --positions ${POSITIONS:-128 1024 4096 8192} --models scaleformer bart \
             --json "$out/bench_generate_gpu.json" ;;
         *) echo "unknown step: $name (expected env, compile, attention, attention_variants, attention_backward," \
-                "attention_small_batch, attention_rows, attention_block32, tune, ncu, tests, compile_tests," \
+                "attention_small_batch, attention_rows, attention_block32, tune, tune_registers, ncu, tests, compile_tests," \
                 "accelerate, train, train_compiled, train_graphs, generate)" >&2
            exit 64 ;;
     esac

@@ -59,7 +59,7 @@ def test_run_gpu_refuses_an_unknown_step(tmp_path):
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 64
     assert ("unknown step: atention (expected env, compile, attention, attention_variants, attention_backward, "
-            "attention_small_batch, attention_rows, attention_block32, tune, ncu, tests, compile_tests, "
+            "attention_small_batch, attention_rows, attention_block32, tune, tune_registers, ncu, tests, compile_tests, "
             "accelerate, train, train_compiled, train_graphs, generate)") in result.stderr
 
 
@@ -158,6 +158,14 @@ def test_bench_attention_gpu_tune_skips_each_kernels_own_setting(import_benchmar
     with pytest.raises(SystemExit):
         bench.parse_args(["--device", "cpu", "--tune", "--tune-kernels", "_nope"])
     assert "--tune-kernels takes names of ops_local_softmax_triton.LAUNCH" in capsys.readouterr().err
+    # caps on registers: each setting also with each cap, the kernel's own setting with a cap among them
+    args = bench.parse_args(["--device", "cpu", "--tune", "--tune-kernels", "_forward", "--warps", "4", "8",
+                             "--stages", "1", "2", "--registers", "168"])
+    found = bench.tune_settings(args)
+    assert len(found) == 7 and ("_forward", {**LAUNCH["_forward"], "maxnreg": 168}) in found
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--device", "cpu", "--tune", "--registers", "300"])
+    assert "--registers must lie between 24 and 255, got [300]" in capsys.readouterr().err
 
 
 def test_bench_attention_gpu_launches_the_kernels_as_a_tune_report_found_best(import_benchmark, tmp_path, capsys):

@@ -24,14 +24,16 @@ def test_kernel_resources_reports_ptxas_figures(run_command):
     assert chosen.startswith(f"| _forward * | 64 | {kernels.KEY_TILE} | {warps} | {stages} |")
     assert other.startswith(f"| _forward | 64 | {other_tile} | {warps} | {stages} |")
     for row in rows:
-        registers, spills, shared = (cell.strip() for cell in row.split("|")[6:9])
+        cap, registers, spills, shared = (cell.strip() for cell in row.split("|")[6:10])
+        assert cap == "-"
         assert 0 < int(registers) <= 255 and " / " in spills and int(shared.replace(",", "")) > 0
 
 
 def test_kernel_resources_counts_instructions(run_command, import_benchmark):
     """`--instructions`: the machine code's instructions by kind, from nvdisasm's listing (a predicated instruction
     counts as its opcode; labels, comments and control words do not); `_forward` at BLOCK 64 multiplies its tiles with
-    sm90's warpgroup MMAs."""
+    sm90's warpgroup MMAs, and compiled without its arguments marked multiples of 16 (`--unaligned`) it takes more
+    instructions."""
     pytest.importorskip("triton")
     counts = import_benchmark("kernel_resources").instruction_counts(
         "\t.text._forward:\n.L_x_0:\n        /*0000*/                   LDC R1, c[0x0][0x28] ;\n"
@@ -44,6 +46,25 @@ def test_kernel_resources_counts_instructions(run_command, import_benchmark):
                           "--stages", "1", "--instructions"])
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     assert "| shared (bytes) | HGMMA | HMMA | SHFL | BAR | MUFU | instructions |" in result.stdout
-    row = next(line for line in result.stdout.splitlines() if line.startswith("| _forward"))
-    hgmma, hmma, shfl, bar, mufu, total = (int(cell.replace(",", "")) for cell in row.split("|")[9:15])
+
+    def counted(stdout):
+        row = next(line for line in stdout.splitlines() if line.startswith("| _forward"))
+        return [int(cell.replace(",", "")) for cell in row.split("|")[10:16]]
+
+    hgmma, hmma, shfl, bar, mufu, total = counted(result.stdout)
     assert hgmma > 0 and mufu > 0 and total > hgmma + hmma + shfl + bar + mufu
+    unaligned = run_command(["benchmarks/kernel_resources.py", "--kernels", "_forward", "--blocks", "64", "--warps",
+                             "4", "--stages", "1", "--instructions", "--unaligned"])
+    assert unaligned.returncode == 0, unaligned.stdout[-2000:] + unaligned.stderr[-3000:]
+    assert counted(unaligned.stdout)[-1] > total
+
+
+def test_kernel_resources_caps_registers(run_command):
+    """`--registers N`: the kernels compiled with Triton's maxnreg, at most N registers a thread, the rest spilled."""
+    pytest.importorskip("triton")
+    result = run_command(["benchmarks/kernel_resources.py", "--kernels", "_forward", "--blocks", "64", "--warps", "4",
+                          "--stages", "1", "--registers", "128"])
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    row = next(line for line in result.stdout.splitlines() if line.startswith("| _forward"))
+    cap, registers, spills = (cell.strip() for cell in row.split("|")[6:9])
+    assert cap == "128" and int(registers) <= 128 and int(spills.split(" / ")[0]) > 0
