@@ -101,7 +101,7 @@ VARIANTS = {
     "block32": {"BLOCK": 32},
     "scan_by_slot": {"SCAN_ROWS": 16, "SCAN_SLOTS": 1},  # the parallel passes' scan one chunk a step, 16 rows a program
     "operators": {"EAGER_FUNCTION": False},  # eager calls through the torch.library operators' dispatch
-    "key_blocks_from_0": {"ALIGNED_KEY_BLOCKS": False},  # `_backward_keys`' blocks from key 0, not from an overlap's end
+    "key_blocks_from_0": {"ALIGNED_KEY_BLOCKS": False},  # `_backward_keys`' blocks from key 0, not an overlap's end
 }
 
 
@@ -737,7 +737,8 @@ def tune(args: argparse.Namespace) -> int:
               f"| {ratios['bidir']:.2f} | {worst:.1e} |")
         mean = statistics.fmean(ratios.values())
         if mean < best.get(row["kernel"], (1.0, None))[0]:
-            best[row["kernel"]] = (mean, {key: row[key] for key in ("num_warps", "num_stages", "maxnreg") if key in row})
+            options = {key: row[key] for key in ("num_warps", "num_stages", "maxnreg") if key in row}
+            best[row["kernel"]] = (mean, options)
     print()
     print("Baseline times in the run (ms, causal / bidir): "
           + ", ".join(f"{1000 * b['causal']:.3f} / {1000 * b['bidir']:.3f}" for b in baselines))

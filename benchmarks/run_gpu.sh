@@ -140,8 +140,8 @@ print(torch.__version__, triton.__version__, transformers.__version__, torch.cud
             --positions ${POSITIONS:-128 1024 4096 8192} --models scaleformer bart \
             --json "$out/bench_generate_gpu.json" ;;
         *) echo "unknown step: $name (expected env, compile, attention, attention_variants, attention_backward," \
-                "attention_small_batch, attention_rows, attention_block32, tune, tune_registers, ncu, tests, compile_tests," \
-                "accelerate, train, train_compiled, train_graphs, generate)" >&2
+                "attention_small_batch, attention_rows, attention_block32, tune, tune_registers, ncu, tests," \
+                "compile_tests, accelerate, train, train_compiled, train_graphs, generate)" >&2
            exit 64 ;;
     esac
 done
