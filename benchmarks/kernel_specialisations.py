@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import argparse
 import collections
+import json
 import os
+import runpy
 import sys
 import tempfile
 from pathlib import Path
 
 import torch
-from common import machine_info, write_json
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -109,13 +110,11 @@ def record_launches(recorder: Recorder) -> None:
 def main(argv: list[str] | None = None) -> int:
     args, training = parse_args(argv)
     os.environ["TRITON_INTERPRET"] = "1"  # before Triton is imported: the kernels as interpreted functions
-    sys.path[1:1] = [str(ROOT), str(ROOT / "examples")]  # after benchmarks/, whose common.py is imported above
     recorder = Recorder()
     record_launches(recorder)
-    import train_accelerate
-
     with tempfile.TemporaryDirectory() as scratch:
-        train_accelerate.main(training or [*QUICK, "--output_dir", scratch])
+        sys.argv = ["train_accelerate.py", *(training or [*QUICK, "--output_dir", scratch])]
+        runpy.run_path(str(ROOT / "examples" / "train_accelerate.py"), run_name="__main__")
     report = recorder.report()
     print(f"\n| kernel | launches | specialisations (compiles) | with {', '.join(LENGTHS)} unspecialised | "
           "integer arguments seen as more than one kind |")
@@ -127,8 +126,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{total} compiles in all; {sum(row['without_lengths'] for row in report.values())} with the lengths "
           "unspecialised.")
     if args.json:
-        write_json(args.json, {"benchmark": "kernel_specialisations", "machine": machine_info(torch.get_num_threads()),
-                               "training": training or QUICK, "lengths": LENGTHS, "kernels": report})
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"benchmark": "kernel_specialisations", "training": training or QUICK,
+                                         "torch": torch.__version__, "lengths": LENGTHS, "kernels": report},
+                                        indent=1) + "\n")
     return 0
 
 
