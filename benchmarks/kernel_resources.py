@@ -5,14 +5,15 @@ host's block sizes for the given horizon, head dimensions and dtype, then assemb
 that target (`ptxas -v`), for every block size, key tile (or, for `_scan_sums`, rows and slots a step), warp count,
 pipeline depth and cap on registers asked for. No GPU is needed. Each kernel is compiled as a launch at B=4, H=16,
 L=16384, D=64 specialises it: every pointer 16-byte aligned and every integer argument a multiple of 16, which
-Triton's launches mark (`tt.divisibility`) and which lets it vectorise loads and drop masks (`--unaligned` compiles
-without those marks, as a launch whose lengths are not multiples of 16 partly does: on 2026-11-28 the window kernels
-then had twice the instructions). The table gives what ptxas reports: registers per thread (255 at
-most), bytes spilled to local memory (stores / loads) and the shared memory Triton allocates; `*` marks the launch
-options the op uses (`LAUNCH`) at the block size it uses (`BLOCK`). This is not a timing: a kernel that spills is
-slower than the same kernel without spills, and one that asks for more shared memory than a multiprocessor holds
-does not launch, but which options are fastest only a GPU can say (`bench_attention_gpu.py --kernel-block`). Run
-from the repository root with the package and Triton installed (`pip install -e ".[gpu]"`):
+Triton's launches mark (`tt.divisibility`) and which lets it vectorise loads and drop masks. `--unaligned` compiles
+without any of those marks: on 2026-11-28 the window kernels then had about twice the instructions (a launch whose
+lengths alone are not multiples of 16 had 2-5% more; benchmarks/README.md). The table gives what ptxas reports:
+registers per thread (255 at most), bytes spilled to local memory (stores / loads) and the shared memory Triton
+allocates; `*` marks the launch options the op uses (`LAUNCH`) at the block size it uses (`BLOCK`). This is not a
+timing: a kernel that spills is slower than the same kernel without spills, and one that asks for more shared memory
+than a multiprocessor holds does not launch, but which options are fastest only a GPU can say
+(`bench_attention_gpu.py --kernel-block`, `--tune`). Run from the repository root with the package and Triton
+installed (`pip install -e ".[gpu]"`):
 
     python benchmarks/kernel_resources.py                      # blocks of 32 and 64, 4 and 8 warps, 1-3 stages
     python benchmarks/kernel_resources.py --blocks 64 --warps 8 --stages 2 --kernels _forward
@@ -162,7 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     import triton
 
     print(f"# Triton kernels of the default attention: Triton {triton.__version__}, ptxas {ptxas(args.arch).version} "
-          f"-v for sm_{args.arch}, {args.dtype}, {direction}, h={args.horizon}, D={args.dim}, Dv={args.value_dim}\n")
+          f"-v for sm_{args.arch}, {args.dtype}, {direction}, h={args.horizon}, D={args.dim}, Dv={args.value_dim}, "
+          f"{'no argument marked' if args.unaligned else 'pointers and integers marked'} multiples of 16\n")
     counted = "".join(f" {kind} |" for kind in (*OPCODES, "instructions")) if args.instructions else ""
     print("| kernel | BLOCK | key tile or scan | warps | stages | register cap | registers | spill stores / loads "
           f"(bytes) | shared (bytes) |{counted}")
