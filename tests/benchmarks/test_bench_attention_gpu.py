@@ -189,3 +189,23 @@ def test_bench_attention_gpu_launches_the_kernels_as_a_tune_report_found_best(im
         with pytest.raises(SystemExit):
             bench.parse_args(["--device", "cpu", "--quick", "--launch", str(report)])
         assert expected in capsys.readouterr().err
+
+
+def test_bench_attention_gpu_unspecialised_lengths_variant(import_benchmark):
+    """The `unspecialised_lengths` variant: every launched kernel of the module, compiled anew with exactly its length
+    arguments marked do_not_specialize (its other integers, the head sizes and strides, still specialised), built
+    once for the run."""
+    pytest.importorskip("triton")
+    bench = import_benchmark("bench_attention_gpu")
+    from modeling_scaleformer import ops_local_softmax_triton as kernels
+
+    twins = bench.method_options("scaleformer:unspecialised_lengths")
+    assert twins is bench.unspecialised_kernels() and set(twins) == set(bench.LAUNCHED_KERNELS)
+    for name, twin in twins.items():
+        original = getattr(kernels, name)
+        assert twin.fn is original.fn
+        unspecialised = {p.name for p in twin.params if p.do_not_specialize}
+        assert unspecialised == set(bench.LENGTH_ARGUMENTS) & set(original.arg_names), name
+        assert not any(p.do_not_specialize for p in original.params), name
+    assert {"lq", "lk", "nq", "n_states"} <= {p.name for p in twins["_forward"].params if p.do_not_specialize}
+    assert "heads" not in {p.name for p in twins["_forward"].params if p.do_not_specialize}
