@@ -105,9 +105,6 @@ VARIANTS = {
     "key_blocks_from_0": {"ALIGNED_KEY_BLOCKS": False},  # `_backward_keys`' blocks from key 0, not an overlap's end
     "unspecialised_lengths": "the kernels' length arguments not specialised (see `unspecialised_kernels`)",
 }
-# the kernels' integer arguments that follow a batch's lengths, not the model: Triton compiles a kernel again for each
-# of them that turns 1, a multiple of 16 or neither (benchmarks/kernel_specialisations.py)
-LENGTH_ARGUMENTS = ("lq", "lk", "rows", "offset", "nq", "n_states", "start0", "start1", "key_first", "n")
 LAUNCHED_KERNELS = ("_states", "_chunk_sums", "_scan_sums", "_row_terms", "_states_backward", "_query_sums", "_forward",
                     "_backward_queries", "_backward_keys", "_decode_step", "_cross_decode")
 
@@ -266,14 +263,15 @@ def method_options(method: str) -> dict:
 
 @functools.cache
 def unspecialised_kernels() -> dict:
-    """Each kernel of `ops_local_softmax_triton` compiled anew with its `LENGTH_ARGUMENTS` marked do_not_specialize:
+    """Each kernel of `ops_local_softmax_triton` compiled anew with its `LENGTH_ARGUMENTS` (that module's) marked
+    do_not_specialize:
     one compile whatever a batch's lengths, without the marks of those that are multiples of 16."""
     import triton
 
     from modeling_scaleformer import ops_local_softmax_triton as kernels
 
     return {name: triton.jit(getattr(kernels, name).fn, do_not_specialize=[
-        argument for argument in LENGTH_ARGUMENTS if argument in getattr(kernels, name).arg_names])
+        argument for argument in kernels.LENGTH_ARGUMENTS if argument in getattr(kernels, name).arg_names])
         for name in LAUNCHED_KERNELS}
 
 

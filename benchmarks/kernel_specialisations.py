@@ -7,7 +7,8 @@ blocks) make new specialisations as a run goes on, each a compile of some second
 caches them on disk). This script runs `examples/train_accelerate.py` on CPU with the attention's kernels chosen as on
 CUDA but not executed, their outputs left as allocated (so the run's losses mean nothing), records each launch's
 specialisation as Triton forms it, and counts the distinct ones per kernel, beside the count the same launches would
-give if the integer arguments of `LENGTHS` were not specialised. No GPU is needed: the kernels are Triton's
+give if the integer arguments that follow the batch's lengths (`ops_local_softmax_triton.LENGTH_ARGUMENTS`) were not
+specialised. No GPU is needed: the kernels are Triton's
 interpreted functions here, which this script never runs.
 
     python benchmarks/kernel_specialisations.py -- --model_config configs/scaleformer-small.json --max_steps 30 \\
@@ -31,8 +32,6 @@ import torch
 
 
 ROOT = Path(__file__).resolve().parents[1]
-# the default attention's integer arguments that follow the batch's lengths, not the model
-LENGTHS = ("lq", "lk", "rows", "offset", "nq", "n_states", "start0", "start1", "key_first", "n")
 QUICK = ["--model_config", str(ROOT / "configs/scaleformer-tiny.json"), "--max_steps", "2", "--per_device_batch_size",
          "4", "--max_train_examples", "64", "--eval_steps", "2", "--eval_examples", "4", "--logging_steps", "1"]
 
@@ -66,9 +65,10 @@ def specialisation(value) -> object:
 
 
 class Recorder:
-    """Each launch's specialisation per kernel, and the same with the integer arguments of `LENGTHS` unspecialised."""
+    """Each launch's specialisation per kernel, and the same with the integer arguments of `lengths` unspecialised."""
 
-    def __init__(self):
+    def __init__(self, lengths: tuple[str, ...]):
+        self.lengths = lengths
         self.launches = collections.Counter()
         self.keys = collections.defaultdict(set)
         self.without_lengths = collections.defaultdict(set)
@@ -79,7 +79,7 @@ class Recorder:
         key = tuple((arg, specialisation(value)) for arg, value in zip(arg_names, args))
         key += tuple(sorted((option, repr(value)) for option, value in options.items()))
         self.keys[name].add(key)
-        self.without_lengths[name].add(tuple((arg, "any" if arg in LENGTHS else kept) for arg, kept in key))
+        self.without_lengths[name].add(tuple((arg, "any" if arg in self.lengths else kept) for arg, kept in key))
         for arg, value in zip(arg_names, args):
             if isinstance(value, int) and not isinstance(value, bool):
                 self.varying[name][arg].add(specialisation(value))
@@ -110,13 +110,15 @@ def record_launches(recorder: Recorder) -> None:
 def main(argv: list[str] | None = None) -> int:
     args, training = parse_args(argv)
     os.environ["TRITON_INTERPRET"] = "1"  # before Triton is imported: the kernels as interpreted functions
-    recorder = Recorder()
+    from modeling_scaleformer.ops_local_softmax_triton import LENGTH_ARGUMENTS
+
+    recorder = Recorder(LENGTH_ARGUMENTS)
     record_launches(recorder)
     with tempfile.TemporaryDirectory() as scratch:
         sys.argv = ["train_accelerate.py", *(training or [*QUICK, "--output_dir", scratch])]
         runpy.run_path(str(ROOT / "examples" / "train_accelerate.py"), run_name="__main__")
     report = recorder.report()
-    print(f"\n| kernel | launches | specialisations (compiles) | with {', '.join(LENGTHS)} unspecialised | "
+    print(f"\n| kernel | launches | specialisations (compiles) | with {', '.join(LENGTH_ARGUMENTS)} unspecialised | "
           "integer arguments seen as more than one kind |")
     print("|:---|---:|---:|---:|:---|")
     for name, row in report.items():
@@ -128,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"benchmark": "kernel_specialisations", "training": training or QUICK,
-                                         "torch": torch.__version__, "lengths": LENGTHS, "kernels": report},
+                                         "torch": torch.__version__, "lengths": LENGTH_ARGUMENTS, "kernels": report},
                                         indent=1) + "\n")
     return 0
 

@@ -1025,6 +1025,9 @@ KEEP_STATES = True
 # rather than at key 0: at h = 16, a block of 32 keys then meets one window or two, 1.5 on average, where from key 0
 # it meets two in the bidirectional case (the same 1.5 when causal)
 ALIGNED_KEY_BLOCKS = True
+# the kernels' integer arguments that follow a batch's lengths, not the model: Triton compiles a kernel again for each
+# new one that is 1, a multiple of 16 or neither (benchmarks/kernel_specialisations.py counts those compiles)
+LENGTH_ARGUMENTS = ("lq", "lk", "rows", "offset", "nq", "n_states", "start0", "start1", "key_first", "n")
 # eager calls run the operators' bodies through `_EagerAttention`, without `torch.library`'s dispatch (else through
 # the operators, as traced calls do)
 EAGER_FUNCTION = True

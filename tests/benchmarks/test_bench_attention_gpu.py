@@ -205,7 +205,7 @@ def test_bench_attention_gpu_unspecialised_lengths_variant(import_benchmark):
         original = getattr(kernels, name)
         assert twin.fn is original.fn
         unspecialised = {p.name for p in twin.params if p.do_not_specialize}
-        assert unspecialised == set(bench.LENGTH_ARGUMENTS) & set(original.arg_names), name
+        assert unspecialised == set(kernels.LENGTH_ARGUMENTS) & set(original.arg_names), name
         assert not any(p.do_not_specialize for p in original.params), name
     assert {"lq", "lk", "nq", "n_states"} <= {p.name for p in twins["_forward"].params if p.do_not_specialize}
     assert "heads" not in {p.name for p in twins["_forward"].params if p.do_not_specialize}
