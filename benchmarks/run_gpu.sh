@@ -37,7 +37,8 @@
 #                         small model on the shipped verses, then its evaluation (loss, greedy chrF and BLEU);
 #   train_compiled        bench_train.py under torch.compile, training steps at 16k (one graph to compile per model,
 #                         `--steps-only`); train_graphs, Scaleformer's in its reduce-overhead mode (CUDA graphs)
-#                         against BART's eager step (its faster: 0.074 s against 0.194 under the graphs on an H200).
+#                         against BART's eager step (its faster: 0.074 s against 0.194 under the graphs on an H200),
+#                         then one step of each profiled (`--profile`): where the device time of a replayed step goes.
 # Each step writes its log (and its JSON) under OUT_DIR and runs under its own time limit (seconds, e.g.
 # LIMIT_tests=300; at the limit the step gets SIGINT, so that pytest still reports what ran), so that a failing or slow
 # step leaves the others' figures; the exit status is the number of steps that failed. TEST_PATHS (default: tests/ops
@@ -134,7 +135,7 @@ print(torch.__version__, triton.__version__, transformers.__version__, torch.cud
             --json "$out/bench_attention_gpu_tune_registers.json" ;;
         train_graphs) step train_graphs python3 benchmarks/bench_train.py --device cuda --bf16 \
             --compile reduce-overhead --eager bart --steps-only --lengths 16384 --models scaleformer bart \
-            --json "$out/bench_train_gpu_graphs.json" ;;
+            --profile 16384 --json "$out/bench_train_gpu_graphs.json" ;;
         train_compiled) step train_compiled python3 benchmarks/bench_train.py --device cuda --bf16 --compile \
             --steps-only --lengths 16384 --models scaleformer bart led --json "$out/bench_train_gpu_compiled.json" ;;
         generate) step generate python3 benchmarks/bench_generate.py --device cuda --new-tokens "${NEW_TOKENS:-8192}" \

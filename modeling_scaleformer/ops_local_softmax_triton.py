@@ -1234,7 +1234,7 @@ def _backward_body(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
     torch.sum((grad_rate_walk.flatten(2).sum(2).sum(0) + grad_rate_queries.sum(1) + grad_rate_keys.sum(1)).view(
         b, heads), 0, out=grad_rate)
     if dtable is not None:
-        torch.sum(dtable.sum(1).view(b, heads, -1, d), 0, out=grad_table)
+        torch.sum(dtable.view(b, heads, walk.nq, 2 * horizon + 1, d), (0, 2), out=grad_table)
     return dq, dk, dv_, grad_table, grad_rate
 
 

@@ -96,3 +96,26 @@ def test_values_are_checked_on_cpu_only():
     check_key_mask(meta, 2, 3)
     with pytest.raises(ValueError, match="must have shape"):
         check_key_mask(meta, 2, 4)
+
+
+def test_compute_dtype_is_looked_up():
+    """float32 for half precision and the input dtype otherwise, as torch.promote_types gives it; for the floating
+    dtypes without an operation for the dispatcher (each costs the host time in every call of an op)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Recorded(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.calls = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.calls.append(func)
+            return func(*args, **(kwargs or {}))
+
+    floating = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+    with Recorded() as recorded:
+        dtypes = [ops_common.compute_dtype(dtype) for dtype in floating]
+    assert dtypes == [torch.promote_types(dtype, torch.float32) for dtype in floating]
+    assert dtypes == [torch.float32, torch.float32, torch.float32, torch.float64]
+    assert recorded.calls == []
+    assert ops_common.compute_dtype(torch.int64) == torch.float32

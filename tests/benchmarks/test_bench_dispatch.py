@@ -1,0 +1,43 @@
+"""bench_dispatch.py counts, on CPU, the operations and kernel launches of one training step as it runs on CUDA."""
+
+import json
+
+import pytest
+
+
+def test_bench_dispatch_counts_a_quick_step(run_command, tmp_path):
+    """The tiny models: Scaleformer's step launches its attention's eight kernels once per attention call (2 + 2
+    layers: self attention in the encoder and decoder, cross attention, 6 calls), BART's none; the attention op's own
+    operations stay few per call (43 at this state: its buffers, the reductions of its gradients' partial sums)."""
+    pytest.importorskip("triton")
+    report_path = tmp_path / "report.json"
+    result = run_command(["benchmarks/bench_dispatch.py", "--quick", "--json", str(report_path)])
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    rows = {row["model"]: row for row in json.loads(report_path.read_text())["models"]}
+    assert set(rows) == {"scaleformer", "bart"}
+    scaleformer, bart = rows["scaleformer"], rows["bart"]
+    forward_kernels = ("_chunk_sums", "_scan_sums", "_forward")
+    backward_kernels = ("_row_terms", "_query_sums", "_scan_sums", "_backward_queries", "_backward_keys")
+    expected = {**{f"forward {k}": 6 for k in forward_kernels}, **{f"backward {k}": 6 for k in backward_kernels}}
+    assert scaleformer["launches"] == expected
+    assert scaleformer["forward_triton"] == 18 and scaleformer["backward_triton"] == 30
+    assert bart["launches"] == {} and bart["forward_attention_other"] == bart["backward_attention_kernels"] == 0
+    attention = sum(scaleformer[f"{phase}_attention_{kind}"] for phase in ("forward", "backward")
+                    for kind in ("kernels", "other"))
+    assert 0 < attention <= 6 * 45
+    for row in rows.values():
+        assert row["operations"] > 500 and row["kernels"] > 200
+    assert "| scaleformer | " in result.stdout and "| bart | " in result.stdout
+
+
+def test_bench_dispatch_kinds(import_benchmark):
+    """Views, detach, allocations and dtype queries launch no kernel; arithmetic, reductions and casts do."""
+    pytest.importorskip("triton")
+    launches_kernel = import_benchmark("bench_dispatch").launches_kernel
+    import torch
+
+    aten = torch.ops.aten
+    quiet = (aten.view.default, aten.t.default, aten.detach.default, aten.new_empty.default, aten.empty_like.default,
+             aten.promote_types.default, aten.transpose.int)
+    busy = (aten.add.Tensor, aten.sum.dim_IntList, aten._to_copy.default, aten.mm.default, aten.fill_.Scalar)
+    assert not any(map(launches_kernel, quiet)) and all(map(launches_kernel, busy))
