@@ -103,6 +103,9 @@ VARIANTS = {
     "scan_by_slot": {"SCAN_ROWS": 16, "SCAN_SLOTS": 1},  # the parallel passes' scan one chunk a step, 16 rows a program
     "operators": {"EAGER_FUNCTION": False},  # eager calls through the torch.library operators' dispatch
     "key_blocks_from_0": {"ALIGNED_KEY_BLOCKS": False},  # `_backward_keys`' blocks from key 0, not an overlap's end
+    # windows that would end in a tile mostly past their end (80 keys, causal at h = 16) end in a tile of 16 keys
+    "tail_tiles": {"TAIL_TILES": ("_forward",)},
+    "tail_tiles_backward": {"TAIL_TILES": ("_forward", "_backward_queries")},
     "unspecialised_lengths": "the kernels' length arguments not specialised (see `unspecialised_kernels`)",
 }
 LAUNCHED_KERNELS = ("_states", "_chunk_sums", "_scan_sums", "_row_terms", "_states_backward", "_query_sums", "_forward",

@@ -72,6 +72,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--value-dim", type=int, default=64, help="Dv, the values' head dimension")
     parser.add_argument("--dtype", choices=DTYPES, default="bf16", help="the inputs' dtype (default: bf16)")
     parser.add_argument("--causal", action="store_true", help="the causal kernels (default: bidirectional)")
+    parser.add_argument("--tail-tiles", action="store_true",
+                        help="`_forward` and `_backward_queries` with a window's narrower last tile where it has one "
+                             "(ops_local_softmax_triton.TAIL_TILES; default: the module's)")
     parser.add_argument("--arch", type=int, default=90, help="CUDA compute capability, e.g. 90, 80 (default: 90)")
     parser.add_argument("--instructions", action="store_true",
                         help="also count instructions of the machine code by kind (see above)")
@@ -108,7 +111,8 @@ def constexprs(kernels, name: str, args: argparse.Namespace) -> dict:
         return {key: walk[key] for key in ("BLOCK", "BLOCK_D", "BLOCK_V", "DOT")}
     if name == "_backward_keys":
         return dict(walk, CAUSAL=args.causal, HAS_TABLE=True, BLOCK_K=kernels.KEY_BLOCK, BLOCK_R=sizes["BLOCK_R"])
-    return dict(sizes, HORIZON=args.horizon, CAUSAL=args.causal, HAS_MASK=True, HAS_TABLE=True, DOT=dot)
+    return dict(sizes, **kernels._window_tiles(name, args.horizon, args.causal), HORIZON=args.horizon,
+                CAUSAL=args.causal, HAS_MASK=True, HAS_TABLE=True, DOT=dot)
 
 
 def ptxas(arch: int):
@@ -159,12 +163,16 @@ def main(argv: list[str] | None = None) -> int:
     chosen = kernels.BLOCK, kernels.KEY_TILE, kernels.KEY_BLOCK
     chosen_scan = kernels.SCAN_ROWS, kernels.SCAN_SLOTS
     chosen_scan_name = "{}x{}".format(*chosen_scan)
+    chosen_tails = kernels.TAIL_TILES
+    if args.tail_tiles:
+        kernels.TAIL_TILES = ("_forward", "_backward_queries")
     direction = "causal" if args.causal else "bidirectional"
     import triton
 
     print(f"# Triton kernels of the default attention: Triton {triton.__version__}, ptxas {ptxas(args.arch).version} "
           f"-v for sm_{args.arch}, {args.dtype}, {direction}, h={args.horizon}, D={args.dim}, Dv={args.value_dim}, "
-          f"{'no argument marked' if args.unaligned else 'pointers and integers marked'} multiples of 16\n")
+          f"{'no argument marked' if args.unaligned else 'pointers and integers marked'} multiples of 16"
+          f"{', windows ending in a narrower tile' if args.tail_tiles else ''}\n")
     counted = "".join(f" {kind} |" for kind in (*OPCODES, "instructions")) if args.instructions else ""
     print("| kernel | BLOCK | key tile or scan | warps | stages | register cap | registers | spill stores / loads "
           f"(bytes) | shared (bytes) |{counted}")
@@ -197,6 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         kernels.BLOCK, kernels.KEY_TILE, kernels.KEY_BLOCK = chosen
         kernels.SCAN_ROWS, kernels.SCAN_SLOTS = chosen_scan
+        kernels.TAIL_TILES = chosen_tails
     return 0
 
 

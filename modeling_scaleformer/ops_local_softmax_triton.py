@@ -649,12 +649,35 @@ def _block_states(S, Z, SE, row, b, rows, nq, n_states, start0, start1, d, dv, f
 
 
 @triton.jit
+def _forward_tile(K, V, MASK, row, heads, lk, start, w0, queries, q, features_q, qr, rate, scale, run_max, band_max,
+                  window_sums, band_den, far_den, d, dv, skb, skh, skl, svb, svh, svl, HORIZON: tl.constexpr,
+                  CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_TABLE: tl.constexpr, BLOCK: tl.constexpr,
+                  TILE: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr,
+                  DOT: tl.constexpr):
+    """Slots w0 .. w0 + TILE - 1 of a query block's window (`_window_tile`) added to `_forward`'s running sums: the
+    band's weights exp(l) and the kernel weights beyond the band under the running largest of the band logits and
+    the decays' exponents, one product with the values."""
+    op = q.dtype
+    _, _, v, mk, band, logits, _, _, kernel, new_max = _window_tile(
+        K, V, MASK, row, heads, lk, start, w0, queries, q, features_q, qr, rate, scale, run_max, d, dv, skb, skh, skl,
+        svb, svh, svl, HORIZON, CAUSAL, HAS_MASK, HAS_TABLE, True, BLOCK, TILE, BLOCK_D, BLOCK_V, BLOCK_R, DOT)
+    shift = tl.where(new_max > float("-inf"), new_max, 0.0)
+    rescale = tl.exp(run_max - shift)
+    band_weights = tl.where(band, tl.exp(logits - shift[:, None]) * mk[None, :], 0.0)
+    window_sums = tl.dot((band_weights + kernel).to(op), v, window_sums * rescale[:, None], input_precision=DOT)
+    band_den = band_den * rescale + tl.sum(band_weights, 1)
+    far_den = far_den * rescale + tl.sum(kernel, 1)
+    return new_max, tl.maximum(band_max, tl.max(logits, 1)), window_sums, band_den, far_den
+
+
+@triton.jit
 def _forward(
     Q, K, V, MASK, TAB, RATE, S, Z, SE, OUT, SHIFT, DEN,
     lq, lk, heads, rows, offset, nq, n_states, start0, start1, d, dv, sqb, sqh, sql, skb, skh, skl, svb, svh, svl,
     sob, soh, sol, scale,
     HORIZON: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_TABLE: tl.constexpr, BLOCK: tl.constexpr,
-    TILE: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr, DOT: tl.constexpr,
+    TILE: tl.constexpr, TILES: tl.constexpr, TAIL: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr,
+    BLOCK_R: tl.constexpr, DOT: tl.constexpr,
 ):
     b, row = tl.program_id(0), tl.program_id(1)
     acc = S.dtype.element_ty
@@ -663,28 +686,25 @@ def _forward(
     tab = _table_tile(TAB, row, heads, d, HORIZON, HAS_TABLE, BLOCK_R, BLOCK_D)
     i, queries, q, features_q, qr = _block_queries(Q, tab, row, b, lq, heads, d, sqb, sqh, sql, HAS_TABLE, acc,
                                                    BLOCK, BLOCK_D, BLOCK_R, DOT)
-    # the window by tiles of keys: the band's weights exp(l) and the kernel weights beyond the band in one running
-    # sum, under the running largest of the band logits and the decays' exponents (as flash attention does with its
-    # logits): one product with the values per tile
+    # the window by tiles of keys (TILE wide up to TILES, then one of TAIL: `_window_tiles`): the band's weights exp(l)
+    # and the kernel weights beyond the band in one running sum, under the running largest of the band logits and the
+    # decays' exponents (as flash attention does with its logits): one product with the values per tile
     run_max = tl.full((BLOCK,), float("-inf"), dtype=acc)
     band_max = tl.full((BLOCK,), float("-inf"), dtype=acc)  # the largest band logit, for the row shift
     window_sums = tl.zeros((BLOCK, BLOCK_V), dtype=acc)
     band_den = tl.zeros((BLOCK,), dtype=acc)  # under run_max
     far_den = tl.zeros((BLOCK,), dtype=acc)  # under run_max
     start = b * BLOCK + offset - HORIZON
-    for w0 in range(0, BLOCK + HORIZON + HORIZON * (1 - CAUSAL), TILE):
-        _, _, v, mk, band, logits, _, _, kernel, new_max = _window_tile(
-            K, V, MASK, row, heads, lk, start, w0, queries, q, features_q, qr, rate, scale, run_max, d, dv, skb, skh,
-            skl, svb, svh, svl, HORIZON, CAUSAL, HAS_MASK, HAS_TABLE, True, BLOCK, TILE, BLOCK_D, BLOCK_V, BLOCK_R,
-            DOT)
-        shift = tl.where(new_max > float("-inf"), new_max, 0.0)
-        rescale = tl.exp(run_max - shift)
-        band_weights = tl.where(band, tl.exp(logits - shift[:, None]) * mk[None, :], 0.0)
-        window_sums = tl.dot((band_weights + kernel).to(op), v, window_sums * rescale[:, None], input_precision=DOT)
-        band_den = band_den * rescale + tl.sum(band_weights, 1)
-        far_den = far_den * rescale + tl.sum(kernel, 1)
-        run_max = new_max
-        band_max = tl.maximum(band_max, tl.max(logits, 1))
+    for w0 in range(0, TILES, TILE):
+        run_max, band_max, window_sums, band_den, far_den = _forward_tile(
+            K, V, MASK, row, heads, lk, start, w0, queries, q, features_q, qr, rate, scale, run_max, band_max,
+            window_sums, band_den, far_den, d, dv, skb, skh, skl, svb, svh, svl, HORIZON, CAUSAL, HAS_MASK, HAS_TABLE,
+            BLOCK, TILE, BLOCK_D, BLOCK_V, BLOCK_R, DOT)
+    if TAIL > 0:
+        run_max, band_max, window_sums, band_den, far_den = _forward_tile(
+            K, V, MASK, row, heads, lk, start, TILES, queries, q, features_q, qr, rate, scale, run_max, band_max,
+            window_sums, band_den, far_den, d, dv, skb, skh, skl, svb, svh, svl, HORIZON, CAUSAL, HAS_MASK, HAS_TABLE,
+            BLOCK, TAIL, BLOCK_D, BLOCK_V, BLOCK_R, DOT)
     from_before, before, before_norm, _, _, from_after, after, after_norm, _, _ = _block_states(
         S, Z, SE, row, b, rows, nq, n_states, start0, start1, d, dv, _query_features(q, queries, d, acc, BLOCK_D),
         rate, CAUSAL, op, BLOCK, BLOCK_D, BLOCK_V, DOT)
@@ -811,7 +831,8 @@ def _backward_queries(
     lq, lk, heads, rows, offset, nq, n_states, start0, start1, d, dv, sqb, sqh, sql, skb, skh, skl, svb, svh, svl,
     sgb, sgh, sgl, sdqb, sdqh, sdql, scale,
     HORIZON: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_TABLE: tl.constexpr, BLOCK: tl.constexpr,
-    TILE: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr, DOT: tl.constexpr,
+    TILE: tl.constexpr, TILES: tl.constexpr, TAIL: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr,
+    BLOCK_R: tl.constexpr, DOT: tl.constexpr,
 ):
     b, row = tl.program_id(0), tl.program_id(1)
     acc = S.dtype.element_ty
@@ -825,11 +846,16 @@ def _backward_queries(
     dq = tl.zeros((BLOCK, BLOCK_D), dtype=acc)  # through the band logits
     grad_rel = tl.zeros((BLOCK, BLOCK_R), dtype=acc)  # the band logits' gradient by table row
     start = b * BLOCK + offset - HORIZON
-    for w0 in range(0, BLOCK + HORIZON + HORIZON * (1 - CAUSAL), TILE):
+    for w0 in range(0, TILES, TILE):  # the window's tiles as `_forward` takes them
         dq, grad_features, grad_rel, grad_rate = _query_tile(
             K, V, MASK, row, heads, lk, start, w0, queries, q, features_q, qr, gs, delta, m, rate, scale,
             d, dv, skb, skh, skl, svb, svh, svl, dq, grad_features, grad_rel, grad_rate, HORIZON, CAUSAL, HAS_MASK,
             HAS_TABLE, BLOCK, TILE, BLOCK_D, BLOCK_V, BLOCK_R, DOT)
+    if TAIL > 0:
+        dq, grad_features, grad_rel, grad_rate = _query_tile(
+            K, V, MASK, row, heads, lk, start, TILES, queries, q, features_q, qr, gs, delta, m, rate, scale,
+            d, dv, skb, skh, skl, svb, svh, svl, dq, grad_features, grad_rel, grad_rate, HORIZON, CAUSAL, HAS_MASK,
+            HAS_TABLE, BLOCK, TAIL, BLOCK_D, BLOCK_V, BLOCK_R, DOT)
     _store_query_grads(DQ, DTAB, GRAD_RATE, tab, q, i, queries, row, heads, b, d, sdqb, sdqh, sdql, dq, grad_features,
                        grad_rel, tl.sum(grad_rate, 0), HORIZON, HAS_TABLE, BLOCK_D, BLOCK_R, DOT)
 
@@ -973,6 +999,15 @@ BLOCK = 64  # queries per block of the forward and backward kernels, keys per ch
 # the window (128 at BLOCK 64 and h = 16) hold (64, 128) tiles that spill
 KEY_TILE = 32
 KEY_BLOCK = 32
+# the kernels of TAIL_TILES (of `_forward` and `_backward_queries`) end a window whose last tile of KEY_TILE keys would
+# lie mostly past its end (BLOCK + h = 80 keys when causal at h = 16) in a narrower tile, the power of two that holds
+# its last keys, at least MIN_KEY_TILE (Triton's products take no dimension under 16 on a GPU): 80 keys in tiles of
+# 32, 32 and 16 instead of 32, 32 and 32, a sixth of the pairs fewer (`_window_tiles`). Compiled for sm90 (bf16, causal,
+# h = 16; benchmarks/kernel_resources.py), `_forward` then holds 247 registers instead of 255 without spills and
+# `_backward_queries` spills 368 bytes instead of 288; not yet timed on a GPU (bench_attention_gpu.py's variants
+# `tail_tiles` and `tail_tiles_backward`)
+TAIL_TILES: tuple[str, ...] = ()
+MIN_KEY_TILE = 16
 # the narrowest tile of the head dimensions and of the relative table: narrower ones (16 or 32 wide, for D < 64 or
 # h < 16) compiled by Triton 3.6 for sm90 gave wrong outputs or an invalid shared-memory read in
 # `_backward_queries` (the table's gather and the products with it) on an H200; the padding is masked
@@ -1063,6 +1098,20 @@ def _parallel_walks(rows: int, directions: int) -> bool:
     return rows * directions <= PARALLEL_WALK_PROGRAMS if PARALLEL_WALKS is None else PARALLEL_WALKS
 
 
+def _window_tiles(kernel: str, horizon: int, causal: bool) -> dict:
+    """How `kernel` (`_forward` or `_backward_queries`) reads a query block's window of BLOCK + 2h keys (BLOCK + h when
+    causal): tiles of KEY_TILE keys up to slot TILES, then one tile of TAIL keys (0: none), the power of two at least
+    MIN_KEY_TILE that holds the keys left, where the kernel is one of TAIL_TILES and that is narrower than KEY_TILE."""
+    window = BLOCK + horizon * (1 if causal else 2)
+    rest = window % KEY_TILE
+    tail = KEY_TILE
+    if rest and kernel in TAIL_TILES:
+        tail = min(KEY_TILE, max(MIN_KEY_TILE, triton.next_power_of_2(rest)))
+    if tail == KEY_TILE:
+        return dict(TILES=triton.cdiv(window, KEY_TILE) * KEY_TILE, TAIL=0)
+    return dict(TILES=window - rest, TAIL=tail)
+
+
 def _sizes(horizon: int, d: int, dv: int) -> dict:
     pow2 = triton.next_power_of_2
     return dict(BLOCK=BLOCK, TILE=KEY_TILE, BLOCK_D=max(MIN_TILE, pow2(d)), BLOCK_V=max(MIN_TILE, pow2(dv)),
@@ -1142,7 +1191,7 @@ def _forward_body(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, table: torc
         den,
         lq, lk, heads, b * heads, offset, walk.nq, walk.n_states, *walk.starts, d, dv, *_strides(q, k, v, out),
         1.0 / math.sqrt(d), HORIZON=horizon, CAUSAL=causal, HAS_MASK=mask is not None, HAS_TABLE=table is not None,
-        DOT=dot, **_sizes(horizon, d, dv), **_launch("_forward", d, dv))
+        DOT=dot, **_sizes(horizon, d, dv), **_window_tiles("_forward", horizon, causal), **_launch("_forward", d, dv))
     if not kept:
         return out, shift, den, *_state_buffers(rate, causal, b * heads, 0, d, dv)
     for direction, start in enumerate(walk.starts[:states.shape[0]]):
@@ -1221,7 +1270,8 @@ def _backward_body(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
     _backward_queries[(walk.nq, rows)](
         *tensors, states, norms, scales, g, shift, den, delta, dq, den if dtable is None else dtable, grad_rate_queries,
         lq, lk, heads, rows, offset, walk.nq, walk.n_states, *walk.starts, d, dv, *_strides(q, k, v, g, dq), scale,
-        **flags, **sizes, **_launch("_backward_queries", d, dv))
+        **flags, **sizes, **_window_tiles("_backward_queries", horizon, causal),
+        **_launch("_backward_queries", d, dv))
     first = _key_origin(offset, horizon, causal)
     key_blocks = triton.cdiv(lk - first, KEY_BLOCK)
     grad_rate_keys = den.new_empty(rows, key_blocks)

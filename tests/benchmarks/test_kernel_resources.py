@@ -68,3 +68,20 @@ def test_kernel_resources_caps_registers(run_command):
     row = next(line for line in result.stdout.splitlines() if line.startswith("| _forward"))
     cap, registers, spills = (cell.strip() for cell in row.split("|")[6:9])
     assert cap == "128" and int(registers) <= 128 and int(spills.split(" / ")[0]) > 0
+
+
+def test_kernel_resources_tail_tiles(run_command):
+    """`--tail-tiles`: causal at h = 16, `_forward`'s window of 80 keys in tiles of 32, 32 and 16, whose code the
+    kernel then holds beside the loop's: more instructions than in three tiles of 32."""
+    pytest.importorskip("triton")
+
+    def instructions(*extra):
+        result = run_command(["benchmarks/kernel_resources.py", "--kernels", "_forward", "--blocks", "64", "--warps",
+                              "4", "--stages", "1", "--causal", "--instructions", *extra])
+        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+        row = next(line for line in result.stdout.splitlines() if line.startswith("| _forward"))
+        return int(row.split("|")[-2].replace(",", "")), result.stdout
+
+    whole, _ = instructions()
+    tails, stdout = instructions("--tail-tiles")
+    assert tails > whole and "narrower tile" in stdout

@@ -354,6 +354,56 @@ def test_key_tiles_do_not_change_the_result(causal, decay_inputs, monkeypatch, t
             torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-13, msg=lambda m: f"{name}: {m}")
 
 
+@pytest.mark.parametrize("case", [
+    dict(causal=True, lq=150, lk=150, horizon=16, block=64),
+    dict(causal=False, lq=150, lk=150, horizon=8, block=64),
+    dict(causal=True, lq=100, lk=130, horizon=2, block=64, offset=3),
+    dict(causal=True, lq=45, lk=30, horizon=5, block=16, min_tile=4, offset=2),
+    dict(causal=False, lq=30, lk=45, horizon=3, block=16, min_tile=4),
+], ids=["causal-h16-tail-16", "bidirectional-h8-tail-16", "causal-h2-tail-16-for-2-keys", "causal-lq>lk-tail-8",
+        "bidirectional-lq<lk-tail-8"])
+def test_tail_tiles_against_the_reference(case, decay_inputs, split_case, check_decay_op, monkeypatch, triton_paths):
+    """Windows that end in a narrower tile (`TAIL_TILES`, both kernels; at blocks of 64 in tiles of 32, a window of
+    80 keys, h = 16 causal or h = 8 bidirectional, ends in a tile of 16, and one of 66 keys, h = 2 causal, in a tile
+    of 16 that holds 2; at blocks of 16 in tiles of 16, with tails of 4 keys or more allowed, windows of 21 keys
+    (h = 5 causal) and 22 (h = 3 bidirectional) end in tiles of 8): the op against the float64 reference, output and gradients, padded keys, offsets,
+    Lq != Lk both ways."""
+    from modeling_scaleformer import ops_local_softmax_triton as kernels
+
+    case = dict(case, mask="padding")
+    causal, block, min_tile = case.pop("causal"), case.pop("block"), case.pop("min_tile", 16)
+    used = triton_paths(block)
+    monkeypatch.setattr(kernels, "MIN_KEY_TILE", min_tile)
+    monkeypatch.setattr(kernels, "TAIL_TILES", ("_forward", "_backward_queries"))
+    horizon = case["horizon"]
+    window = block + horizon * (1 if causal else 2)
+    tiles = kernels._window_tiles("_backward_queries", horizon, causal)
+    assert tiles["TAIL"] > 0 and tiles["TILES"] + tiles["TAIL"] >= window > tiles["TILES"]
+    assert tiles["TILES"] % kernels.KEY_TILE == 0 and tiles["TAIL"] < kernels.KEY_TILE
+    inputs, offset = split_case(decay_inputs, case)
+    check_decay_op(chunk_local_softmax_decay_attention, naive_local_softmax_decay_attention, inputs, causal, offset)
+    assert used == {"local_softmax_decay"}
+
+
+def test_window_tiles():
+    """Blocks of 64 in tiles of 32: a window of 80 keys (h = 16 causal) in two tiles and one of 16 where the kernel
+    takes tails (`TAIL_TILES`, none by default), else in three tiles; a window of 96 keys (h = 16 bidirectional) in three whatever the kernel; 66 keys
+    (h = 1 bidirectional) in two and one of 16, which holds 2; 127 keys (h = 63 causal) in four, since the keys left
+    need a whole tile."""
+    from modeling_scaleformer import ops_local_softmax_triton as kernels
+
+    assert kernels.BLOCK == 64 and kernels.KEY_TILE == 32 and kernels.MIN_KEY_TILE == 16
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(kernels, "TAIL_TILES", ("_forward",))
+        assert kernels._window_tiles("_forward", 16, True) == dict(TILES=64, TAIL=16)
+        assert kernels._window_tiles("_backward_queries", 16, True) == dict(TILES=96, TAIL=0)
+        assert kernels._window_tiles("_forward", 16, False) == dict(TILES=96, TAIL=0)
+        assert kernels._window_tiles("_forward", 1, False) == dict(TILES=64, TAIL=16)
+        assert kernels._window_tiles("_forward", 63, True) == dict(TILES=128, TAIL=0)
+    assert kernels.TAIL_TILES == ()  # the default until a GPU times them
+    assert kernels._window_tiles("_forward", 16, True) == dict(TILES=96, TAIL=0)
+
+
 @CAUSAL
 @pytest.mark.parametrize("case", [
     dict(lq=40, lk=23, horizon=3, offset=5), dict(lq=23, lk=60, horizon=3, offset=7), dict(lq=37, lk=37, horizon=8),

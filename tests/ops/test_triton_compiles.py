@@ -97,9 +97,10 @@ INPUTS = ("Q", "K", "V", "TAB", "OUT", "DO", "DQ", "DK", "DV")
                          ids=["table-and-mask", "neither"])
 @pytest.mark.parametrize("shape", [(16, 64, 64), (3, 8, 8), (0, 64, 64), (31, 64, 50), (32, 128, 128)],
                          ids=["h16-d64", "h3-d8", "h0", "h31-dv50", "h32-d128"])
-def test_attention_kernels_lower(shape, options, causal, dtype):
+def test_attention_kernels_lower(shape, options, causal, dtype, monkeypatch):
     """The kernels of the default attention with the host's block sizes: q, k, v, the table and the outputs in the
-    inputs' dtype (16-bit ones included) beside the compute dtype's states, shifts and normalisers."""
+    inputs' dtype (16-bit ones included) beside the compute dtype's states, shifts and normalisers; the window
+    kernels with and without a narrower last tile (`TAIL_TILES`)."""
     horizon, d, dv = shape
     kernels = ops_local_softmax_triton
     half = dtype in (torch.bfloat16, torch.float16)
@@ -118,17 +119,24 @@ def test_attention_kernels_lower(shape, options, causal, dtype):
         lower(kernel, kernel_dtype, operands, operand_names=INPUTS,
               **{key: common[key] for key in ("BLOCK", "BLOCK_D", "BLOCK_V", "DOT")})
     for kernel in (kernels._forward, kernels._backward_queries):
-        lower(kernel, kernel_dtype, operands, operand_names=INPUTS, CAUSAL=causal, **options, **sizes,
-              **{key: common[key] for key in ("HORIZON", "DOT")})
+        name = kernel.fn.__name__
+        monkeypatch.setattr(kernels, "TAIL_TILES", ())
+        whole = kernels._window_tiles(name, horizon, causal)
+        monkeypatch.setattr(kernels, "TAIL_TILES", (name,))
+        tail = kernels._window_tiles(name, horizon, causal)
+        for window in [whole] + [tail] * (tail != whole):  # and with a narrower last tile where the window has one
+            lower(kernel, kernel_dtype, operands, operand_names=INPUTS, CAUSAL=causal, **options, **sizes, **window,
+                  **{key: common[key] for key in ("HORIZON", "DOT")})
     lower(kernels._backward_keys, kernel_dtype, operands, operand_names=INPUTS, CAUSAL=causal,
           HAS_TABLE=options["HAS_TABLE"], BLOCK_K=kernels.KEY_BLOCK, BLOCK_R=sizes["BLOCK_R"], **common)
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
-def test_attention_kernels_assemble_for_sm90(causal):
+def test_attention_kernels_assemble_for_sm90(causal, monkeypatch):
     """The default attention's kernels through every stage of Triton's compiler and ptxas for sm90, bf16, with the
     host's block sizes and launch options: stages after Triton IR reject programs the lowering accepts (layouts,
-    shared memory), and the kernels must fit an H100's 227 KiB of shared memory per block."""
+    shared memory), and the kernels must fit an H100's 227 KiB of shared memory per block; causal, the window kernels
+    also with a narrower last tile (`TAIL_TILES`: 80 keys in tiles of 32, 32 and 16)."""
     import triton
     from triton.backends.compiler import GPUTarget
 
@@ -139,10 +147,15 @@ def test_attention_kernels_assemble_for_sm90(causal):
     tiles = dict(sizes, HORIZON=16, CAUSAL=causal, HAS_MASK=True, HAS_TABLE=True, DOT="tf32")
     scan = dict(BLOCK=sizes["BLOCK"], BLOCK_SD=kernels.SCAN_ROWS, BLOCK_V=sizes["BLOCK_V"], SLOTS=kernels.SCAN_SLOTS)
     queries = {key: walk[key] for key in ("BLOCK", "BLOCK_D", "BLOCK_V", "DOT")}
+    window = {name: kernels._window_tiles(name, 16, causal) for name in ("_forward", "_backward_queries")}
+    monkeypatch.setattr(kernels, "TAIL_TILES", ("_forward", "_backward_queries"))
+    tails = [(name, dict(tiles, **kernels._window_tiles(name, 16, causal))) for name in window if causal]
+    assert all(constexprs["TAIL"] == 16 for _, constexprs in tails)
     for name, constexprs in (("_states", walk), ("_chunk_sums", walk), ("_scan_sums", dict(scan, REVERSE=True)),
                              ("_row_terms", dict(BLOCK=sizes["BLOCK"], BLOCK_V=sizes["BLOCK_V"])),
-                             ("_query_sums", queries), ("_states_backward", queries), ("_forward", tiles),
-                             ("_backward_queries", tiles),
+                             ("_query_sums", queries), ("_states_backward", queries),
+                             ("_forward", dict(tiles, **window["_forward"])),
+                             ("_backward_queries", dict(tiles, **window["_backward_queries"])), *tails,
                              ("_backward_keys", dict(walk, CAUSAL=causal, HAS_TABLE=True, BLOCK_K=kernels.KEY_BLOCK,
                                                      BLOCK_R=sizes["BLOCK_R"]))):
         compiled = triton.compile(source(getattr(kernels, name), torch.float32, torch.bfloat16, INPUTS, **constexprs),
