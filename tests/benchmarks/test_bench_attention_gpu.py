@@ -128,6 +128,18 @@ def test_bench_attention_gpu_check_only_times_nothing(import_benchmark, tmp_path
     assert checked["check"]["scaleformer"]["ok"] and checked["timings"] == []
 
 
+def test_bench_attention_gpu_check_in_bfloat16_holds_the_reference_to_the_same_upstream(import_benchmark, tmp_path):
+    """In bf16 the reference takes the upstream gradient as the op took it, rounded to 16 bits: fed the unrounded one,
+    the slow head's decay-rate gradient, a sum of terms of both signs, was 4.9% of the largest off (L = 512, two
+    heads, the PyTorch path on CPU), past the 3% the check allows, for a difference of inputs, not of the op."""
+    bench = import_benchmark("bench_attention_gpu")
+    report = tmp_path / "report.json"
+    assert bench.main(["--device", "cpu", "--quick", "--check-only", "--json", str(report)]) == 0
+    checked = json.loads(report.read_text())["check"]["scaleformer"]
+    assert checked["ok"] and checked["length"] == 512
+    assert max(e for row in checked["errors"].values() for e in row.values()) < 1e-2
+
+
 @pytest.mark.slow  # the quick run and the tune report's reading stay in the default run
 def test_bench_attention_gpu_tune(run_command, tmp_path):
     """`--tune` on CPU (`--quick`): the settings are checked in two processes at once, then timed against the
