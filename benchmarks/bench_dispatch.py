@@ -1,5 +1,5 @@
-"""What one training step asks of the host on CUDA, counted on CPU: the operations it dispatches and the kernels it
-launches, Scaleformer beside BART of the same size.
+"""What one training step and greedy decoding ask of the host on CUDA, counted on CPU: the operations they dispatch
+and the kernels they launch, Scaleformer beside BART of the same size.
 
 At batch 1 a training step's eager time on a GPU is the host's: Python and PyTorch's dispatcher issue one operation
 after another faster than the device runs them only while there are few of them (on one H100 the small model's eager
@@ -20,7 +20,10 @@ take CPU's. Every ATen operation below autograd is counted (a `TorchDispatchMode
 which the mode would otherwise turn into the traced one), as one that launches a kernel on CUDA (it computes or writes:
 a product, a reduction, a cast, a copy, a fill) or one that does not (a view, an allocation, a dtype query), by phase
 (forward, backward), and apart for the ones the default attention's op issues itself (its calls, from
-`ops_local_softmax*.py`); a Triton launch counts as a kernel of its own.
+`ops_local_softmax*.py`); a Triton launch counts as a kernel of its own. Then the model decodes DECODED tokens
+greedily from the same source (eval mode, its cache; the decoding steps' kernels chosen as on CUDA too), and the
+operations and launches of each call of the model are counted: the first (the encoder and the first token) and the
+median of the others, one token each, which at batch 1 set the time per token on a GPU as the step's set its time.
 
     python benchmarks/bench_dispatch.py                       # scaleformer and bart, the small size, bf16 autocast
     python benchmarks/bench_dispatch.py --models scaleformer bart led --json dispatch.json
@@ -50,6 +53,7 @@ from models import (
 
 
 TARGET_LENGTH = 128
+DECODED = 8  # tokens generated greedily after the training step: the first call and 7 steps of one token
 QUICK_SIZE = ModelSize(vocab_size=1000, d_model=64, layers=2, heads=4, ffn_dim=128)
 ALLOCATIONS = {"empty", "empty_like", "new_empty", "empty_strided", "new_empty_strided"}
 NO_KERNEL = ALLOCATIONS | {"promote_types", "lift_fresh", "sym_size", "sym_stride", "sym_numel", "is_same_size"}
@@ -116,6 +120,8 @@ def emulate_cuda(launches: collections.Counter) -> None:
     InterpretedFunction.run = run
     choose = ops_local_softmax._attention_function
     ops_local_softmax._attention_function = lambda device, *sizes: choose(torch.device("cuda"), *sizes)
+    for name, entry in (("_decode_function", "decode_step"), ("_cross_decode_function", "cross_decode")):
+        setattr(ops_local_softmax, name, lambda device, entry=entry: getattr(ops_local_softmax_triton, entry))
     for module in (ops_common, ops_decay, modeling_scaleformer):
         module.checks_values = lambda t: False
     ops_local_softmax_triton._traced = torch.compiler.is_compiling
@@ -155,7 +161,35 @@ def count_step(name: str, args: argparse.Namespace, launches: Launches) -> dict:
     row["operations"] = sum(counter.counts.values())
     row["kernels"] = sum(n for (_, _, kernel), n in counter.counts.items() if kernel) + sum(launches.values())
     row["top"] = [[*key, n] for key, n in counter.names.most_common(12)]
-    return row
+    return {**row, **count_decoding(model, input_ids, args, launches)}
+
+
+def count_decoding(model, input_ids, args: argparse.Namespace, launches: Launches) -> dict:
+    """Greedy decoding of DECODED tokens from `input_ids` (eval mode, the model's cache): the operations and Triton
+    launches of each call of the model, the first (the encoder and the first token) and the median of the others (one
+    token each)."""
+    model.eval()
+    counter = Counter()
+    counter.phase = launches.phase = "decode"
+    calls = []
+    forward = model.forward
+
+    def counted(*inputs, **kwargs):
+        before = sum(counter.counts.values()), sum(launches.values())
+        output = forward(*inputs, **kwargs)
+        calls.append((sum(counter.counts.values()) - before[0], sum(launches.values()) - before[1]))
+        return output
+
+    model.forward = counted
+    try:
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=not args.fp32), counter:
+            model.generate(input_ids=input_ids, max_new_tokens=DECODED, min_new_tokens=DECODED, do_sample=False,
+                           num_beams=1)
+    finally:
+        del model.forward
+    steps = sorted(calls[1:])
+    return {"decode_first_operations": calls[0][0], "decode_first_launches": calls[0][1],
+            "decode_operations": steps[len(steps) // 2][0], "decode_launches": steps[len(steps) // 2][1]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -179,6 +213,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {row['model']} | {row['operations']:,} | {kernels:,} | {triton:,} | {row['kernels']:,} | "
               f"{phase_ops[0]:,} | {phase_ops[1]:,} | {attention:,} ({attention_kernels:,}) | "
               f"{row['operations'] / rows[0]['operations']:.2f}x |")
+    print("\n| model | operations per generated token | Triton launches per token | against the first | "
+          "the first call (the encoder and the first token): operations, launches |")
+    print("|:---|---:|---:|---:|:---|")
+    for row in rows:
+        print(f"| {row['model']} | {row['decode_operations']:,} | {row['decode_launches']} | "
+              f"{row['decode_operations'] / rows[0]['decode_operations']:.2f}x | {row['decode_first_operations']:,}, "
+              f"{row['decode_first_launches']} |")
     for row in rows:
         if row["launches"]:
             print(f"\n{row['model']}'s Triton launches by phase and kernel: "

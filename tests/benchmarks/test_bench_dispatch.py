@@ -1,4 +1,5 @@
-"""bench_dispatch.py counts, on CPU, the operations and kernel launches of one training step as it runs on CUDA."""
+"""bench_dispatch.py counts, on CPU, the operations and kernel launches of one training step and of greedy decoding as
+they run on CUDA."""
 
 import json
 
@@ -8,7 +9,8 @@ import pytest
 def test_bench_dispatch_counts_a_quick_step(run_command, tmp_path):
     """The tiny models: Scaleformer's step launches its attention's eight kernels once per attention call (2 + 2
     layers: self attention in the encoder and decoder, cross attention, 6 calls), BART's none; the attention op's own
-    operations stay few per call (43 at this state: its buffers, the reductions of its gradients' partial sums)."""
+    operations stay few per call (43 at this state: its buffers, the reductions of its gradients' partial sums); in
+    greedy decoding each token launches one decoding kernel per attention layer of the decoder."""
     pytest.importorskip("triton")
     report_path = tmp_path / "report.json"
     result = run_command(["benchmarks/bench_dispatch.py", "--quick", "--json", str(report_path)])
@@ -27,7 +29,12 @@ def test_bench_dispatch_counts_a_quick_step(run_command, tmp_path):
     assert 0 < attention <= 6 * 45
     for row in rows.values():
         assert row["operations"] > 500 and row["kernels"] > 200
+        assert row["decode_first_operations"] > row["decode_operations"] > 50
+    # a token: each of the two decoder layers' self-attention step and cross attention step, one launch each
+    assert scaleformer["decode_launches"] == 4 and scaleformer["decode_first_launches"] > 4
+    assert bart["decode_launches"] == bart["decode_first_launches"] == 0
     assert "| scaleformer | " in result.stdout and "| bart | " in result.stdout
+    assert "operations per generated token" in result.stdout
 
 
 def test_bench_dispatch_kinds(import_benchmark):
