@@ -107,6 +107,9 @@ VARIANTS = {
     "tail_tiles": {"TAIL_TILES": ("_forward",)},
     "tail_tiles_backward": {"TAIL_TILES": ("_forward", "_backward_queries")},
     "unspecialised_lengths": "the kernels' length arguments not specialised (see `unspecialised_kernels`)",
+    # the op without its relative table (the kernels' HAS_TABLE false): what the table's products and gathers cost;
+    # another computation than the default's, checked against the reference without a table
+    "no_table": "the op without a relative table (see `uses_table`)",
 }
 LAUNCHED_KERNELS = ("_states", "_chunk_sums", "_scan_sums", "_row_terms", "_states_backward", "_query_sums", "_forward",
                     "_backward_queries", "_backward_keys", "_decode_step", "_cross_decode")
@@ -261,7 +264,14 @@ def method_options(method: str) -> dict:
     if not method.startswith("scaleformer:"):
         return {}
     variant = method.split(":")[1]
+    if variant == "no_table":
+        return {}
     return unspecialised_kernels() if variant == "unspecialised_lengths" else VARIANTS[variant]
+
+
+def uses_table(method: str) -> bool:
+    """Whether `method` calls the op with the relative table (all but the `no_table` variant)."""
+    return method != "scaleformer:no_table"
 
 
 @functools.cache
@@ -317,9 +327,12 @@ def make_call(method: str, causal: bool, length: int, args: argparse.Namespace, 
         q, k, v = (x.detach().transpose(1, 2).contiguous().requires_grad_() for x in (q, k, v))
         grad = grad.transpose(1, 2).contiguous()
 
+    table = rel if uses_table(method) else None
+
     def call():
         if method.startswith("scaleformer"):
-            out = local_softmax_decay_attention(q, k, v, rel, decay, causal=causal, mode="linear")
+            out = local_softmax_decay_attention(q, k, v, table, decay, causal=causal, mode="linear",
+                                                horizon=args.horizon)
         elif method == "sdpa":
             with sdpa_backend(args.device):
                 out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
@@ -332,12 +345,12 @@ def make_call(method: str, causal: bool, length: int, args: argparse.Namespace, 
     return call
 
 
-def check(args: argparse.Namespace) -> dict:
+def check(args: argparse.Namespace, table: bool = True) -> dict:
     """The op as timed (the kernels on CUDA, with the kernel options asked for) against the float64 quadratic
     reference on the same inputs, at batch 1 and `CHECK_LENGTH` tokens, each direction: the largest error of the
-    output and of the gradients of q, k, v, the table and the decay rates, each over the reference's largest
-    magnitude. Timings of a path that computes something else would mean nothing: main stops when one passes
-    `CHECK_TOLERANCE`."""
+    output and of the gradients of q, k, v, the table (0 without one: `table` false, both without) and the decay
+    rates, each over the reference's largest magnitude. Timings of a path that computes something else would mean
+    nothing: main stops when one passes `CHECK_TOLERANCE`."""
     length = min(CHECK_LENGTH, max(args.lengths))
     errors = {}
     for causal in (True, False):
@@ -347,15 +360,20 @@ def check(args: argparse.Namespace) -> dict:
         rel = (0.1 * torch.randn(args.heads, 2 * args.horizon + 1, args.dim, generator=g, device=args.device))
         decay = torch.linspace(0.25, 1 / 256, args.heads, device=args.device)
         leaves = [x.to(args.dtype).requires_grad_() for x in (q, k, v, rel, decay)]
+        if not table:
+            leaves[3] = torch.zeros_like(leaves[3]).requires_grad_()  # unused: the op and the reference take None
         upstream = torch.randn(shape, generator=g, device=args.device).to(args.dtype)
-        out = local_softmax_decay_attention(*leaves, causal=causal, mode="linear")
-        got = [out, *torch.autograd.grad(out, leaves, upstream)]
+        out = local_softmax_decay_attention(*leaves[:3], leaves[3] if table else None, leaves[4], causal=causal,
+                                            mode="linear", horizon=args.horizon)
+        got = [out, *torch.autograd.grad(out, leaves, upstream, allow_unused=not table)]
         # the reference takes the same inputs and upstream gradient, in float64: a gradient that sums terms of both
         # signs (the slow head's decay rate's) would otherwise hold the upstream's rounding to 16 bits, 5% of its size
         # at L = 512 on CPU in bf16
         wide = [x.detach().double().requires_grad_() for x in leaves]
-        reference = naive_local_softmax_decay_attention(*wide, causal=causal)
-        expected = [reference, *torch.autograd.grad(reference, wide, upstream.double())]
+        reference = naive_local_softmax_decay_attention(*wide[:3], wide[3] if table else None, wide[4], causal=causal,
+                                                        horizon=args.horizon)
+        expected = [reference, *torch.autograd.grad(reference, wide, upstream.double(), allow_unused=not table)]
+        got, expected = ([torch.zeros_like(leaves[3]) if x is None else x for x in xs] for xs in (got, expected))
         errors["causal" if causal else "bidir"] = {
             name: float((a.detach().double() - b.detach()).abs().max() / b.detach().abs().max().clamp_min(1e-30))
             for name, a, b in zip(("out", "q", "k", "v", "rel", "decay"), got, expected)}
@@ -644,7 +662,7 @@ def benchmark(args: argparse.Namespace) -> int:
     checked = {}
     for method in [METHODS[0], *(f"scaleformer:{name}" for name in args.variants)]:
         with kernel_options(method_options(method)):
-            checked[method] = check(args)
+            checked[method] = check(args, table=uses_table(method))
     print(f"Check against the float64 reference at L={checked[METHODS[0]]['length']}, batch 1 (largest error over "
           f"the reference's largest value; at most {CHECK_TOLERANCE}):")
     print()

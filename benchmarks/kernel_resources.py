@@ -72,6 +72,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--value-dim", type=int, default=64, help="Dv, the values' head dimension")
     parser.add_argument("--dtype", choices=DTYPES, default="bf16", help="the inputs' dtype (default: bf16)")
     parser.add_argument("--causal", action="store_true", help="the causal kernels (default: bidirectional)")
+    parser.add_argument("--no-table", action="store_true",
+                        help="the kernels without a relative table (HAS_TABLE false), as a configuration without one "
+                             "takes them: what the table's products and gathers cost (default: with a table)")
     parser.add_argument("--tail-tiles", action="store_true",
                         help="`_forward` and `_backward_queries` with a window's narrower last tile where it has one "
                              "(ops_local_softmax_triton.TAIL_TILES; default: the module's)")
@@ -92,7 +95,7 @@ def instruction_counts(sass: str) -> dict:
 
 
 def constexprs(kernels, name: str, args: argparse.Namespace) -> dict:
-    """The compile-time arguments the host passes to kernel `name` (with a table and a key mask)."""
+    """The compile-time arguments the host passes to kernel `name` (with a key mask, and a table unless --no-table)."""
     from modeling_scaleformer.ops_decay_triton import dot_precision
 
     dtype = DTYPES[args.dtype]
@@ -110,9 +113,10 @@ def constexprs(kernels, name: str, args: argparse.Namespace) -> dict:
     if name in ("_query_sums", "_states_backward"):
         return {key: walk[key] for key in ("BLOCK", "BLOCK_D", "BLOCK_V", "DOT")}
     if name == "_backward_keys":
-        return dict(walk, CAUSAL=args.causal, HAS_TABLE=True, BLOCK_K=kernels.KEY_BLOCK, BLOCK_R=sizes["BLOCK_R"])
+        return dict(walk, CAUSAL=args.causal, HAS_TABLE=not args.no_table, BLOCK_K=kernels.KEY_BLOCK,
+                    BLOCK_R=sizes["BLOCK_R"])
     return dict(sizes, **kernels._window_tiles(name, args.horizon, args.causal), HORIZON=args.horizon,
-                CAUSAL=args.causal, HAS_MASK=True, HAS_TABLE=True, DOT=dot)
+                CAUSAL=args.causal, HAS_MASK=True, HAS_TABLE=not args.no_table, DOT=dot)
 
 
 def ptxas(arch: int):
@@ -172,7 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# Triton kernels of the default attention: Triton {triton.__version__}, ptxas {ptxas(args.arch).version} "
           f"-v for sm_{args.arch}, {args.dtype}, {direction}, h={args.horizon}, D={args.dim}, Dv={args.value_dim}, "
           f"{'no argument marked' if args.unaligned else 'pointers and integers marked'} multiples of 16"
-          f"{', windows ending in a narrower tile' if args.tail_tiles else ''}\n")
+          f"{', windows ending in a narrower tile' if args.tail_tiles else ''}"
+          f"{', without a relative table' if args.no_table else ''}\n")
     counted = "".join(f" {kind} |" for kind in (*OPCODES, "instructions")) if args.instructions else ""
     print("| kernel | BLOCK | key tile or scan | warps | stages | register cap | registers | spill stores / loads "
           f"(bytes) | shared (bytes) |{counted}")

@@ -15,9 +15,9 @@
 #                         H=16 the op takes them causal, the sequential walks bidirectional), forward's states
 #                         recomputed in backward;
 #   attention_backward    the op beside its kernels with the length arguments unspecialised
-#                         (`unspecialised_lengths`) and beside windows that end in a narrower tile in `_forward`
-#                         (`tail_tiles`) and in `_backward_queries` too (`tail_tiles_backward`), at B=4, H=16 (SDPA
-#                         to 16k);
+#                         (`unspecialised_lengths`), beside windows that end in a narrower tile in `_forward`
+#                         (`tail_tiles`) and in `_backward_queries` too (`tail_tiles_backward`), and beside the op
+#                         without its relative table (`no_table`: what the table costs), at B=4, H=16 (SDPA to 16k);
 #   attention_small_batch the op (its parallel passes at this shape) beside the sequential walks and the op called
 #                         through the torch.library operators' dispatch (`operators`), at the small model's training
 #                         shape (batch 1, 8 heads), and the host's time to issue the op at 4k (`--host-profile`);
@@ -109,7 +109,7 @@ print(torch.__version__, triton.__version__, transformers.__version__, torch.cud
             parallel_walks recomputed_states "${launch[@]}" --lengths 4096 16384 65536 \
             --profile 16384 --json "$out/bench_attention_gpu_variants.json" ;;
         attention_backward) step attention_backward python3 benchmarks/bench_attention_gpu.py --variants \
-            unspecialised_lengths tail_tiles tail_tiles_backward "${launch[@]}" --lengths 4096 16384 65536 \
+            unspecialised_lengths tail_tiles tail_tiles_backward no_table "${launch[@]}" --lengths 4096 16384 65536 \
             --max-sdpa-length 16384 --json "$out/bench_attention_gpu_backward.json" ;;
         attention_small_batch) step attention_small_batch python3 benchmarks/bench_attention_gpu.py --batch 1 \
             --heads 8 "${launch[@]}" --variants operators sequential_walks --lengths 4096 16384 65536 \

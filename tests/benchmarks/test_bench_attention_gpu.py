@@ -140,6 +140,29 @@ def test_bench_attention_gpu_check_in_bfloat16_holds_the_reference_to_the_same_u
     assert max(e for row in checked["errors"].values() for e in row.values()) < 1e-2
 
 
+def test_bench_attention_gpu_no_table_variant(import_benchmark, tmp_path, monkeypatch):
+    """The `no_table` variant calls the op without its relative table, checked against the reference without one (its
+    table's error 0), and times that call; the other methods keep the table."""
+    bench = import_benchmark("bench_attention_gpu")
+    report = tmp_path / "report.json"
+    assert bench.main(["--device", "cpu", "--quick", "--dtype", "float32", "--lengths", "64", "--variants", "no_table",
+                       "--check-only", "--json", str(report)]) == 0
+    checked = json.loads(report.read_text())["check"]["scaleformer:no_table"]
+    assert checked["ok"] and all(row["rel"] == 0 and row["out"] > 0 for row in checked["errors"].values())
+    tables = []
+    op = bench.local_softmax_decay_attention
+
+    def recorded(q, k, v, table, *args, **kwargs):
+        tables.append(table)
+        return op(q, k, v, table, *args, **kwargs)
+
+    monkeypatch.setattr(bench, "local_softmax_decay_attention", recorded)
+    args = bench.parse_args(["--device", "cpu", "--quick", "--dtype", "float32"])
+    for method in ("scaleformer", "scaleformer:no_table"):
+        bench.make_call(method, True, 64, args, None)()
+    assert tables[0] is not None and tables[1] is None
+
+
 @pytest.mark.slow  # the quick run and the tune report's reading stay in the default run
 def test_bench_attention_gpu_tune(run_command, tmp_path):
     """`--tune` on CPU (`--quick`): the settings are checked in two processes at once, then timed against the

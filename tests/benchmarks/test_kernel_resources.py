@@ -85,3 +85,21 @@ def test_kernel_resources_tail_tiles(run_command):
     whole, _ = instructions()
     tails, stdout = instructions("--tail-tiles")
     assert tails > whole and "narrower tile" in stdout
+
+
+def test_kernel_resources_without_a_table(run_command):
+    """`--no-table`: the window kernels as a configuration without a relative table takes them, without the table's
+    products and gathers: fewer instructions and warp shuffles than with the table."""
+    pytest.importorskip("triton")
+
+    def cells(*extra):
+        result = run_command(["benchmarks/kernel_resources.py", "--kernels", "_backward_queries", "--blocks", "64",
+                              "--warps", "4", "--stages", "1", "--instructions", *extra])
+        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+        row = next(line for line in result.stdout.splitlines() if line.startswith("| _backward_queries"))
+        cells = [cell.strip().replace(",", "") for cell in row.split("|")]
+        return (int(cells[-5]), int(cells[-2])), result.stdout  # SHFL, the total
+
+    (shuffles, total), _ = cells()
+    (fewer_shuffles, fewer), stdout = cells("--no-table")
+    assert fewer_shuffles < shuffles and fewer < total and "without a relative table" in stdout
