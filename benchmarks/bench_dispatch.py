@@ -105,9 +105,9 @@ class Counter(TorchDispatchMode):
 
 
 def emulate_cuda(launches: collections.Counter) -> None:
-    """The step as on CUDA (module docstring): the default attention's kernels chosen and recorded in `launches` (by
-    kernel and phase, from `launches["phase"]`), not run; the CPU-only value checks skipped; the attention's eager path
-    kept under the counting mode."""
+    """The step as on CUDA (module docstring): the default attention's kernels, and the decoding steps', chosen and
+    recorded in `launches` (by phase, `launches.phase`, and kernel), not run; the CPU-only value checks skipped; the
+    attention's eager path kept under the counting mode."""
     os.environ["TRITON_INTERPRET"] = "1"  # before Triton is imported: the kernels as interpreted functions
     from triton.runtime.interpreter import InterpretedFunction
 

@@ -416,7 +416,7 @@ def _query_rows(Q, DO, SHIFT, DEN, DELTA, WEIGHT, row, heads, lq, x, inside, qfi
     them: q (raw, ACC), gs (`_output_gradient`), -m, and delta and the log weight where `_row_terms` wrote them."""
     i = qfirst + step * x
     q = _load_rows(Q, row, heads, sqb, sqh, sql, i, inside, d, BLOCK_D).to(ACC)
-    at, gs, m, den = _output_gradient(DO, SHIFT, DEN, row, heads, lq, i, inside, dv, sgb, sgh, sgl, ACC, BLOCK_V)
+    at, gs, m, _ = _output_gradient(DO, SHIFT, DEN, row, heads, lq, i, inside, dv, sgb, sgh, sgl, ACC, BLOCK_V)
     delta = tl.load(DELTA + at, mask=inside, other=0.0)
     weight = tl.load(WEIGHT + at, mask=inside, other=float("-inf"))
     return q, gs, delta, -m, weight
