@@ -103,16 +103,23 @@ VARIANTS = {
     "scan_by_slot": {"SCAN_ROWS": 16, "SCAN_SLOTS": 1},  # the parallel passes' scan one chunk a step, 16 rows a program
     "operators": {"EAGER_FUNCTION": False},  # eager calls through the torch.library operators' dispatch
     "key_blocks_from_0": {"ALIGNED_KEY_BLOCKS": False},  # `_backward_keys`' blocks from key 0, not an overlap's end
-    # windows that would end in a tile mostly past their end (80 keys, causal at h = 16) end in a tile of 16 keys
-    "tail_tiles": {"TAIL_TILES": ("_forward",)},
+    # a window that would end in a tile mostly past its end (80 keys, causal at h = 16) in whole tiles of 32 keys in
+    # both kernels, or in a tile of 16 keys in `_backward_queries` too, beside `_forward` (the default)
+    "whole_tiles": {"TAIL_TILES": ()},
     "tail_tiles_backward": {"TAIL_TILES": ("_forward", "_backward_queries")},
+    # the parallel passes' scan as products (2 rows of the states a program, 32 chunks a step; or 1 row), in steps of
+    # 16 chunks by `_scan_sums`, and the passes with the products where the op takes the walks (128 programs or more)
+    "scan_products": {"SCAN_PRODUCTS": True},
+    "scan_products_1x32": {"SCAN_PRODUCTS": True, "PRODUCT_ROWS": 1},
+    "scan_steps_of_16": {"SCAN_SLOTS": 16},
+    "scan_products_everywhere": {"SCAN_PRODUCTS": True, "PARALLEL_WALKS": True},
     "unspecialised_lengths": "the kernels' length arguments not specialised (see `unspecialised_kernels`)",
     # the op without its relative table (the kernels' HAS_TABLE false): what the table's products and gathers cost;
     # another computation than the default's, checked against the reference without a table
     "no_table": "the op without a relative table (see `uses_table`)",
 }
-LAUNCHED_KERNELS = ("_states", "_chunk_sums", "_scan_sums", "_row_terms", "_states_backward", "_query_sums", "_forward",
-                    "_backward_queries", "_backward_keys", "_decode_step", "_cross_decode")
+LAUNCHED_KERNELS = ("_states", "_chunk_sums", "_scan_sums", "_scan_products", "_row_terms", "_states_backward",
+                    "_query_sums", "_forward", "_backward_queries", "_backward_keys", "_decode_step", "_cross_decode")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -66,6 +66,7 @@ runs, so compare the models within one run, and keep `--threads` fixed when comp
 from __future__ import annotations
 
 import argparse
+import ast
 import functools
 import gc
 import json
@@ -162,6 +163,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps-only", action="store_true",
                         help="time the training steps only, not the forward passes: under --compile one graph to "
                              "compile and record per model instead of two")
+    parser.add_argument("--kernel-options", nargs="+", default=[], metavar="NAME=VALUE",
+                        help="module options of the default attention's Triton kernels (ops_local_softmax_triton, "
+                             "which CUDA runs) for the whole run, each VALUE a Python literal, e.g. SCAN_PRODUCTS=True")
     parser.add_argument("--seed", type=int, default=0, help="seed of the weights and the inputs (default: 0)")
     parser.add_argument("--json", type=Path, metavar="PATH", help="write every raw figure to PATH")
     parser.add_argument("--plot", type=Path, metavar="PATH",
@@ -190,12 +194,36 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for flag in ("max_bart_length", "max_quadratic_length"):
         if getattr(args, flag) is not None and getattr(args, flag) < 1:
             parser.error(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
+    args.kernel_options = parse_kernel_options(parser, args.kernel_options)
     if args.measure_memory is not None:
         model, length = args.measure_memory
         if model not in TRAIN_MODEL_NAMES or not length.isdigit():
             parser.error(f"--measure-memory takes MODEL in {', '.join(TRAIN_MODEL_NAMES)} and a length, got "
                          f"{args.measure_memory}")
     return args
+
+
+def parse_kernel_options(parser: argparse.ArgumentParser, options: list[str]) -> dict:
+    """--kernel-options as {NAME: value}: each NAME an upper-case option of `ops_local_softmax_triton`, each value a
+    Python literal of the option's type."""
+    from modeling_scaleformer import ops_local_softmax_triton as kernels
+
+    parsed = {}
+    for option in options:
+        name, _, text = option.partition("=")
+        if not name.isupper() or not hasattr(kernels, name) or not text:
+            parser.error(f"--kernel-options takes NAME=VALUE with NAME an option of ops_local_softmax_triton "
+                         f"(upper case, e.g. SCAN_PRODUCTS), got {option!r}")
+        try:
+            value = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            parser.error(f"--kernel-options: the value of {name} must be a Python literal, got {text!r}")
+        default = getattr(kernels, name)
+        if default is not None and not isinstance(value, type(default)):
+            parser.error(f"--kernel-options: {name} takes a {type(default).__name__} (default {default!r}), got "
+                         f"{value!r}")
+        parsed[name] = value
+    return parsed
 
 
 def planned_skip(model: str, length: int, args: argparse.Namespace) -> Skip | None:
@@ -329,6 +357,8 @@ def measure_memory(name: str, length: int, args: argparse.Namespace) -> dict:
         arguments += ["--max-bart-length", str(args.max_bart_length)]
     if args.max_quadratic_length is not None:
         arguments += ["--max-quadratic-length", str(args.max_quadratic_length)]
+    if args.kernel_options:
+        arguments += ["--kernel-options", *(f"{key}={value!r}" for key, value in args.kernel_options.items())]
     return {"model": name, "length": length, **measure_in_fresh_process(__file__, arguments, f"{name} L={length}")}
 
 
@@ -628,6 +658,9 @@ def print_header(info: dict, args: argparse.Namespace) -> None:
           f"{size.ffn_dim}, vocabulary {size.vocab_size}{quick}; random init (seed {args.seed}), train mode (dropout "
           f"0.1), {precision}, batch {BATCH}, AdamW lr {LEARNING_RATE:g}; device {args.device}"
           + (f" ({torch.cuda.get_device_name(args.device)})" if args.device.type == "cuda" else ""))
+    if args.kernel_options:
+        print("- options of the default attention's Triton kernels: "
+              + ", ".join(f"{name} = {value!r}" for name, value in args.kernel_options.items()))
     for description in descriptions:
         print(f"- {description}")
     print(f"- source lengths {', '.join(map(str, args.lengths))}, target {TARGET_LENGTH}; {warmup_rounds(args)} "
@@ -639,6 +672,11 @@ def print_header(info: dict, args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
+    if args.kernel_options:
+        from modeling_scaleformer import ops_local_softmax_triton as kernels
+
+        for name, value in args.kernel_options.items():
+            setattr(kernels, name, value)
     if args.measure_memory is not None:
         name, length = args.measure_memory
         print(json.dumps(measure_memory_here(name, int(length), args)))
@@ -672,7 +710,8 @@ def main(argv: list[str] | None = None) -> int:
                          "max_quadratic_length": args.max_quadratic_length,
                          "models": args.models, "bart_max_position_embeddings": bart_max_positions(args),
                          "device": str(args.device), "bf16": args.bf16,
-                         "compile": args.compile, "eager": args.eager, "steps_only": args.steps_only},
+                         "compile": args.compile, "eager": args.eager, "steps_only": args.steps_only,
+                         "kernel_options": {name: repr(value) for name, value in args.kernel_options.items()}},
             "cuda_peak_extra_mib": [{"model": name, "length": length, "mib": mib}
                                     for (name, length), mib in cuda_peaks.items()],
             "timings": [{"model": name, "length": length, **sample_record(runs), "loss": losses[(name, length)]}

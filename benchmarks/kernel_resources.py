@@ -2,7 +2,7 @@
 
 Each kernel of `ops_local_softmax_triton` is compiled by Triton for the target (sm90 by default: an H100) with the
 host's block sizes for the given horizon, head dimensions and dtype, then assembled by the ptxas Triton uses for
-that target (`ptxas -v`), for every block size, key tile (or, for `_scan_sums`, rows and slots a step), warp count,
+that target (`ptxas -v`), for every block size, key tile (or, for the scans, rows and slots a step), warp count,
 pipeline depth and cap on registers asked for. No GPU is needed. Each kernel is compiled as a launch at B=4, H=16,
 L=16384, D=64 specialises it: every pointer 16-byte aligned and every integer argument a multiple of 16, which
 Triton's launches mark (`tt.divisibility`) and which lets it vectorise loads and drop masks. `--unaligned` compiles
@@ -44,8 +44,9 @@ import torch
 
 
 TILED = ("_forward", "_backward_queries", "_backward_keys")  # those taking KEY_TILE or KEY_BLOCK
-KERNELS = ("_states", "_chunk_sums", "_scan_sums", "_row_terms", "_states_backward", "_query_sums", "_forward",
-           "_backward_queries", "_backward_keys")
+KERNELS = ("_states", "_chunk_sums", "_scan_sums", "_scan_products", "_row_terms", "_states_backward", "_query_sums",
+           "_forward", "_backward_queries", "_backward_keys")
+SCANS = {"_scan_sums": ("SCAN_ROWS", "SCAN_SLOTS"), "_scan_products": ("PRODUCT_ROWS", "PRODUCT_SLOTS")}
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 POINTERS = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32"}
 INPUTS = ("Q", "K", "V", "TAB", "OUT", "DO", "DQ", "DK", "DV")  # tensors in the inputs' dtype; the others fp32
@@ -59,8 +60,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="keys per tile of `_forward`'s and `_backward_queries`' windows and per program of "
                              "`_backward_keys` (KEY_TILE and KEY_BLOCK, powers of two >= 16; default: theirs)")
     parser.add_argument("--scans", nargs="+", metavar="ROWSxSLOTS",
-                        help="`_scan_sums`' rows of the states per program and chunks' slots per step, e.g. 4x16 16x1 "
-                             "(SCAN_ROWS and SCAN_SLOTS; default: theirs)")
+                        help="the scans' rows of the states per program and chunks' slots per step, e.g. 4x16 16x1 "
+                             "(`_scan_sums`' SCAN_ROWS and SCAN_SLOTS, `_scan_products`' PRODUCT_ROWS and "
+                             "PRODUCT_SLOTS; default: theirs)")
     parser.add_argument("--warps", type=int, nargs="+", default=[4, 8], help="num_warps (default: 4 8)")
     parser.add_argument("--stages", type=int, nargs="+", default=[1, 2, 3], help="num_stages (default: 1 2 3)")
     parser.add_argument("--registers", type=int, nargs="+", metavar="N",
@@ -75,9 +77,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--no-table", action="store_true",
                         help="the kernels without a relative table (HAS_TABLE false), as a configuration without one "
                              "takes them: what the table's products and gathers cost (default: with a table)")
-    parser.add_argument("--tail-tiles", action="store_true",
-                        help="`_forward` and `_backward_queries` with a window's narrower last tile where it has one "
-                             "(ops_local_softmax_triton.TAIL_TILES; default: the module's)")
+    tails = parser.add_mutually_exclusive_group()
+    tails.add_argument("--tail-tiles", nargs="+", choices=("_forward", "_backward_queries"), metavar="KERNEL",
+                       help="the window kernels that end a window in a narrower last tile where it has one "
+                            "(ops_local_softmax_triton.TAIL_TILES; default: the module's)")
+    tails.add_argument("--whole-tiles", action="store_true",
+                       help="every window in whole tiles (TAIL_TILES empty)")
     parser.add_argument("--arch", type=int, default=90, help="CUDA compute capability, e.g. 90, 80 (default: 90)")
     parser.add_argument("--instructions", action="store_true",
                         help="also count instructions of the machine code by kind (see above)")
@@ -105,9 +110,10 @@ def constexprs(kernels, name: str, args: argparse.Namespace) -> dict:
                 BLOCK_V=sizes["BLOCK_V"], DOT=dot)
     if name in ("_states", "_chunk_sums"):
         return walk
-    if name == "_scan_sums":
-        return dict(BLOCK=sizes["BLOCK"], BLOCK_SD=kernels.SCAN_ROWS, BLOCK_V=sizes["BLOCK_V"],
-                    SLOTS=kernels.SCAN_SLOTS, REVERSE=True)
+    if name in SCANS:
+        rows, slots = (getattr(kernels, option) for option in SCANS[name])
+        scan = dict(BLOCK=sizes["BLOCK"], BLOCK_SD=rows, BLOCK_V=sizes["BLOCK_V"], SLOTS=slots, REVERSE=True)
+        return dict(scan, DOT=dot_precision(torch.float32, half_inputs=False)) if name == "_scan_products" else scan
     if name == "_row_terms":
         return {key: walk[key] for key in ("BLOCK", "BLOCK_V")}
     if name in ("_query_sums", "_states_backward"):
@@ -165,32 +171,33 @@ def main(argv: list[str] | None = None) -> int:
     from modeling_scaleformer import ops_local_softmax_triton as kernels
 
     chosen = kernels.BLOCK, kernels.KEY_TILE, kernels.KEY_BLOCK
-    chosen_scan = kernels.SCAN_ROWS, kernels.SCAN_SLOTS
-    chosen_scan_name = "{}x{}".format(*chosen_scan)
+    chosen_scans = {name: tuple(getattr(kernels, option) for option in options) for name, options in SCANS.items()}
     chosen_tails = kernels.TAIL_TILES
-    if args.tail_tiles:
-        kernels.TAIL_TILES = ("_forward", "_backward_queries")
+    if args.tail_tiles or args.whole_tiles:
+        kernels.TAIL_TILES = tuple(args.tail_tiles or ())
+    tail_tiles = ", ".join(kernels.TAIL_TILES) or "none"
     direction = "causal" if args.causal else "bidirectional"
     import triton
 
     print(f"# Triton kernels of the default attention: Triton {triton.__version__}, ptxas {ptxas(args.arch).version} "
           f"-v for sm_{args.arch}, {args.dtype}, {direction}, h={args.horizon}, D={args.dim}, Dv={args.value_dim}, "
           f"{'no argument marked' if args.unaligned else 'pointers and integers marked'} multiples of 16"
-          f"{', windows ending in a narrower tile' if args.tail_tiles else ''}"
+          f", a window's narrower last tile in: {tail_tiles}"
           f"{', without a relative table' if args.no_table else ''}\n")
     counted = "".join(f" {kind} |" for kind in (*OPCODES, "instructions")) if args.instructions else ""
     print("| kernel | BLOCK | key tile or scan | warps | stages | register cap | registers | spill stores / loads "
           f"(bytes) | shared (bytes) |{counted}")
     print("|:---|---:|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * (len(OPCODES) + 1) * args.instructions)
     tiles = args.tiles or [kernels.KEY_TILE]
-    scans = args.scans or [chosen_scan_name]
+    scan_names = {name: "{}x{}".format(*chosen) for name, chosen in chosen_scans.items()}
     try:
         for name in args.kernels:
             for block, tile in itertools.product(args.blocks, tiles if name in TILED else
-                                                 scans if name == "_scan_sums" else [None]):
+                                                 args.scans or [scan_names[name]] if name in SCANS else [None]):
                 kernels.BLOCK = block
-                if name == "_scan_sums":
-                    kernels.SCAN_ROWS, kernels.SCAN_SLOTS = map(int, tile.split("x"))
+                if name in SCANS:
+                    for option, value in zip(SCANS[name], map(int, tile.split("x"))):
+                        setattr(kernels, option, value)
                 elif tile is not None:
                     kernels.KEY_TILE = kernels.KEY_BLOCK = tile
                 fixed = constexprs(kernels, name, args)
@@ -200,8 +207,8 @@ def main(argv: list[str] | None = None) -> int:
                         getattr(kernels, name), DTYPES[args.dtype], fixed, options, args.arch, args.instructions,
                         not args.unaligned)
                     launch = {"num_warps": 4, "num_stages": 3, **kernels._launch(name, args.dim, args.value_dim)}
-                    chosen_tile = (chosen[2] if name == "_backward_keys" else chosen_scan_name
-                                   if name == "_scan_sums" else chosen[1])
+                    chosen_tile = (chosen[2] if name == "_backward_keys" else scan_names[name]
+                                   if name in SCANS else chosen[1])
                     used = block == chosen[0] and tile in (None, chosen_tile)
                     mark = " *" if used and launch == options else ""
                     counted = "".join(f" {counts[kind]:,} |" for kind in (*OPCODES, "total")) if counts else ""
@@ -209,7 +216,9 @@ def main(argv: list[str] | None = None) -> int:
                           f"{registers} | {stores} / {loads} | {shared:,} |{counted}", flush=True)
     finally:
         kernels.BLOCK, kernels.KEY_TILE, kernels.KEY_BLOCK = chosen
-        kernels.SCAN_ROWS, kernels.SCAN_SLOTS = chosen_scan
+        for name, values in chosen_scans.items():
+            for option, value in zip(SCANS[name], values):
+                setattr(kernels, option, value)
         kernels.TAIL_TILES = chosen_tails
     return 0
 

@@ -4,9 +4,9 @@
 #
 #     bash benchmarks/run_gpu.sh OUT_DIR [STEP ...]
 #
-# STEP is any of env, compile, attention, attention_variants, attention_backward, attention_small_batch, attention_rows,
-# attention_block32, tune, tune_registers, ncu, tests, compile_tests, accelerate, train, train_compiled, train_graphs,
-# generate
+# STEP is any of env, compile, attention, attention_variants, attention_backward, attention_scan, attention_small_batch,
+# attention_rows, attention_block32, tune, tune_registers, tune_scan, ncu, tests, compile_tests, accelerate, train,
+# train_compiled, train_graphs, train_graphs_scan, generate
 # (default: env, attention, tests, compile_tests, train, generate, in that order):
 #   compile               checks, and so compiles, the default kernels and each variant's in parallel processes, so
 #                         that a later attention_variants finds them compiled;
@@ -15,9 +15,14 @@
 #                         H=16 the op takes them causal, the sequential walks bidirectional), forward's states
 #                         recomputed in backward;
 #   attention_backward    the op beside its kernels with the length arguments unspecialised
-#                         (`unspecialised_lengths`), beside windows that end in a narrower tile in `_forward`
-#                         (`tail_tiles`) and in `_backward_queries` too (`tail_tiles_backward`), and beside the op
-#                         without its relative table (`no_table`: what the table costs), at B=4, H=16 (SDPA to 16k);
+#                         (`unspecialised_lengths`), beside windows in whole tiles (`whole_tiles`; the op ends them in
+#                         a narrower tile in `_forward`) and in a narrower tile in `_backward_queries` too
+#                         (`tail_tiles_backward`), and beside the op without its relative table (`no_table`: what the
+#                         table costs), at B=4, H=16 (SDPA to 16k);
+#   attention_scan        the parallel passes' scan as products (`scan_products`, `scan_products_1x32`), in steps of 16
+#                         chunks (`scan_steps_of_16`), and the passes with the products where the op takes the walks
+#                         (`scan_products_everywhere`), at the small model's training shape (B=1, H=8) and at B=4,
+#                         H=16, with each shape's profile at 16k;
 #   attention_small_batch the op (its parallel passes at this shape) beside the sequential walks and the op called
 #                         through the torch.library operators' dispatch (`operators`), at the small model's training
 #                         shape (batch 1, 8 heads), and the host's time to issue the op at 4k (`--host-profile`);
@@ -25,6 +30,7 @@
 #                         8 and 64 of the steps above (the op switches at PARALLEL_WALK_PROGRAMS walks' programs);
 #   attention_block32     the op with the kernels' blocks of 32;
 #   tune                  bench_attention_gpu.py --tune: each kernel's warps and pipeline stages, one at a time;
+#   tune_scan             the same for the parallel passes' kernels at B=1, H=8 (2, 4 or 8 warps, 1 or 2 stages);
 #   tune_registers        the same for the three window kernels, 4 or 8 warps, 1 or 2 stages, with no cap on
 #                         registers or 168 or 128 a thread (maxnreg): at 245-255 registers two programs of 4 warps
 #                         share an SM, and Nsight Compute found them waiting on their instructions' latency;
@@ -39,7 +45,9 @@
 #   train_compiled        bench_train.py under torch.compile, training steps at 16k (one graph to compile per model,
 #                         `--steps-only`); train_graphs, Scaleformer's in its reduce-overhead mode (CUDA graphs)
 #                         against BART's eager step (its faster: 0.074 s against 0.194 under the graphs on an H200),
-#                         then one step of each profiled (`--profile`): where the device time of a replayed step goes.
+#                         then one step of each profiled (`--profile`): where the device time of a replayed step goes;
+#                         train_graphs_scan, the same with the parallel passes' scan as products
+#                         (`--kernel-options SCAN_PRODUCTS=True`).
 # Each step writes its log (and its JSON) under OUT_DIR and runs under its own time limit (seconds, e.g.
 # LIMIT_tests=300; at the limit the step gets SIGINT, so that pytest still reports what ran), so that a failing or slow
 # step leaves the others' figures; the exit status is the number of steps that failed. TEST_PATHS (default: tests/ops
@@ -75,7 +83,8 @@ step() {  # step NAME COMMAND...: runs COMMAND under LIMIT_<NAME> seconds, its o
     "${LIMIT_attention_small_batch:=120}" "${LIMIT_train_graphs:=360}" \
     "${LIMIT_tune:=240}" "${LIMIT_attention_rows:=120}" "${LIMIT_accelerate:=240}" \
     "${LIMIT_compile_tests:=300}" "${LIMIT_attention_backward:=200}" \
-    "${LIMIT_ncu:=240}" "${LIMIT_tune_registers:=300}"
+    "${LIMIT_ncu:=240}" "${LIMIT_tune_registers:=300}" "${LIMIT_attention_scan:=240}" "${LIMIT_tune_scan:=240}" \
+    "${LIMIT_train_graphs_scan:=360}"
 launch=()
 launch_from() {  # the steps' --launch option, once the tune report at LAUNCH_FROM exists
     launch=()
@@ -109,8 +118,14 @@ print(torch.__version__, triton.__version__, transformers.__version__, torch.cud
             parallel_walks recomputed_states "${launch[@]}" --lengths 4096 16384 65536 \
             --profile 16384 --json "$out/bench_attention_gpu_variants.json" ;;
         attention_backward) step attention_backward python3 benchmarks/bench_attention_gpu.py --variants \
-            unspecialised_lengths tail_tiles tail_tiles_backward no_table "${launch[@]}" --lengths 4096 16384 65536 \
+            unspecialised_lengths whole_tiles tail_tiles_backward no_table "${launch[@]}" --lengths 4096 16384 65536 \
             --max-sdpa-length 16384 --json "$out/bench_attention_gpu_backward.json" ;;
+        attention_scan) step attention_scan bash -c 'out=$1; shift; for shape in 1x8 4x16; do
+                python3 benchmarks/bench_attention_gpu.py --batch "${shape%x*}" --heads "${shape#*x}" "$@" \
+                    --variants scan_products scan_products_1x32 scan_steps_of_16 scan_products_everywhere \
+                    --lengths 16384 65536 --max-sdpa-length 0 --profile 16384 \
+                    --json "$out/bench_attention_gpu_scan_$shape.json" || exit
+            done' attention_scan "$out" "${launch[@]}" ;;
         attention_small_batch) step attention_small_batch python3 benchmarks/bench_attention_gpu.py --batch 1 \
             --heads 8 "${launch[@]}" --variants operators sequential_walks --lengths 4096 16384 65536 \
             --host-profile 4096 \
@@ -131,20 +146,26 @@ print(torch.__version__, triton.__version__, transformers.__version__, torch.cud
                 --section WarpStateStats python3 benchmarks/bench_attention_gpu.py --ncu-run 16384 &&
             python3 benchmarks/bench_attention_gpu.py --ncu-summary "$1/ncu_attention.csv"' ncu "$out" ;;
         tune) step tune python3 benchmarks/bench_attention_gpu.py --tune --json "$out/bench_attention_gpu_tune.json" ;;
+        tune_scan) step tune_scan python3 benchmarks/bench_attention_gpu.py --tune --batch 1 --heads 8 --tune-kernels \
+            _chunk_sums _scan_sums _query_sums --warps 2 4 8 --stages 1 2 --json "$out/bench_attention_gpu_tune_scan.json" ;;
         tune_registers) step tune_registers python3 benchmarks/bench_attention_gpu.py --tune --tune-kernels _forward \
             _backward_queries _backward_keys --warps 4 8 --stages 1 2 --registers 168 128 \
             --json "$out/bench_attention_gpu_tune_registers.json" ;;
         train_graphs) step train_graphs python3 benchmarks/bench_train.py --device cuda --bf16 \
             --compile reduce-overhead --eager bart --steps-only --lengths 16384 --models scaleformer bart \
             --profile 16384 --json "$out/bench_train_gpu_graphs.json" ;;
+        train_graphs_scan) step train_graphs_scan python3 benchmarks/bench_train.py --device cuda --bf16 \
+            --compile reduce-overhead --eager bart --steps-only --lengths 16384 --models scaleformer bart \
+            --kernel-options SCAN_PRODUCTS=True --profile 16384 --json "$out/bench_train_gpu_graphs_scan.json" ;;
         train_compiled) step train_compiled python3 benchmarks/bench_train.py --device cuda --bf16 --compile \
             --steps-only --lengths 16384 --models scaleformer bart led --json "$out/bench_train_gpu_compiled.json" ;;
         generate) step generate python3 benchmarks/bench_generate.py --device cuda --new-tokens "${NEW_TOKENS:-8192}" \
             --positions ${POSITIONS:-128 1024 4096 8192} --models scaleformer bart \
             --json "$out/bench_generate_gpu.json" ;;
         *) echo "unknown step: $name (expected env, compile, attention, attention_variants, attention_backward," \
-                "attention_small_batch, attention_rows, attention_block32, tune, tune_registers, ncu, tests," \
-                "compile_tests, accelerate, train, train_compiled, train_graphs, generate)" >&2
+                "attention_scan, attention_small_batch, attention_rows, attention_block32, tune, tune_registers," \
+                "tune_scan, ncu, tests, compile_tests, accelerate, train, train_compiled, train_graphs," \
+                "train_graphs_scan, generate)" >&2
            exit 64 ;;
     esac
 done

@@ -677,12 +677,32 @@ class KernelizedSumCrossSummary(NamedTuple):
     sums: Tensor
 
 
+# keys per product of `_key_sums`. One (D, Lk) x (Lk, Dv) product per head has a small output over a long reduction,
+# which a GPU's matrix kernels run with little parallelism: the count block's source sum in the small model's
+# training step (64 heads of 2 x 2 over 16,384 keys, float32) took 0.54 ms in one cuBLAS kernel on an H200
+# (benchmarks/README.md). Summed by chunks of this many keys, then over the chunks, it is many small products at once
+KEY_SUM_CHUNK = 512
+
+
+def _key_sums(kf: Tensor, vm: Tensor) -> Tensor:
+    """sum_j kf_j vm_j^T over the keys of (B, H, Lk, D) and (B, H, Lk, Dv): (B, H, D, Dv), as one product, or by
+    chunks of KEY_SUM_CHUNK keys where Lk spans more than two (the last chunk padded with zeros)."""
+    b, heads, lk, dim = kf.shape
+    if lk <= 2 * KEY_SUM_CHUNK:
+        return kf.transpose(-1, -2) @ vm
+    chunks = -(-lk // KEY_SUM_CHUNK)
+    pad = chunks * KEY_SUM_CHUNK - lk
+    kf, vm = (torch.nn.functional.pad(x, (0, 0, 0, pad)).reshape(b, heads, chunks, KEY_SUM_CHUNK, x.shape[-1])
+              for x in (kf, vm))
+    return (kf.transpose(-1, -2) @ vm).sum(2)
+
+
 def kernelized_sum_cross_summary(k: Tensor, v: Tensor, *, key_mask: Tensor | None = None,
                                  feature_map: str = "elu") -> KernelizedSumCrossSummary:
     """The sums of the keys and masked values (B, H, Lk, .) for `kernelized_sum_cross_step`, in O(Lk D Dv)."""
     dtype = compute_dtype(k.dtype)
     phi = get_feature_map(feature_map)
-    return KernelizedSumCrossSummary(sums=phi(k.to(dtype)).transpose(-1, -2) @ _mask_values(v.to(dtype), key_mask))
+    return KernelizedSumCrossSummary(sums=_key_sums(phi(k.to(dtype)), _mask_values(v.to(dtype), key_mask)))
 
 
 def kernelized_sum_cross_step(q: Tensor, summary: KernelizedSumCrossSummary, *, feature_map: str = "elu") -> Tensor:

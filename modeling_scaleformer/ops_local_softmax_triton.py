@@ -27,7 +27,8 @@ flash-linear-attention's chunk kernels:
   for backward, or recomputed there without `KEEP_STATES`). `_states` walks the chunks with one program per row and
   direction, reading each chunk's keys in sequence; `_chunk_sums` stores what each chunk of BLOCK keys adds, every
   chunk at once, and `_scan_sums` sums them up in place, a sequential pass of elementwise work per batch*head row,
-  direction and SCAN_ROWS rows of the state, SCAN_SLOTS chunks a step;
+  direction and SCAN_ROWS rows of the state, SCAN_SLOTS chunks a step (or `_scan_products`, `SCAN_PRODUCTS`: the
+  same pass with each step's sums as one product of the decays' weights with the step's slots, on the tensor cores);
 - `_forward`: one program per query block and row: the window's logits and kernel weights by tiles of KEY_TILE
   keys (the band's weights exp(l) and the kernel weights beyond the band in one sum, under the running largest of
   the band logits and the decays' exponents, as flash attention sums its weights), both states, the row shift m,
@@ -289,6 +290,24 @@ def _scaled(p, nu):
 
 
 @triton.jit
+def _step_exponents(nu, mu, carry_log, SLOTS: tl.constexpr):
+    """The exponents of a scan's step over SLOTS slots (`_scan_sums`, `_scan_products`), from nu, the exponent of the
+    sum carried into the step, and mu (SLOTS,), the slots' own: each slot u's term's at slot t,
+    mu_u - lambda BLOCK (t - 1 - u) for u < t, else -inf (SLOTS, SLOTS; `carry_log` = lambda BLOCK); y_t's exponent,
+    the largest of those and of nu - lambda BLOCK t; the exponent after the step likewise at t = SLOTS; and the last
+    two as the bases their factors are taken relative to (0 for an empty sum, whose exponent is -inf)."""
+    t = tl.arange(0, SLOTS)
+    acc = mu.dtype
+    terms = tl.where(t[None, :] < t[:, None], mu[None, :] + (t[None, :] + 1 - t[:, None]).to(acc) * carry_log,
+                     float("-inf"))
+    exponents = tl.maximum(nu - t.to(acc) * carry_log, tl.max(terms, 1))
+    after = tl.maximum(nu - SLOTS * carry_log, tl.max(mu + (t + 1 - SLOTS).to(acc) * carry_log, 0))
+    bases = tl.where(exponents > float("-inf"), exponents, 0.0)  # exp(-inf - base) = 0 for an empty sum
+    base_after = tl.where(after > float("-inf"), after, 0.0)
+    return terms, exponents, after, bases, base_after
+
+
+@triton.jit
 def _scan_sums(
     RATE, S, Z, MU, NU, L, LZ, LE, CARRIED, heads, rows, nq, n_states, start0, start1, d, dv, parts,
     REVERSE: tl.constexpr, BLOCK: tl.constexpr, BLOCK_SD: tl.constexpr, BLOCK_V: tl.constexpr, SLOTS: tl.constexpr,
@@ -330,15 +349,8 @@ def _scan_sums(
         pos = first + t
         valid = pos < slots
         index = slots - 1 - pos if REVERSE else pos
-        # y_t's exponent: the largest of nu - lambda BLOCK t and mu_u - lambda BLOCK (t - 1 - u), u < t; the
-        # exponent after the step likewise at t = SLOTS
         mu = tl.load(MU + row_slots + index, mask=valid, other=float("-inf"))
-        terms = tl.where(t[None, :] < t[:, None], mu[None, :] + (t[None, :] + 1 - t[:, None]).to(acc) * carry_log,
-                         float("-inf"))
-        exponents = tl.maximum(nu - t.to(acc) * carry_log, tl.max(terms, 1))
-        after = tl.maximum(nu - SLOTS * carry_log, tl.max(mu + (t + 1 - SLOTS).to(acc) * carry_log, 0))
-        bases = tl.where(exponents > float("-inf"), exponents, 0.0)  # exp(-inf - base) = 0 for an empty sum
-        base_after = tl.where(after > float("-inf"), after, 0.0)
+        _, exponents, after, bases, base_after = _step_exponents(nu, mu, carry_log, SLOTS)
         to_slots = tl.exp(nu - t.to(acc) * carry_log - bases)  # the carried sum's factor at each slot of the step
         ys = to_slots[:, None, None] * total[None, :, :]
         ys_norm = to_slots[:, None] * total_norm[None, :]
@@ -369,6 +381,73 @@ def _scan_sums(
         tl.debug_barrier()
         tl.store(s_ptr[None, :, :] + index[:, None, None] * d * dv, ys, mask=valid[:, None, None] & s_mask[None, :, :])
         tl.store(z_ptr[None, :] + index[:, None] * d, ys_norm, mask=valid[:, None] & z_mask[None, :])
+        nu = after
+    if REVERSE:
+        tl.store(CARRIED + (direction * rows + row).to(tl.int64) * parts + part, -BLOCK * carried)
+
+
+@triton.jit
+def _scan_products(
+    RATE, S, Z, MU, NU, L, LZ, LE, CARRIED, heads, rows, nq, n_states, start0, start1, d, dv, parts,
+    REVERSE: tl.constexpr, BLOCK: tl.constexpr, BLOCK_SD: tl.constexpr, BLOCK_V: tl.constexpr, SLOTS: tl.constexpr,
+    DOT: tl.constexpr,
+):
+    """`_scan_sums` with each step as one product (`SCAN_PRODUCTS`): the same arguments, sums, exponents and carried
+    gradient, from a step that reads its SLOTS slots' BLOCK_SD rows of the sums as one (SLOTS, BLOCK_SD BLOCK_V) tile
+    X and gives every slot t of the step its y_t = exp(-lambda BLOCK t) y_0 + sum_{u < t} exp(-lambda BLOCK (t - 1 - u))
+    x_u at once, as W X + the carried sum's share, with W the (SLOTS, SLOTS) lower triangle of the weights that
+    `_scan_sums` adds one slot u at a time (each row t relative to its exponent nu_t): a product on the tensor cores,
+    so that a step can take 32 slots where `_scan_sums`' broadcast sums hold 8 slots of 4 rows in registers, and a
+    pass of 256 slots takes 8 steps rather than 32. The normalisers' BLOCK_SD rows are summed as broadcast
+    products."""
+    row, direction, part = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    acc = S.dtype.element_ty
+    rate = tl.load(RATE + row % heads).to(acc)
+    carry_log = rate * BLOCK
+    n = tl.arange(0, BLOCK_SD * BLOCK_V)
+    dd, vv = part * BLOCK_SD + n // BLOCK_V, n % BLOCK_V  # each column's row of the states and place in the row
+    rr = part * BLOCK_SD + tl.arange(0, BLOCK_SD)  # the normalisers' rows
+    columns, norm_columns = (dd < d) & (vv < dv), rr < d
+    row_slots = (direction * rows + row).to(tl.int64) * n_states
+    # the row's slots from here on, so that the offsets of a step's tiles are int32
+    S, Z, L, LZ = S + row_slots * d * dv, Z + row_slots * d, L + row_slots * d * dv, LZ + row_slots * d
+    MU, NU, LE = MU + row_slots, NU + row_slots, LE + row_slots
+    t = tl.arange(0, SLOTS)
+    total = tl.zeros((BLOCK_SD * BLOCK_V,), dtype=acc)  # y at the step's first slot, as exp(nu) total
+    total_norm = tl.zeros((BLOCK_SD,), dtype=acc)
+    nu = tl.max(tl.full((SLOTS,), float("-inf"), dtype=acc), 0)  # the exponent of the sums in `total`
+    carried = tl.sum(tl.zeros((SLOTS,), dtype=acc), 0)
+    slots = nq - tl.where(direction == 1, start1, start0)
+    for first in range(0, slots, SLOTS):
+        pos = first + t
+        valid = pos < slots
+        at = slots - 1 - pos if REVERSE else pos  # the step's slots, in the pass's order
+        mu = tl.load(MU + at, mask=valid, other=float("-inf"))
+        terms, exponents, after, bases, base_after = _step_exponents(nu, mu, carry_log, SLOTS)
+        weights = tl.exp(terms - bases[:, None])  # W: 0 where u >= t
+        to_slots = tl.exp(nu - t.to(acc) * carry_log - bases)  # the carried sum's factor at each slot of the step
+        to_after = tl.exp(mu + (t + 1 - SLOTS).to(acc) * carry_log - base_after)  # each slot's, after the step
+        carried_on = tl.exp(nu - SLOTS * carry_log - base_after)
+        x_at = (at[:, None] * d + dd[None, :]) * dv + vv[None, :]
+        x_mask = valid[:, None] & columns[None, :]
+        z_at = at[:, None] * d + rr[None, :]
+        z_mask = valid[:, None] & norm_columns[None, :]
+        x = tl.load(S + x_at, mask=x_mask, other=0.0)
+        x_norm = tl.load(Z + z_at, mask=z_mask, other=0.0)
+        ys = tl.dot(weights, x, input_precision=DOT) + to_slots[:, None] * total[None, :]
+        ys_norm = tl.sum(weights[:, :, None] * x_norm[None, :, :], 1) + to_slots[:, None] * total_norm[None, :]
+        total = carried_on * total + tl.sum(to_after[:, None] * x, 0)
+        total_norm = carried_on * total_norm + tl.sum(to_after[:, None] * x_norm, 0)
+        if REVERSE:
+            states = tl.load(L + x_at, mask=x_mask, other=0.0)
+            norms = tl.load(LZ + z_at, mask=z_mask, other=0.0)
+            state_exponents = tl.load(LE + at, mask=valid, other=float("-inf"))
+            products = tl.sum(ys * states, 1) + tl.sum(ys_norm * norms, 1)
+            carried += tl.sum(tl.where(valid, _scaled(products, exponents + state_exponents - carry_log), 0.0), 0)
+        tl.store(NU + at, exponents, mask=pos < tl.where(part == 0, slots, 0))  # part 0 writes
+        tl.debug_barrier()  # every thread has read the step's slots before any writes them
+        tl.store(S + x_at, ys, mask=x_mask)
+        tl.store(Z + z_at, ys_norm, mask=z_mask)
         nu = after
     if REVERSE:
         tl.store(CARRIED + (direction * rows + row).to(tl.int64) * parts + part, -BLOCK * carried)
@@ -1004,9 +1083,10 @@ KEY_BLOCK = 32
 # its last keys, at least MIN_KEY_TILE (Triton's products take no dimension under 16 on a GPU): 80 keys in tiles of
 # 32, 32 and 16 instead of 32, 32 and 32, a sixth of the pairs fewer (`_window_tiles`). Compiled for sm90 (bf16, causal,
 # h = 16; benchmarks/kernel_resources.py), `_forward` then holds 247 registers instead of 255 without spills and
-# `_backward_queries` spills 368 bytes instead of 288; not yet timed on a GPU (bench_attention_gpu.py's variants
-# `tail_tiles` and `tail_tiles_backward`)
-TAIL_TILES: tuple[str, ...] = ()
+# `_backward_queries` spills 368 bytes instead of 288. On an H200 (B=4, H=16, bf16, benchmarks/README.md) the op took
+# 0.96x and 0.97x of its time with whole tiles at 16k and 64k causal with the tail in `_forward`, and no less with it
+# in `_backward_queries` too (0.97x, 0.97x); bidirectional windows (96 keys) fill their tiles
+TAIL_TILES: tuple[str, ...] = ("_forward",)
 MIN_KEY_TILE = 16
 # the narrowest tile of the head dimensions and of the relative table: narrower ones (16 or 32 wide, for D < 64 or
 # h < 16) compiled by Triton 3.6 for sm90 gave wrong outputs or an invalid shared-memory read in
@@ -1025,6 +1105,7 @@ MAX_DIM_16BIT = 128
 # H200: 0.93, 0.93 and 0.85 of the time with 8 warps, benchmarks/README.md), the others those with the fewest register
 # spills that ptxas reports for sm90 (benchmarks/kernel_resources.py), where the timings did not tell them apart
 LAUNCH = {"_states": dict(num_warps=8), "_chunk_sums": dict(num_warps=8), "_scan_sums": dict(num_warps=8),
+          "_scan_products": dict(num_warps=8),
           "_query_sums": dict(num_warps=8), "_row_terms": dict(num_warps=8),
           "_states_backward": dict(num_warps=8, num_stages=2),
           "_forward": dict(num_warps=4, num_stages=1), "_backward_queries": dict(num_warps=4, num_stages=1),
@@ -1052,6 +1133,17 @@ PARALLEL_WALK_PROGRAMS = 64
 # for sm90 (`benchmarks/kernel_resources.py --kernels _scan_sums --scans ...`)
 SCAN_ROWS = 4
 SCAN_SLOTS = 8
+# the parallel passes' scan by `_scan_products` instead of `_scan_sums`: each step one product of the decays' (SLOTS,
+# SLOTS) weights with the step's sums, PRODUCT_ROWS rows of the states a program, PRODUCT_SLOTS chunks' slots a step
+# (16 or more for the tensor cores): a pass of 256 slots in 8 steps of 2 rows where `_scan_sums` takes 32 of 4, half
+# the programs' steps in all. Compiled for sm90 with 8 warps (benchmarks/kernel_resources.py), 255 registers a thread
+# and no spills (1 x 64 spills 196 bytes). In the small model's training step under CUDA graphs on an H200 (batch 1, 8
+# heads, 16k source tokens; benchmarks/README.md), `_scan_sums` took 3.97 ms of the 22.0 ms of device time, in 24
+# passes of 256 slots (the encoder's states and gradients, both directions, and the cross attention's anticausal ones)
+# and 12 short ones. Not yet timed on a GPU (bench_attention_gpu.py's variants `scan_products`, `scan_products_1x32`)
+SCAN_PRODUCTS = False
+PRODUCT_ROWS = 2
+PRODUCT_SLOTS = 32
 # the states L_b of forward kept for backward, (directions, B*H, Lq / BLOCK, D, Dv + 1) float32 and their exponents
 # held from one to the other, instead of recomputed there: one walk fewer, 7-13% less time on an H200 at B=4, H=16
 # (benchmarks/README.md)
@@ -1096,6 +1188,18 @@ def _parallel_walks(rows: int, directions: int) -> bool:
     """Whether the states of `rows` batch*head rows walked in `directions` directions, and their gradient, take the
     parallel passes (`PARALLEL_WALKS`)."""
     return rows * directions <= PARALLEL_WALK_PROGRAMS if PARALLEL_WALKS is None else PARALLEL_WALKS
+
+
+def _scan(d: int, dv: int, dtype: torch.dtype) -> tuple:
+    """The parallel passes' scan for (D, Dv) states in `dtype`: its kernel (`_scan_products` where SCAN_PRODUCTS, else
+    `_scan_sums`), its number of programs per batch*head row and direction, its step's constexprs and its launch
+    options."""
+    if SCAN_PRODUCTS:
+        return (_scan_products, triton.cdiv(d, PRODUCT_ROWS),
+                dict(BLOCK_SD=PRODUCT_ROWS, SLOTS=PRODUCT_SLOTS, DOT=dot_precision(dtype, half_inputs=False)),
+                _launch("_scan_products", d, dv))
+    return (_scan_sums, triton.cdiv(d, SCAN_ROWS), dict(BLOCK_SD=SCAN_ROWS, SLOTS=SCAN_SLOTS),
+            _launch("_scan_sums", d, dv))
 
 
 def _window_tiles(kernel: str, horizon: int, causal: bool) -> dict:
@@ -1362,12 +1466,12 @@ def _walk_adjoints(q, lk: int, rate, states, norms, state_scales, g, out, shift,
         q, rate, adjoints, adjoint_norms, block_scales, g, shift, den, delta, weight, lq, lk, heads, rows, offset,
         walk.nq, slots, *walk.starts, d, dv, *_strides(q, g), DOT=common["DOT"], **sizes,
         **_launch("_query_sums", d, dv))
-    parts = triton.cdiv(d, SCAN_ROWS)
+    scan, parts, step, launch = _scan(d, dv, adjoints.dtype)
     carried = den.new_empty(directions, rows, parts)
-    _scan_sums[(rows, directions, parts)](
+    scan[(rows, directions, parts)](
         rate, adjoints, adjoint_norms, block_scales, scales, states, norms, state_scales, carried, heads, rows,
-        walk.nq, slots, *walk.starts, d, dv, parts, REVERSE=True, BLOCK=BLOCK, BLOCK_SD=SCAN_ROWS,
-        BLOCK_V=common["BLOCK_V"], SLOTS=SCAN_SLOTS, **_launch("_scan_sums", d, dv))
+        walk.nq, slots, *walk.starts, d, dv, parts, REVERSE=True, BLOCK=BLOCK, BLOCK_V=common["BLOCK_V"], **step,
+        **launch)
     return adjoints, adjoint_norms, scales, carried
 
 
@@ -1391,11 +1495,10 @@ def _walk_states(k, v, mask, rate, walk: _Walk, heads: int, lq: int, offset: int
         _states[(rows, directions)](*args, **walk_sizes, **_launch("_states", d, dv))
         return states, norms, scales
     _chunk_sums[(walk.n_states, rows, directions)](*args, **walk_sizes, **_launch("_chunk_sums", d, dv))
-    parts = triton.cdiv(d, SCAN_ROWS)
-    _scan_sums[(rows, directions, parts)](
+    scan, parts, step, launch = _scan(d, dv, states.dtype)
+    scan[(rows, directions, parts)](
         rate, states, norms, chunk_scales, scales, states, norms, scales, rate, heads, rows, walk.nq, walk.n_states,
-        *walk.starts, d, dv, parts, REVERSE=False, BLOCK=BLOCK, BLOCK_SD=SCAN_ROWS, BLOCK_V=sizes["BLOCK_V"],
-        SLOTS=SCAN_SLOTS, **_launch("_scan_sums", d, dv))
+        *walk.starts, d, dv, parts, REVERSE=False, BLOCK=BLOCK, BLOCK_V=sizes["BLOCK_V"], **step, **launch)
     return states, norms, scales
 
 

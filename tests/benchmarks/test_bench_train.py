@@ -94,6 +94,36 @@ def test_bench_train_eager_errors(flags, message, capsys, import_benchmark):
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("option, message", [
+    ("FOO=1", "--kernel-options takes NAME=VALUE with NAME an option of ops_local_softmax_triton"),
+    ("SCAN_PRODUCTS", "--kernel-options takes NAME=VALUE"),
+    ("SCAN_PRODUCTS=yes", "the value of SCAN_PRODUCTS must be a Python literal, got 'yes'"),
+    ("SCAN_PRODUCTS=1", "SCAN_PRODUCTS takes a bool (default False), got 1"),
+])
+def test_bench_train_kernel_options_errors(option, message, capsys, import_benchmark):
+    with pytest.raises(SystemExit):
+        import_benchmark("bench_train").parse_args(["--kernel-options", option])
+    assert message in capsys.readouterr().err
+
+
+def test_bench_train_kernel_options(tmp_path, monkeypatch, import_benchmark, capsys):
+    """--kernel-options sets the kernels' module options for the run, and the header and the JSON say so."""
+    pytest.importorskip("triton")
+    from modeling_scaleformer import ops_local_softmax_triton as kernels
+
+    monkeypatch.setattr(kernels, "SCAN_PRODUCTS", False)  # restored after the test, whatever the run sets
+    monkeypatch.setattr(kernels, "PRODUCT_SLOTS", kernels.PRODUCT_SLOTS)
+    path = tmp_path / "report.json"
+    assert import_benchmark("bench_train").main([
+        "--quick", "--lengths", "32", "--repeats", "1", "--no-memory", "--models", "scaleformer", "--steps-only",
+        "--threads", "1", "--kernel-options", "SCAN_PRODUCTS=True", "PRODUCT_SLOTS=16", "--json", str(path)]) == 0
+    assert kernels.SCAN_PRODUCTS is True and kernels.PRODUCT_SLOTS == 16
+    assert "options of the default attention's Triton kernels: SCAN_PRODUCTS = True, PRODUCT_SLOTS = 16" in (
+        capsys.readouterr().out)
+    settings = json.loads(path.read_text())["settings"]
+    assert settings["kernel_options"] == {"SCAN_PRODUCTS": "True", "PRODUCT_SLOTS": "16"}
+
+
 def test_bench_train_models(run_report):
     stdout, report = run_report(
         ["benchmarks/bench_train.py", "--quick", "--lengths", "32", "64", "--repeats", "1", "--no-memory",

@@ -71,20 +71,25 @@ def test_kernel_resources_caps_registers(run_command):
 
 
 def test_kernel_resources_tail_tiles(run_command):
-    """`--tail-tiles`: causal at h = 16, `_forward`'s window of 80 keys in tiles of 32, 32 and 16, whose code the
-    kernel then holds beside the loop's: more instructions than in three tiles of 32."""
+    """`--tail-tiles` and `--whole-tiles`: causal at h = 16, `_forward`'s window of 80 keys in tiles of 32, 32 and 16
+    (the module's default), whose code the kernel then holds beside the loop's, takes more instructions than in three
+    tiles of 32; `_backward_queries` likewise when named."""
     pytest.importorskip("triton")
 
-    def instructions(*extra):
-        result = run_command(["benchmarks/kernel_resources.py", "--kernels", "_forward", "--blocks", "64", "--warps",
+    def instructions(kernel, *extra):
+        result = run_command(["benchmarks/kernel_resources.py", "--kernels", kernel, "--blocks", "64", "--warps",
                               "4", "--stages", "1", "--causal", "--instructions", *extra])
         assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-        row = next(line for line in result.stdout.splitlines() if line.startswith("| _forward"))
+        row = next(line for line in result.stdout.splitlines() if line.startswith(f"| {kernel}"))
         return int(row.split("|")[-2].replace(",", "")), result.stdout
 
-    whole, _ = instructions()
-    tails, stdout = instructions("--tail-tiles")
-    assert tails > whole and "narrower tile" in stdout
+    whole, stdout = instructions("_forward", "--whole-tiles")
+    assert "narrower last tile in: none" in stdout
+    tails, stdout = instructions("_forward")
+    assert tails > whole and "narrower last tile in: _forward" in stdout
+    whole, _ = instructions("_backward_queries")
+    tails, stdout = instructions("_backward_queries", "--tail-tiles", "_backward_queries")
+    assert tails > whole and "narrower last tile in: _backward_queries" in stdout
 
 
 def test_kernel_resources_without_a_table(run_command):

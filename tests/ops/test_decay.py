@@ -292,6 +292,22 @@ def test_kernelized_sum_linear_paths_match_the_loop(lq, lk, offset, mask, causal
     )
 
 
+@SUM_CASES
+@pytest.mark.parametrize("chunk", [2, 3], ids=["chunks-of-2", "chunks-of-3"])
+def test_kernelized_sum_key_sums_by_chunks(lq, lk, offset, mask, chunk, decay_inputs, decay_loop, assert_matches,
+                                           monkeypatch):
+    """Bidirectional key sums by chunks of KEY_SUM_CHUNK keys (the keys past two chunks; a last chunk padded where
+    the keys do not fill it), outputs and gradients against the loop in float64."""
+    monkeypatch.setattr(ops_decay, "KEY_SUM_CHUNK", chunk)
+    q, k, v, _, _, key_mask, _ = decay_inputs(h=2, lq=lq, lk=lk, d=2, dv=3, mask=mask, no_rel=True)
+    assert_matches(
+        lambda q, k, v: kernelized_sum_attention(q, k, v, causal=False, key_mask=key_mask, query_offset=offset,
+                                                 mode="linear", feature_map="relu"),
+        lambda q, k, v: no_decay_loop(decay_loop, q, k, v, False, key_mask, offset),
+        (q, k, v), "qkv", rtol=1e-10, atol=1e-12, grad_rtol=1e-10, grad_atol=1e-12,
+    )
+
+
 @pytest.mark.parametrize("offset", [0, 2, 9], ids=["aligned", "offset", "queries-past-every-key"])
 def test_kernelized_sum_running_sums_follow_the_query_offset(offset, decay_inputs):
     """Causal running sums with queries placed on, after and past every key equal the naive sum in float64; a

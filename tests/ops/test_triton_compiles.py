@@ -110,9 +110,11 @@ def test_attention_kernels_lower(shape, options, causal, dtype, monkeypatch):
                   BLOCK_V=sizes["BLOCK_V"], DOT=ops_decay_triton.dot_precision(kernel_dtype, half_inputs=half))
     lower(kernels._states, kernel_dtype, operands, operand_names=INPUTS, **common)
     lower(kernels._chunk_sums, kernel_dtype, operands, operand_names=INPUTS, **common)
-    scan = dict(BLOCK=sizes["BLOCK"], BLOCK_SD=kernels.SCAN_ROWS, BLOCK_V=sizes["BLOCK_V"], SLOTS=kernels.SCAN_SLOTS)
-    for reverse in (False, True):
-        lower(kernels._scan_sums, kernel_dtype, REVERSE=reverse, **scan)
+    for products in (False, True):  # `_scan_sums`, and `_scan_products` (SCAN_PRODUCTS)
+        monkeypatch.setattr(kernels, "SCAN_PRODUCTS", products)
+        scan, _, step, _ = kernels._scan(d, dv, kernel_dtype)
+        for reverse in (False, True):
+            lower(scan, kernel_dtype, REVERSE=reverse, BLOCK=sizes["BLOCK"], BLOCK_V=sizes["BLOCK_V"], **step)
     lower(kernels._row_terms, kernel_dtype, operands, operand_names=INPUTS, BLOCK=sizes["BLOCK"],
           BLOCK_V=sizes["BLOCK_V"])
     for kernel in (kernels._query_sums, kernels._states_backward):
@@ -147,11 +149,14 @@ def test_attention_kernels_assemble_for_sm90(causal, monkeypatch):
     tiles = dict(sizes, HORIZON=16, CAUSAL=causal, HAS_MASK=True, HAS_TABLE=True, DOT="tf32")
     scan = dict(BLOCK=sizes["BLOCK"], BLOCK_SD=kernels.SCAN_ROWS, BLOCK_V=sizes["BLOCK_V"], SLOTS=kernels.SCAN_SLOTS)
     queries = {key: walk[key] for key in ("BLOCK", "BLOCK_D", "BLOCK_V", "DOT")}
+    monkeypatch.setattr(kernels, "TAIL_TILES", ())
     window = {name: kernels._window_tiles(name, 16, causal) for name in ("_forward", "_backward_queries")}
     monkeypatch.setattr(kernels, "TAIL_TILES", ("_forward", "_backward_queries"))
     tails = [(name, dict(tiles, **kernels._window_tiles(name, 16, causal))) for name in window if causal]
     assert all(constexprs["TAIL"] == 16 for _, constexprs in tails)
+    products = dict(scan, BLOCK_SD=kernels.PRODUCT_ROWS, SLOTS=kernels.PRODUCT_SLOTS, DOT="tf32x3")
     for name, constexprs in (("_states", walk), ("_chunk_sums", walk), ("_scan_sums", dict(scan, REVERSE=True)),
+                             ("_scan_products", dict(products, REVERSE=True)),
                              ("_row_terms", dict(BLOCK=sizes["BLOCK"], BLOCK_V=sizes["BLOCK_V"])),
                              ("_query_sums", queries), ("_states_backward", queries),
                              ("_forward", dict(tiles, **window["_forward"])),
