@@ -84,7 +84,8 @@ def test_triton_attention_with_tiles_128_wide(dims, causal, decay_inputs, check_
     dict(lq=40, lk=23, offset=5, causal=False, slots=2), dict(lq=5, lk=40, offset=100, causal=False, slots=16),
     dict(lq=70, lk=30, offset=0, causal=False, slots=4), dict(lq=37, lk=37, offset=0, causal=True, slots=1),
     pytest.param(dict(lq=150, lk=150, offset=0, causal=False, slots=4), marks=pytest.mark.slow),
-], ids=["offset-5", "queries-past-the-keys", "lq>lk", "causal", "ten-chunks"])
+    pytest.param(dict(lq=600, lk=600, offset=0, causal=False, slots=32), marks=pytest.mark.slow),
+], ids=["offset-5", "queries-past-the-keys", "lq>lk", "causal", "ten-chunks", "steps-of-32"])
 @pytest.mark.parametrize("products", [False, True], ids=["scan-sums", "scan-products"])
 def test_parallel_walks_equal_the_sequential_walks(case, products, monkeypatch, triton_paths):
     """The states of every query block by `_chunk_sums` and the scan (`PARALLEL_WALKS`; `_scan_sums`, or
