@@ -613,7 +613,9 @@ def _pairs(q, k, features_q, features_k, mk, t, pair, qr, rate, scale, shift, HO
     window all lie far beyond its band (in a gap of hidden keys, or near a padded row's edge, at a fast decay) keeps
     their weights, which exp(-lambda (|t| - h)) alone would flush to 0. ONLINE (forward's running sums), s_i is the
     largest of `shift` (the running shift), the tile's band logits and its visible pairs' -lambda (|t| - h) (-inf
-    where there are none); else `shift` itself (backward's row shift m). Returns the pairs and s_i."""
+    where there are none); else `shift` itself (backward's row shift m). The band's weights exp(l - s_i) m_j and the
+    decays beyond it are one exponential a pair, the band's logit or the decay's exponent, whichever the pair has.
+    Returns the pairs, the band's weights and s_i."""
     band = pair & (t <= HORIZON) & (t >= -HORIZON) & (mk[None, :] > 0)
     beyond = pair & (t > HORIZON)
     if CAUSAL:
@@ -627,9 +629,11 @@ def _pairs(q, k, features_q, features_k, mk, t, pair, qr, rate, scale, shift, HO
         nearest = tl.max(tl.where(beyond & (mk[None, :] > 0), exponents, float("-inf")), 1)
         shift = tl.maximum(shift, tl.maximum(tl.max(logits, 1), nearest))
     base = tl.where(shift > float("-inf"), shift, 0.0)
-    decay = tl.where(beyond, _shift_scale(base[:, None] - exponents), 0.0) * mk[None, :]
+    # logits are -inf off the band: 0 for the pairs in neither
+    weights = _shift_scale(base[:, None] - tl.where(beyond, exponents, logits)) * mk[None, :]
+    decay = tl.where(beyond, weights, 0.0)
     kernel = tl.dot(features_q, tl.trans(features_k), input_precision=DOT) * decay
-    return band, logits, decay, distance, kernel, shift
+    return band, logits, tl.where(band, weights, 0.0), decay, distance, kernel, shift
 
 
 @triton.jit
@@ -683,10 +687,10 @@ def _window_tile(K, V, MASK, row, heads, lk, start, w0, queries, q, features_q, 
     mk = _key_weights(MASK, row, heads, lk, j, exists, HAS_MASK, acc)
     features_k = _elu_features(k.to(acc), exists[:, None] & (tl.arange(0, BLOCK_D)[None, :] < d))
     t = tl.arange(0, BLOCK)[:, None] + HORIZON - w[None, :]
-    band, logits, decay, distance, kernel, shift = _pairs(q, k, features_q, features_k.to(op), mk, t,
-                                                          queries[:, None] & exists[None, :], qr, rate, scale, shift,
-                                                          HORIZON, CAUSAL, HAS_TABLE, ONLINE, BLOCK_R, DOT)
-    return k, features_k, v, mk, band, logits, decay, distance, kernel, shift
+    band, logits, band_weights, decay, distance, kernel, shift = _pairs(
+        q, k, features_q, features_k.to(op), mk, t, queries[:, None] & exists[None, :], qr, rate, scale, shift,
+        HORIZON, CAUSAL, HAS_TABLE, ONLINE, BLOCK_R, DOT)
+    return k, features_k, v, mk, band, logits, band_weights, decay, distance, kernel, shift
 
 
 @triton.jit
@@ -737,12 +741,11 @@ def _forward_tile(K, V, MASK, row, heads, lk, start, w0, queries, q, features_q,
     band's weights exp(l) and the kernel weights beyond the band under the running largest of the band logits and
     the decays' exponents, one product with the values."""
     op = q.dtype
-    _, _, v, mk, band, logits, _, _, kernel, new_max = _window_tile(
+    _, _, v, _, _, logits, band_weights, _, _, kernel, new_max = _window_tile(
         K, V, MASK, row, heads, lk, start, w0, queries, q, features_q, qr, rate, scale, run_max, d, dv, skb, skh, skl,
         svb, svh, svl, HORIZON, CAUSAL, HAS_MASK, HAS_TABLE, True, BLOCK, TILE, BLOCK_D, BLOCK_V, BLOCK_R, DOT)
     shift = tl.where(new_max > float("-inf"), new_max, 0.0)
     rescale = tl.exp(run_max - shift)
-    band_weights = tl.where(band, tl.exp(logits - shift[:, None]) * mk[None, :], 0.0)
     window_sums = tl.dot((band_weights + kernel).to(op), v, window_sums * rescale[:, None], input_precision=DOT)
     band_den = band_den * rescale + tl.sum(band_weights, 1)
     far_den = far_den * rescale + tl.sum(kernel, 1)
@@ -862,12 +865,11 @@ def _query_tile(K, V, MASK, row, heads, lk, start, w0, queries, q, features_q, q
     op = q.dtype
     a = tl.arange(0, BLOCK)
     rr = tl.arange(0, BLOCK_R)
-    k, features_k, v, mk, band, logits, decay, distance, kernel, _ = _window_tile(
+    k, features_k, v, _, _, _, band_weights, decay, distance, kernel, _ = _window_tile(
         K, V, MASK, row, heads, lk, start, w0, queries, q, features_q, qr, rate, scale, m, d, dv, skb, skh, skl, svb,
         svh, svl, HORIZON, CAUSAL, HAS_MASK, HAS_TABLE, False, BLOCK, TILE, BLOCK_D, BLOCK_V, BLOCK_R, DOT)
     # out = sums / den: a weight w_ij gets gs_i . v_j - delta_i
     grad_weights = tl.dot(gs, tl.trans(v), input_precision=DOT) - delta[:, None]
-    band_weights = tl.where(band, tl.exp(logits - m[:, None]) * mk[None, :], 0.0)
     grad_logits = band_weights * grad_weights * scale
     grad_rate -= tl.sum(distance * kernel * grad_weights, 1)
     dq = tl.dot(grad_logits.to(op), k, dq, input_precision=DOT)
@@ -1011,9 +1013,9 @@ def _key_pairs(Q, DO, SHIFT, DEN, DELTA, tab, row, b, lq, heads, offset, j, keys
     start = b * BLOCK + offset - HORIZON
     window = (j >= start) & (j < start + BLOCK + HORIZON + HORIZON * (1 - CAUSAL)) & keys
     t = (i + offset)[:, None] - j[None, :]
-    band, logits, decay, _, kernel, _ = _pairs(q, k, features_q, features_k, mk, t, queries[:, None] & window[None, :],
-                                               qr, rate, scale, m, HORIZON, CAUSAL, HAS_TABLE, False, BLOCK_R, DOT)
-    band_weights = tl.where(band, tl.exp(logits - m[:, None]) * mk[None, :], 0.0)
+    _, _, band_weights, decay, _, kernel, _ = _pairs(q, k, features_q, features_k, mk, t,
+                                                     queries[:, None] & window[None, :], qr, rate, scale, m, HORIZON,
+                                                     CAUSAL, HAS_TABLE, False, BLOCK_R, DOT)
     weights = band_weights + kernel
     grad_weights = tl.dot(gs, tl.trans(v), input_precision=DOT) - delta[:, None]
     dv_ = tl.dot(tl.trans(weights.to(op)), gs, dv_, input_precision=DOT)
