@@ -124,6 +124,21 @@ def test_bench_train_kernel_options(tmp_path, monkeypatch, import_benchmark, cap
     assert settings["kernel_options"] == {"SCAN_PRODUCTS": "True", "PRODUCT_SLOTS": "16"}
 
 
+def test_bench_train_kernel_options_reach_the_memory_subprocess(import_benchmark, monkeypatch):
+    """The memory subprocess takes the run's --kernel-options, each value as a literal that parses back to it."""
+    bench_train = import_benchmark("bench_train")
+    args = bench_train.parse_args(["--models", "scaleformer", "--kernel-options", "SCAN_PRODUCTS=True",
+                                   "TAIL_TILES=('_forward', '_backward_queries')"])
+    seen = []
+    monkeypatch.setattr(bench_train, "measure_in_fresh_process", lambda script, arguments, label: seen.append(
+        arguments) or {})
+    bench_train.measure_memory("scaleformer", 64, args)
+    (arguments,) = seen
+    options = arguments[arguments.index("--kernel-options") + 1:]
+    assert bench_train.parse_args(["--kernel-options", *options]).kernel_options == {
+        "SCAN_PRODUCTS": True, "TAIL_TILES": ("_forward", "_backward_queries")}
+
+
 def test_bench_train_models(run_report):
     stdout, report = run_report(
         ["benchmarks/bench_train.py", "--quick", "--lengths", "32", "64", "--repeats", "1", "--no-memory",
