@@ -206,7 +206,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def parse_kernel_options(parser: argparse.ArgumentParser, options: list[str]) -> dict:
     """--kernel-options as {NAME: value}: each NAME an upper-case option of `ops_local_softmax_triton`, each value a
     Python literal of the option's type."""
-    from modeling_scaleformer import ops_local_softmax_triton as kernels
+    if not options:
+        return {}
+    try:
+        from modeling_scaleformer import ops_local_softmax_triton as kernels
+    except ImportError as error:
+        parser.error(f"--kernel-options: {error}")
 
     parsed = {}
     for option in options:
