@@ -101,6 +101,7 @@ def test_bench_train_eager_errors(flags, message, capsys, import_benchmark):
     ("SCAN_PRODUCTS=1", "SCAN_PRODUCTS takes a bool (default False), got 1"),
 ])
 def test_bench_train_kernel_options_errors(option, message, capsys, import_benchmark):
+    pytest.importorskip("triton")
     with pytest.raises(SystemExit):
         import_benchmark("bench_train").parse_args(["--kernel-options", option])
     assert message in capsys.readouterr().err
@@ -126,6 +127,7 @@ def test_bench_train_kernel_options(tmp_path, monkeypatch, import_benchmark, cap
 
 def test_bench_train_kernel_options_reach_the_memory_subprocess(import_benchmark, monkeypatch):
     """The memory subprocess takes the run's --kernel-options, each value as a literal that parses back to it."""
+    pytest.importorskip("triton")
     bench_train = import_benchmark("bench_train")
     args = bench_train.parse_args(["--models", "scaleformer", "--kernel-options", "SCAN_PRODUCTS=True",
                                    "TAIL_TILES=('_forward', '_backward_queries')"])
