@@ -25,7 +25,9 @@ installed (`pip install -e ".[gpu]"`):
 the instructions that say how Triton laid its work out: the tensor cores' products as warpgroup MMAs (HGMMA, sm90's
 own) or warp MMAs (HMMA, mma.sync), warp shuffles (SHFL, reductions across a warp's lanes and gathers), barriers
 (BAR, reductions across warps and layout changes through shared memory), special-function instructions (MUFU: exp,
-log, reciprocal) and the total. These are counts of the code as written, not of what runs: a loop's body counts once.
+log, reciprocal), the total, and the instructions of the longest loop's body (in the window kernels, one tile of a
+window: what each warp issues again for every tile). These are counts of the code as written, not of what runs: a
+loop's body counts once.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ KERNELS = ("_states", "_chunk_sums", "_scan_sums", "_scan_products", "_row_terms
 SCANS = {"_scan_sums": ("SCAN_ROWS", "SCAN_SLOTS"), "_scan_products": ("PRODUCT_ROWS", "PRODUCT_SLOTS")}
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 POINTERS = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32"}
-INPUTS = ("Q", "K", "V", "TAB", "OUT", "DO", "DQ", "DK", "DV")  # tensors in the inputs' dtype; the others fp32
+INPUTS = ("Q", "K", "V", "TAB", "OUT", "DO", "GS", "FQ", "DQ", "DK", "DV")  # in the inputs' dtype; the others fp32
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -91,12 +93,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 OPCODES = ("HGMMA", "HMMA", "SHFL", "BAR", "MUFU")  # the kinds `--instructions` counts, beside the total
 SASS_LINE = re.compile(r"^\s*/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*)\b")
+SASS_LABEL = re.compile(r"^(\.L_x_\d+):")
+SASS_TARGET = re.compile(r"`\((\.L_x_\d+)\)")
 
 
 def instruction_counts(sass: str) -> dict:
-    """The count of each kind of `OPCODES` in nvdisasm's listing `sass`, and the total of instructions."""
-    opcodes = [match.group(1) for match in map(SASS_LINE.match, sass.splitlines()) if match]
-    return {**{kind: opcodes.count(kind) for kind in OPCODES}, "total": len(opcodes)}
+    """The count of each kind of `OPCODES` in nvdisasm's listing `sass`, the total of instructions, and the
+    instructions of its longest loop's body ("loop": from a label to a branch back to it, 0 without a loop; not the
+    branch to itself that ends every kernel): in the window kernels, what one tile of keys takes (in
+    `_backward_keys`, one query block of a program's keys)."""
+    opcodes, labels, loop = [], {}, 0
+    for line in sass.splitlines():
+        label = SASS_LABEL.match(line.strip())
+        if label:
+            labels[label.group(1)] = len(opcodes)
+            continue
+        match = SASS_LINE.match(line)
+        if match:
+            opcodes.append(match.group(1))
+            target = SASS_TARGET.search(line)
+            # a loop, unless a branch to itself (the idle loop that ends every kernel's code)
+            if match.group(1) == "BRA" and target and len(opcodes) - 1 > labels.get(target.group(1), len(opcodes)):
+                loop = max(loop, len(opcodes) - labels[target.group(1)])
+    return {**{kind: opcodes.count(kind) for kind in OPCODES}, "total": len(opcodes), "loop": loop}
 
 
 def constexprs(kernels, name: str, args: argparse.Namespace) -> dict:
@@ -115,7 +134,7 @@ def constexprs(kernels, name: str, args: argparse.Namespace) -> dict:
         scan = dict(BLOCK=sizes["BLOCK"], BLOCK_SD=rows, BLOCK_V=sizes["BLOCK_V"], SLOTS=slots, REVERSE=True)
         return dict(scan, DOT=dot_precision(torch.float32, half_inputs=False)) if name == "_scan_products" else scan
     if name == "_row_terms":
-        return {key: walk[key] for key in ("BLOCK", "BLOCK_V")}
+        return {key: walk[key] for key in ("BLOCK", "BLOCK_D", "BLOCK_V")}
     if name in ("_query_sums", "_states_backward"):
         return {key: walk[key] for key in ("BLOCK", "BLOCK_D", "BLOCK_V", "DOT")}
     if name == "_backward_keys":
@@ -184,10 +203,10 @@ def main(argv: list[str] | None = None) -> int:
           f"{'no argument marked' if args.unaligned else 'pointers and integers marked'} multiples of 16"
           f", a window's narrower last tile in: {tail_tiles}"
           f"{', without a relative table' if args.no_table else ''}\n")
-    counted = "".join(f" {kind} |" for kind in (*OPCODES, "instructions")) if args.instructions else ""
+    counted = "".join(f" {kind} |" for kind in (*OPCODES, "instructions", "loop body")) if args.instructions else ""
     print("| kernel | BLOCK | key tile or scan | warps | stages | register cap | registers | spill stores / loads "
           f"(bytes) | shared (bytes) |{counted}")
-    print("|:---|---:|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * (len(OPCODES) + 1) * args.instructions)
+    print("|:---|---:|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * (len(OPCODES) + 2) * args.instructions)
     tiles = args.tiles or [kernels.KEY_TILE]
     scan_names = {name: "{}x{}".format(*chosen) for name, chosen in chosen_scans.items()}
     try:
@@ -211,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
                                    if name in SCANS else chosen[1])
                     used = block == chosen[0] and tile in (None, chosen_tile)
                     mark = " *" if used and launch == options else ""
-                    counted = "".join(f" {counts[kind]:,} |" for kind in (*OPCODES, "total")) if counts else ""
+                    counted = "".join(f" {counts[kind]:,} |" for kind in (*OPCODES, "total", "loop")) if counts else ""
                     print(f"| {name}{mark} | {block} | {tile or '-'} | {warps} | {stages} | {cap or '-'} | "
                           f"{registers} | {stores} / {loads} | {shared:,} |{counted}", flush=True)
     finally:

@@ -39,7 +39,9 @@ flash-linear-attention's chunk kernels:
   `_states_backward` walks the blocks back with one program per row and direction; the parallel passes take every
   block's sum at once, then a sequential elementwise pass from the last block back. `_row_terms` computes delta_i and
   each query's log weight exp(-m_i) / den_i first, once, so that a walk's step reads two floats a query instead of
-  reducing its g and out over Dv. Each G is kept as exp(nu) G' with nu its own scale: a row whose visible
+  reducing its g and out over Dv (and stores gs_i = g_i / den_i and phi(q_i) / D in the inputs' dtype, the
+  operands of the window kernels' products, which `_backward_keys` would otherwise form again for each block of
+  keys that a query's window holds). Each G is kept as exp(nu) G' with nu its own scale: a row whose visible
   keys all lie far back weighs exp(-m_i) / den_i = 1 / (its total weight), which passes float32's range (e^88) 180
   positions from its keys at lambda = 0.5, while its keys' gradients, that weight times their decay, stay finite;
 - `_backward_queries`: by query blocks, like `_forward` (the same tiles, m and the normaliser known): dq, each
@@ -93,9 +95,21 @@ LIBRARY = "scaleformer_" + re.sub(r"\W", "_", __name__)
 
 
 @triton.jit
+def _exp(x):
+    """exp(x), as 2^(x log2(e)): for float32 one special-function instruction (ex2), which flushes results below
+    float32's normal range (2^-126) to 0, where `tl.exp` takes five, checking for those results and scaling them (a
+    weight below 2^-126 of its row's largest, the row's shift, or a feature that small, adds nothing a float32 sum
+    keeps). Float64 keeps `tl.exp`: Triton's literals are float32, and log2(e) rounded to float32 would cost float64 its
+    precision."""
+    if x.dtype == tl.float64:
+        return tl.exp(x)
+    return tl.exp2(x * 1.4426950408889634)
+
+
+@triton.jit
 def _elu_features(x, inside):
     """elu(x) + 1 where `inside`, 0 elsewhere (the default attention's feature map)."""
-    return tl.where(inside, tl.where(x > 0, x + 1.0, tl.exp(x)), 0.0)
+    return tl.where(inside, tl.where(x > 0, x + 1.0, _exp(x)), 0.0)
 
 
 @triton.jit
@@ -117,7 +131,7 @@ def _shift_scale(m):
     """exp(-m), capped where it would overflow (`ops_common.shift_scale`): a weight exp(x) relative to a shift s is
     `_shift_scale(s - x)`, 0 where x is -inf (an empty sum), finite where a product of the weight with a small term
     is what stays within range (forward and backward take the same factor)."""
-    return tl.exp(tl.minimum(-m, _max_exponent(m)))
+    return _exp(tl.minimum(-m, _max_exponent(m)))
 
 
 @triton.jit
@@ -142,6 +156,15 @@ def _load_rows(PTR, row, heads, stride_b, stride_h, stride_l, pos, inside, width
 
 
 @triton.jit
+def _dense_rows(PTR, row, lq, width, pos, inside, BLOCK: tl.constexpr):
+    """Pointers and mask of the rows `pos` (where `inside`) and the first `width` of BLOCK columns of batch*head `row`
+    of a contiguous (rows, lq, width) tensor."""
+    col = tl.arange(0, BLOCK)
+    return (PTR + (row.to(tl.int64) * lq + pos)[:, None] * width + col[None, :],
+            inside[:, None] & (col[None, :] < width))
+
+
+@triton.jit
 def _key_weights(MASK, row, heads, lk, j, exists, HAS_MASK: tl.constexpr, ACC: tl.constexpr):
     """m_j of the keys j (0 where they do not exist): the key mask's value, 1 without a mask."""
     if HAS_MASK:
@@ -152,7 +175,7 @@ def _key_weights(MASK, row, heads, lk, j, exists, HAS_MASK: tl.constexpr, ACC: t
 @triton.jit
 def _elu_slope(raw):
     """The derivative of elu(x) + 1 at `raw`."""
-    return tl.where(raw > 0, 1.0, tl.exp(raw))
+    return tl.where(raw > 0, 1.0, _exp(raw))
 
 
 @triton.jit
@@ -209,7 +232,7 @@ def _chunk_sum(K, V, MASK, row, heads, lk, c, kfirst, step, qshift, off_w, rate,
     t = tl.arange(0, BLOCK)
     last = tl.max(tl.where(mk > 0, t, -1), 0)
     mu = tl.where(last >= 0, -rate * (BLOCK - last).to(ACC), float("-inf"))
-    features = features * tl.where(t <= last, tl.exp(-rate * tl.maximum(last - t, 0).to(ACC)), 0.0)[:, None]
+    features = features * tl.where(t <= last, _exp(-rate * tl.maximum(last - t, 0).to(ACC)), 0.0)[:, None]
     op = K.dtype.element_ty
     return tl.dot(tl.trans(features.to(op)), v.to(op), input_precision=DOT), tl.sum(features, 0), mu
 
@@ -278,14 +301,14 @@ def _scaled_step(nu, mu, carry_log):
     y' and the factors of Y and X in it (0 for a side whose exponent is -inf, a zero sum)."""
     new = tl.maximum(nu - carry_log, mu)
     base = tl.where(new > float("-inf"), new, 0.0)  # exp(-inf - base) = 0 for a side that is -inf
-    return new, tl.exp(nu - carry_log - base), tl.exp(mu - base)
+    return new, _exp(nu - carry_log - base), _exp(mu - base)
 
 
 @triton.jit
 def _scaled(p, nu):
     """exp(nu) p, without forming exp(nu) (0 where p is 0 or nu is -inf)."""
     nonzero = (p != 0) & (nu > float("-inf"))
-    magnitude = tl.exp(tl.where(nonzero, nu + tl.log(tl.abs(tl.where(nonzero, p, 1.0))), float("-inf")))
+    magnitude = _exp(tl.where(nonzero, nu + tl.log(tl.abs(tl.where(nonzero, p, 1.0))), float("-inf")))
     return tl.where(nonzero, tl.where(p > 0, magnitude, -magnitude), 0.0)
 
 
@@ -351,10 +374,10 @@ def _scan_sums(
         index = slots - 1 - pos if REVERSE else pos
         mu = tl.load(MU + row_slots + index, mask=valid, other=float("-inf"))
         _, exponents, after, bases, base_after = _step_exponents(nu, mu, carry_log, SLOTS)
-        to_slots = tl.exp(nu - t.to(acc) * carry_log - bases)  # the carried sum's factor at each slot of the step
+        to_slots = _exp(nu - t.to(acc) * carry_log - bases)  # the carried sum's factor at each slot of the step
         ys = to_slots[:, None, None] * total[None, :, :]
         ys_norm = to_slots[:, None] * total_norm[None, :]
-        carried_on = tl.exp(nu - SLOTS * carry_log - base_after)  # and after the step
+        carried_on = _exp(nu - SLOTS * carry_log - base_after)  # and after the step
         total = carried_on * total
         total_norm = carried_on * total_norm
         for u in tl.static_range(SLOTS):
@@ -364,10 +387,10 @@ def _scan_sums(
             x = tl.load(s_ptr + slot * d * dv, mask=(dd[:, None] < present) & (vv[None, :] < dv), other=0.0)
             x_norm = tl.load(z_ptr + slot * d, mask=dd < present, other=0.0)
             mu_u = tl.load(MU + row_slots + slot, mask=inside, other=float("-inf"))
-            weights = tl.where(t > u, tl.exp(mu_u + (u + 1 - t).to(acc) * carry_log - bases), 0.0)
+            weights = tl.where(t > u, _exp(mu_u + (u + 1 - t).to(acc) * carry_log - bases), 0.0)
             ys += weights[:, None, None] * x[None, :, :]
             ys_norm += weights[:, None] * x_norm[None, :]
-            to_after = tl.exp(mu_u + (u + 1 - SLOTS) * carry_log - base_after)
+            to_after = _exp(mu_u + (u + 1 - SLOTS) * carry_log - base_after)
             total += to_after * x
             total_norm += to_after * x_norm
         if REVERSE:
@@ -424,10 +447,10 @@ def _scan_products(
         at = slots - 1 - pos if REVERSE else pos  # the step's slots, in the pass's order
         mu = tl.load(MU + at, mask=valid, other=float("-inf"))
         terms, exponents, after, bases, base_after = _step_exponents(nu, mu, carry_log, SLOTS)
-        weights = tl.exp(terms - bases[:, None])  # W: 0 where u >= t
-        to_slots = tl.exp(nu - t.to(acc) * carry_log - bases)  # the carried sum's factor at each slot of the step
-        to_after = tl.exp(mu + (t + 1 - SLOTS).to(acc) * carry_log - base_after)  # each slot's, after the step
-        carried_on = tl.exp(nu - SLOTS * carry_log - base_after)
+        weights = _exp(terms - bases[:, None])  # W: 0 where u >= t
+        to_slots = _exp(nu - t.to(acc) * carry_log - bases)  # the carried sum's factor at each slot of the step
+        to_after = _exp(mu + (t + 1 - SLOTS).to(acc) * carry_log - base_after)  # each slot's, after the step
+        carried_on = _exp(nu - SLOTS * carry_log - base_after)
         x_at = (at[:, None] * d + dd[None, :]) * dv + vv[None, :]
         x_mask = valid[:, None] & columns[None, :]
         z_at = at[:, None] * d + rr[None, :]
@@ -468,14 +491,16 @@ def _output_gradient(DO, SHIFT, DEN, row, heads, lq, i, inside, dv, sgb, sgh, sg
 
 @triton.jit
 def _row_terms(
-    DO, OUT, SHIFT, DEN, DELTA, WEIGHT, lq, heads, dv, sgb, sgh, sgl, sob, soh, sol,
-    BLOCK: tl.constexpr, BLOCK_V: tl.constexpr,
+    Q, DO, OUT, SHIFT, DEN, DELTA, WEIGHT, GS, FQ, lq, heads, d, dv, sqb, sqh, sql, sgb, sgh, sgl, sob, soh, sol,
+    BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr,
 ):
     """What the walks of the states' gradient read of each query, BLOCK queries a program, computed once before them
     (two floats a query at each step, instead of reducing its g and out over Dv there): delta = g . out / den
     (gs = g / den, `_output_gradient`) and the log of exp(-m) / den, the row's weight in the states' gradient (-inf
     for a row without a visible key, den = 0, or without a gradient): a log, uncapped, since m can lie anywhere below
-    the dtype's range (a row far past its keys)."""
+    the dtype's range (a row far past its keys). It also stores what `_backward_queries` and `_backward_keys` read
+    of each query as their products' operands, in the inputs' dtype, (rows, Lq, .) each: gs and phi(q) / D, which
+    `_backward_keys` would otherwise form again for every block of keys that a query's window holds."""
     b, row = tl.program_id(0), tl.program_id(1)
     i = b * BLOCK + tl.arange(0, BLOCK)
     inside = i < lq
@@ -486,6 +511,11 @@ def _row_terms(
                       float("-inf"))
     tl.store(DELTA + at, tl.sum(gs * out, 1), mask=inside)
     tl.store(WEIGHT + at, weight, mask=inside)
+    ptr, mask = _dense_rows(GS, row, lq, dv, i, inside, BLOCK_V)
+    tl.store(ptr, gs.to(GS.dtype.element_ty), mask=mask)
+    q = _load_rows(Q, row, heads, sqb, sqh, sql, i, inside, d, BLOCK_D)
+    ptr, mask = _dense_rows(FQ, row, lq, d, i, inside, BLOCK_D)
+    tl.store(ptr, _query_features(q, inside, d, gs.dtype, BLOCK_D).to(FQ.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -517,8 +547,8 @@ def _query_sum(Q, DO, SHIFT, DEN, DELTA, WEIGHT, row, heads, lq, c, qfirst, step
     weight -= decay
     mu = tl.max(weight, 0)
     # exp(-m_i - lambda a - mu) <= den_i: gs_i times it stays within g_i
-    row_scale = tl.where(weight > float("-inf"), tl.exp(shift - decay - tl.where(mu > float("-inf"), mu, 0.0)), 0.0)
-    features_q = (_elu_features(q, inside[:, None] & (tl.arange(0, BLOCK_D)[None, :] < d)) / d
+    row_scale = tl.where(weight > float("-inf"), _exp(shift - decay - tl.where(mu > float("-inf"), mu, 0.0)), 0.0)
+    features_q = (_elu_features(q, inside[:, None] & (tl.arange(0, BLOCK_D)[None, :] < d)) * (1.0 / d.to(ACC))
                   * row_scale[:, None])
     op = Q.dtype.element_ty
     return (tl.dot(tl.trans(features_q.to(op)), gs.to(op), input_precision=DOT),
@@ -602,38 +632,50 @@ def _pair_logits(q, k, qr, t, band, scale, HORIZON: tl.constexpr, HAS_TABLE: tl.
 
 
 @triton.jit
-def _pairs(q, k, features_q, features_k, mk, t, pair, qr, rate, scale, shift, HORIZON: tl.constexpr,
+def _pairs(q, k, features_q, features_k, mk, rows, cols, qr, rate, scale, shift, HORIZON: tl.constexpr,
            CAUSAL: tl.constexpr, HAS_TABLE: tl.constexpr, ONLINE: tl.constexpr, BLOCK_R: tl.constexpr,
            DOT: tl.constexpr):
-    """The pairs of queries (M,) and keys (N,) with offsets t = p_i - j (M, N) where `pair` (the key exists, is in
-    the query block's window and the query exists): the band (|t| <= h, t >= 0 when causal, key visible) with its
-    logits (-inf off the band), and the pairs beyond it inside the window (t > h, or t < -h unless causal) with
-    their decay relative to the rows' `shift` s_i, exp(-lambda (|t| - h) - s_i) m_j, and their kernel weights,
-    phi(q).phi(k) / D times that (0 elsewhere): formed as one exponent, so that a row whose visible keys in the
-    window all lie far beyond its band (in a gap of hidden keys, or near a padded row's edge, at a fast decay) keeps
-    their weights, which exp(-lambda (|t| - h)) alone would flush to 0. ONLINE (forward's running sums), s_i is the
-    largest of `shift` (the running shift), the tile's band logits and its visible pairs' -lambda (|t| - h) (-inf
-    where there are none); else `shift` itself (backward's row shift m). The band's weights exp(l - s_i) m_j and the
-    decays beyond it are one exponential a pair, the band's logit or the decay's exponent, whichever the pair has.
-    Returns the pairs, the band's weights and s_i."""
-    band = pair & (t <= HORIZON) & (t >= -HORIZON) & (mk[None, :] > 0)
-    beyond = pair & (t > HORIZON)
+    """The pairs of queries (M,) and keys (N,) at offsets t = p_i - j = rows_i - cols_j (small integers, relative to
+    the window), with m_j in `mk` (0 for a key that is not in the query block's window or does not exist): the band
+    (|t| <= h, t >= 0 when causal, m_j > 0) with its logits (-inf off the band), and the pairs beyond it (t > h, or
+    t < -h unless causal) with their decay relative to the rows' `shift` s_i, exp(-lambda (|t| - h) - s_i) m_j, and
+    their kernel weights, phi(q).phi(k) / D times that (0 elsewhere): formed as one exponent, so that a row whose
+    visible keys in the window all lie far beyond its band (in a gap of hidden keys, or near a padded row's edge, at
+    a fast decay) keeps their weights, which exp(-lambda (|t| - h)) alone would flush to 0. ONLINE (forward's running
+    sums), s_i is the largest of `shift` (the running shift), the tile's band logits and its visible pairs'
+    -lambda (|t| - h) (-inf where there are none); else `shift` itself (backward's row shift m). The band's weights
+    exp(l - s_i) m_j and the decays beyond it are one exponential a pair, of the pair's exponent x: its logit in the
+    band, -lambda (|t| - h) beyond it if the key is visible, -inf elsewhere. A query that does not exist pairs like
+    the others: its row is not stored, and backward's gradients of the keys take it with g / den = 0. Returns the
+    band, its logits, the band's weights, the decays, the distances |t| - h (of use beyond the band), the kernel
+    weights and s_i."""
+    acc = rate.dtype
+    t = rows[:, None] - cols[None, :]
+    visible = (mk > 0)[None, :]
+    offsets = rows.to(acc)[:, None] - cols.to(acc)[None, :]
     if CAUSAL:
-        band = band & (t >= 0)
+        in_band = t.to(tl.uint32) <= HORIZON  # 0 <= t <= h in one comparison
+        beyond = t > HORIZON
+        distance = offsets - HORIZON
     else:
-        beyond = beyond | (pair & (t < -HORIZON))
+        in_band = (t + HORIZON).to(tl.uint32) <= 2 * HORIZON  # -h <= t <= h
+        beyond = ~in_band
+        distance = tl.abs(offsets) - HORIZON
+    band = in_band & visible
     logits = _pair_logits(q, k, qr, t, band, scale, HORIZON, HAS_TABLE, BLOCK_R, DOT)
-    distance = (tl.abs(t) - HORIZON).to(rate.dtype)
-    exponents = -rate * tl.maximum(distance, 0.0)
+    exponents = tl.where(band, logits, tl.where(beyond & visible, -rate * distance, float("-inf")))
     if ONLINE:
-        nearest = tl.max(tl.where(beyond & (mk[None, :] > 0), exponents, float("-inf")), 1)
-        shift = tl.maximum(shift, tl.maximum(tl.max(logits, 1), nearest))
-    base = tl.where(shift > float("-inf"), shift, 0.0)
-    # logits are -inf off the band: 0 for the pairs in neither
-    weights = _shift_scale(base[:, None] - tl.where(beyond, exponents, logits)) * mk[None, :]
-    decay = tl.where(beyond, weights, 0.0)
+        shift = tl.maximum(shift, tl.max(exponents, 1))
+        base = tl.where(shift > float("-inf"), shift, 0.0)
+        weights = _exp(exponents - base[:, None])  # at most 1: s_i is at least every exponent of the tile
+    else:
+        base = tl.where(shift > float("-inf"), shift, 0.0)
+        weights = _exp(tl.minimum(exponents - base[:, None], _max_exponent(rate)))
+    weights = weights * mk[None, :]
+    band_weights = tl.where(band, weights, 0.0)
+    decay = tl.where(band, 0.0, weights)  # 0 off the band but beyond it: their exponent is -inf
     kernel = tl.dot(features_q, tl.trans(features_k), input_precision=DOT) * decay
-    return band, logits, tl.where(band, weights, 0.0), decay, distance, kernel, shift
+    return band, logits, band_weights, decay, distance, kernel, shift
 
 
 @triton.jit
@@ -650,27 +692,27 @@ def _table_tile(TAB, row, heads, d, HORIZON: tl.constexpr, HAS_TABLE: tl.constex
 @triton.jit
 def _query_features(q, queries, d, ACC: tl.constexpr, BLOCK_D: tl.constexpr):
     """phi(q) / D in ACC for the queries (rows) that exist."""
-    return _elu_features(q.to(ACC), queries[:, None] & (tl.arange(0, BLOCK_D)[None, :] < d)) / d
+    # times 1 / D (in ACC: Triton's literals are float32): a division of every element takes some ten instructions
+    return _elu_features(q.to(ACC), queries[:, None] & (tl.arange(0, BLOCK_D)[None, :] < d)) * (1.0 / d.to(ACC))
 
 
 @triton.jit
 def _block_queries(Q, tab, row, b, lq, heads, d, sqb, sqh, sql, HAS_TABLE: tl.constexpr, ACC: tl.constexpr,
                    BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr, DOT: tl.constexpr):
-    """Query block b of `row`: its rows i, whether they exist, q and phi(q) / D (in the inputs' dtype, the operands
-    of the window's products) and q's products with the table rows `tab` (BLOCK, BLOCK_R, ACC), which every key tile
-    of the block's window reads (zeros without a table)."""
+    """Query block b of `row`: its rows i, whether they exist, q and q's products with the table rows `tab` (BLOCK,
+    BLOCK_R, ACC), which every key tile of the block's window reads (zeros without a table)."""
     i = b * BLOCK + tl.arange(0, BLOCK)
     queries = i < lq
     q = _load_rows(Q, row, heads, sqb, sqh, sql, i, queries, d, BLOCK_D)
     qr = tl.zeros((BLOCK, BLOCK_R), dtype=ACC)
     if HAS_TABLE:
         qr = tl.dot(q, tl.trans(tab), input_precision=DOT).to(ACC)
-    return i, queries, q, _query_features(q, queries, d, ACC, BLOCK_D).to(q.dtype), qr
+    return i, queries, q, qr
 
 
 @triton.jit
-def _window_tile(K, V, MASK, row, heads, lk, start, w0, queries, q, features_q, qr, rate, scale, shift, d, dv, skb,
-                 skh, skl, svb, svh, svl, HORIZON: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,
+def _window_tile(K, V, MASK, row, heads, lk, start, w0, q, features_q, qr, rate, scale, shift, d, dv, skb, skh,
+                 skl, svb, svh, svl, HORIZON: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,
                  HAS_TABLE: tl.constexpr, ONLINE: tl.constexpr, BLOCK: tl.constexpr, TILE: tl.constexpr,
                  BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr, DOT: tl.constexpr):
     """Slots w = w0 .. w0 + TILE - 1 of a query block's window, the keys j = start + w (start = s_b) among its first
@@ -686,10 +728,9 @@ def _window_tile(K, V, MASK, row, heads, lk, start, w0, queries, q, features_q, 
     v = _load_rows(V, row, heads, svb, svh, svl, j, exists, dv, BLOCK_V)
     mk = _key_weights(MASK, row, heads, lk, j, exists, HAS_MASK, acc)
     features_k = _elu_features(k.to(acc), exists[:, None] & (tl.arange(0, BLOCK_D)[None, :] < d))
-    t = tl.arange(0, BLOCK)[:, None] + HORIZON - w[None, :]
     band, logits, band_weights, decay, distance, kernel, shift = _pairs(
-        q, k, features_q, features_k.to(op), mk, t, queries[:, None] & exists[None, :], qr, rate, scale, shift,
-        HORIZON, CAUSAL, HAS_TABLE, ONLINE, BLOCK_R, DOT)
+        q, k, features_q, features_k.to(op), mk, tl.arange(0, BLOCK) + HORIZON, w, qr, rate, scale, shift, HORIZON,
+        CAUSAL, HAS_TABLE, ONLINE, BLOCK_R, DOT)
     return k, features_k, v, mk, band, logits, band_weights, decay, distance, kernel, shift
 
 
@@ -742,10 +783,10 @@ def _forward_tile(K, V, MASK, row, heads, lk, start, w0, queries, q, features_q,
     the decays' exponents, one product with the values."""
     op = q.dtype
     _, _, v, _, _, logits, band_weights, _, _, kernel, new_max = _window_tile(
-        K, V, MASK, row, heads, lk, start, w0, queries, q, features_q, qr, rate, scale, run_max, d, dv, skb, skh, skl,
-        svb, svh, svl, HORIZON, CAUSAL, HAS_MASK, HAS_TABLE, True, BLOCK, TILE, BLOCK_D, BLOCK_V, BLOCK_R, DOT)
+        K, V, MASK, row, heads, lk, start, w0, q, features_q, qr, rate, scale, run_max, d, dv, skb, skh, skl, svb,
+        svh, svl, HORIZON, CAUSAL, HAS_MASK, HAS_TABLE, True, BLOCK, TILE, BLOCK_D, BLOCK_V, BLOCK_R, DOT)
     shift = tl.where(new_max > float("-inf"), new_max, 0.0)
-    rescale = tl.exp(run_max - shift)
+    rescale = _exp(run_max - shift)
     window_sums = tl.dot((band_weights + kernel).to(op), v, window_sums * rescale[:, None], input_precision=DOT)
     band_den = band_den * rescale + tl.sum(band_weights, 1)
     far_den = far_den * rescale + tl.sum(kernel, 1)
@@ -766,8 +807,9 @@ def _forward(
     op = Q.dtype.element_ty
     rate = tl.load(RATE + row % heads).to(acc)
     tab = _table_tile(TAB, row, heads, d, HORIZON, HAS_TABLE, BLOCK_R, BLOCK_D)
-    i, queries, q, features_q, qr = _block_queries(Q, tab, row, b, lq, heads, d, sqb, sqh, sql, HAS_TABLE, acc,
-                                                   BLOCK, BLOCK_D, BLOCK_R, DOT)
+    i, queries, q, qr = _block_queries(Q, tab, row, b, lq, heads, d, sqb, sqh, sql, HAS_TABLE, acc, BLOCK, BLOCK_D,
+                                       BLOCK_R, DOT)
+    features_q = _query_features(q, queries, d, acc, BLOCK_D).to(q.dtype)  # phi(q) / D, the window's operand
     # the window by tiles of keys (TILE wide up to TILES, then one of TAIL: `_window_tiles`): the band's weights exp(l)
     # and the kernel weights beyond the band in one running sum, under the running largest of the band logits and the
     # decays' exponents (as flash attention does with its logits): one product with the values per tile
@@ -799,8 +841,8 @@ def _forward(
     logs_after = from_after + _log_or_minus_inf(after_norm)
     largest = tl.maximum(logs_far, tl.maximum(logs_before, logs_after))
     base = tl.where(largest > float("-inf"), largest, 0.0)
-    beyond_log = base + _log_or_minus_inf(tl.exp(logs_far - base) + tl.exp(logs_before - base)
-                                          + tl.exp(logs_after - base))
+    beyond_log = base + _log_or_minus_inf(_exp(logs_far - base) + _exp(logs_before - base)
+                                          + _exp(logs_after - base))
     m = tl.maximum(band_max, beyond_log)
     m = tl.where(m > float("-inf"), m, 0.0)
     window_scale = _shift_scale(m - run_max)
@@ -808,7 +850,7 @@ def _forward(
     sums = (window_scale[:, None] * window_sums + weight_before[:, None] * before
             + weight_after[:, None] * after)
     den = window_scale * (band_den + far_den) + weight_before * before_norm + weight_after * after_norm
-    out = tl.where(den[:, None] > 0, sums / tl.where(den > 0, den, 1.0)[:, None], 0.0)
+    out = sums * tl.where(den > 0, 1.0 / tl.where(den > 0, den, 1.0), 0.0)[:, None]
     ptr, mask = _row_ptrs(OUT, row, heads, sob, soh, sol, i, queries, dv, BLOCK_V)
     tl.store(ptr, out, mask=mask)
     tl.store(SHIFT + row.to(tl.int64) * lq + i, m, mask=queries)
@@ -816,16 +858,21 @@ def _forward(
 
 
 @triton.jit
-def _block_backward_inputs(Q, DO, SHIFT, DEN, DELTA, tab, row, b, lq, heads, d, dv, sqb, sqh, sql, sgb, sgh, sgl,
+def _block_backward_inputs(Q, GS, FQ, SHIFT, DELTA, tab, row, b, lq, heads, d, dv, sqb, sqh, sql,
                            HAS_TABLE: tl.constexpr, ACC: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr,
                            BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr, DOT: tl.constexpr):
-    """What backward reads of query block b: `_block_queries`' rows, q, phi(q) / D and q's products with the table,
-    gs = g / den in the inputs' dtype (`_output_gradient`), delta and the row shift m."""
-    i, queries, q, features_q, qr = _block_queries(Q, tab, row, b, lq, heads, d, sqb, sqh, sql, HAS_TABLE, ACC, BLOCK,
-                                                   BLOCK_D, BLOCK_R, DOT)
-    at, gs, m, _ = _output_gradient(DO, SHIFT, DEN, row, heads, lq, i, queries, dv, sgb, sgh, sgl, ACC, BLOCK_V)
-    delta = tl.load(DELTA + at, mask=queries, other=0.0)
-    return i, queries, q, features_q, qr, gs.to(q.dtype), delta, m
+    """What backward reads of query block b: `_block_queries`' rows, q and q's products with the table, phi(q) / D and
+    gs = g / den in the inputs' dtype (`_row_terms`' GS and FQ, 0 for the queries that do not exist), delta and the
+    row shift m."""
+    i, queries, q, qr = _block_queries(Q, tab, row, b, lq, heads, d, sqb, sqh, sql, HAS_TABLE, ACC, BLOCK, BLOCK_D,
+                                       BLOCK_R, DOT)
+    ptr, mask = _dense_rows(FQ, row, lq, d, i, queries, BLOCK_D)
+    features_q = tl.load(ptr, mask=mask, other=0.0)
+    ptr, mask = _dense_rows(GS, row, lq, dv, i, queries, BLOCK_V)
+    gs = tl.load(ptr, mask=mask, other=0.0)
+    at = row.to(tl.int64) * lq + i
+    return i, queries, q, features_q, qr, gs, tl.load(DELTA + at, mask=queries, other=0.0), tl.load(
+        SHIFT + at, mask=queries, other=0.0)
 
 
 @triton.jit
@@ -866,8 +913,8 @@ def _query_tile(K, V, MASK, row, heads, lk, start, w0, queries, q, features_q, q
     a = tl.arange(0, BLOCK)
     rr = tl.arange(0, BLOCK_R)
     k, features_k, v, _, _, _, band_weights, decay, distance, kernel, _ = _window_tile(
-        K, V, MASK, row, heads, lk, start, w0, queries, q, features_q, qr, rate, scale, m, d, dv, skb, skh, skl, svb,
-        svh, svl, HORIZON, CAUSAL, HAS_MASK, HAS_TABLE, False, BLOCK, TILE, BLOCK_D, BLOCK_V, BLOCK_R, DOT)
+        K, V, MASK, row, heads, lk, start, w0, q, features_q, qr, rate, scale, m, d, dv, skb, skh, skl, svb, svh,
+        svl, HORIZON, CAUSAL, HAS_MASK, HAS_TABLE, False, BLOCK, TILE, BLOCK_D, BLOCK_V, BLOCK_R, DOT)
     # out = sums / den: a weight w_ij gets gs_i . v_j - delta_i
     grad_weights = tl.dot(gs, tl.trans(v), input_precision=DOT) - delta[:, None]
     grad_logits = band_weights * grad_weights * scale
@@ -900,7 +947,7 @@ def _store_query_grads(DQ, DTAB, GRAD_RATE, tab, q, i, queries, row, heads, b, d
         # this block's share, summed over blocks and batch on the host (atomic adds would contend per head)
         tl.store(DTAB + ((row.to(tl.int64) * blocks + b) * (2 * HORIZON + 1) + rr[:, None]) * d + dd[None, :], dtab,
                  mask=(rr[:, None] < 2 * HORIZON + 1) & (dd[None, :] < d))
-    dq += grad_features * _elu_slope(q.to(dq.dtype)) / d
+    dq += grad_features * _elu_slope(q.to(dq.dtype)) * (1.0 / d.to(dq.dtype))
     ptr, mask = _row_ptrs(DQ, row, heads, sdqb, sdqh, sdql, i, queries, d, BLOCK_D)
     tl.store(ptr, dq, mask=mask)
     tl.store(GRAD_RATE + row.to(tl.int64) * blocks + b, rate_share)
@@ -908,9 +955,9 @@ def _store_query_grads(DQ, DTAB, GRAD_RATE, tab, q, i, queries, row, heads, b, d
 
 @triton.jit
 def _backward_queries(
-    Q, K, V, MASK, TAB, RATE, S, Z, SE, DO, SHIFT, DEN, DELTA, DQ, DTAB, GRAD_RATE,
+    Q, K, V, MASK, TAB, RATE, S, Z, SE, GS, FQ, SHIFT, DELTA, DQ, DTAB, GRAD_RATE,
     lq, lk, heads, rows, offset, nq, n_states, start0, start1, d, dv, sqb, sqh, sql, skb, skh, skl, svb, svh, svl,
-    sgb, sgh, sgl, sdqb, sdqh, sdql, scale,
+    sdqb, sdqh, sdql, scale,
     HORIZON: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_TABLE: tl.constexpr, BLOCK: tl.constexpr,
     TILE: tl.constexpr, TILES: tl.constexpr, TAIL: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr,
     BLOCK_R: tl.constexpr, DOT: tl.constexpr,
@@ -920,8 +967,8 @@ def _backward_queries(
     rate = tl.load(RATE + row % heads).to(acc)
     tab = _table_tile(TAB, row, heads, d, HORIZON, HAS_TABLE, BLOCK_R, BLOCK_D)
     i, queries, q, features_q, qr, gs, delta, m = _block_backward_inputs(
-        Q, DO, SHIFT, DEN, DELTA, tab, row, b, lq, heads, d, dv, sqb, sqh, sql, sgb, sgh, sgl, HAS_TABLE, acc, BLOCK,
-        BLOCK_D, BLOCK_V, BLOCK_R, DOT)
+        Q, GS, FQ, SHIFT, DELTA, tab, row, b, lq, heads, d, dv, sqb, sqh, sql, HAS_TABLE, acc, BLOCK, BLOCK_D, BLOCK_V,
+        BLOCK_R, DOT)
     grad_features, grad_rate = _query_state_grads(S, Z, SE, row, b, rows, nq, n_states, start0, start1, d, dv, q,
                                                   queries, gs, delta, m, rate, CAUSAL, BLOCK, BLOCK_D, BLOCK_V, DOT)
     dq = tl.zeros((BLOCK, BLOCK_D), dtype=acc)  # through the band logits
@@ -988,7 +1035,7 @@ def _key_shares(A, AZ, NU, k, v, mk, j, keys, rate, row, rows, lq, lk, offset, n
                     # exp(nu - lambda (BLOCK - t)): G's scale times the key's decay to the next chunk (bounded for a
                     # visible key: a row's weight 1 / W is at most 1 / its weight on that key)
                     to_next = tl.where(mine & (mk > 0),
-                                       tl.exp(tl.minimum(nu - rate * (BLOCK - t).to(acc), _max_exponent(rate))), 0.0)
+                                       _exp(tl.minimum(nu - rate * (BLOCK - t).to(acc), _max_exponent(rate))), 0.0)
                     share, share_v, base = _walk_share(A, AZ, direction, row, rows, slot, n_states, d, dv, v,
                                                        features, to_next, mine, op, BLOCK_D, BLOCK_V, DOT)
                     grad_features += share * mk[:, None]
@@ -998,8 +1045,8 @@ def _key_shares(A, AZ, NU, k, v, mk, j, keys, rate, row, rows, lq, lk, offset, n
 
 
 @triton.jit
-def _key_pairs(Q, DO, SHIFT, DEN, DELTA, tab, row, b, lq, heads, offset, j, keys, k, features_k, v, mk, rate, scale,
-               d, dv, sqb, sqh, sql, sgb, sgh, sgl, dk, grad_features, dv_, HORIZON: tl.constexpr,
+def _key_pairs(Q, GS, FQ, SHIFT, DELTA, tab, row, b, lq, heads, offset, j, keys, k, features_k, v, mk, rate, scale,
+               d, dv, sqb, sqh, sql, dk, grad_features, dv_, HORIZON: tl.constexpr,
                CAUSAL: tl.constexpr, HAS_TABLE: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr,
                BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr, DOT: tl.constexpr):
     """Query block b's shares of the gradients of the keys j (where `keys`; k, phi(k) and v in the inputs' dtype,
@@ -1007,15 +1054,15 @@ def _key_pairs(Q, DO, SHIFT, DEN, DELTA, tab, row, b, lq, heads, offset, j, keys
     dv_."""
     acc = mk.dtype
     op = k.dtype
-    i, queries, q, features_q, qr, gs, delta, m = _block_backward_inputs(
-        Q, DO, SHIFT, DEN, DELTA, tab, row, b, lq, heads, d, dv, sqb, sqh, sql, sgb, sgh, sgl, HAS_TABLE, acc, BLOCK,
-        BLOCK_D, BLOCK_V, BLOCK_R, DOT)
+    _, _, q, features_q, qr, gs, delta, m = _block_backward_inputs(
+        Q, GS, FQ, SHIFT, DELTA, tab, row, b, lq, heads, d, dv, sqb, sqh, sql, HAS_TABLE, acc, BLOCK, BLOCK_D, BLOCK_V,
+        BLOCK_R, DOT)
     start = b * BLOCK + offset - HORIZON
     window = (j >= start) & (j < start + BLOCK + HORIZON + HORIZON * (1 - CAUSAL)) & keys
-    t = (i + offset)[:, None] - j[None, :]
-    _, _, band_weights, decay, _, kernel, _ = _pairs(q, k, features_q, features_k, mk, t,
-                                                     queries[:, None] & window[None, :], qr, rate, scale, m, HORIZON,
-                                                     CAUSAL, HAS_TABLE, False, BLOCK_R, DOT)
+    # query a of the block at offset a + h - (j - start) from key j
+    _, _, band_weights, decay, _, kernel, _ = _pairs(q, k, features_q, features_k, tl.where(window, mk, 0.0),
+                                                     tl.arange(0, BLOCK) + HORIZON, j - start, qr, rate, scale, m,
+                                                     HORIZON, CAUSAL, HAS_TABLE, False, BLOCK_R, DOT)
     weights = band_weights + kernel
     grad_weights = tl.dot(gs, tl.trans(v), input_precision=DOT) - delta[:, None]
     dv_ = tl.dot(tl.trans(weights.to(op)), gs, dv_, input_precision=DOT)
@@ -1027,9 +1074,9 @@ def _key_pairs(Q, DO, SHIFT, DEN, DELTA, tab, row, b, lq, heads, offset, j, keys
 
 @triton.jit
 def _backward_keys(
-    Q, K, V, MASK, TAB, RATE, A, AZ, NU, DO, SHIFT, DEN, DELTA, DK, DV, GRAD_RATE,
+    Q, K, V, MASK, TAB, RATE, A, AZ, NU, GS, FQ, SHIFT, DELTA, DK, DV, GRAD_RATE,
     lq, lk, heads, rows, offset, nq, n_states, start0, start1, key_first, d, dv, sqb, sqh, sql, skb, skh, skl,
-    svb, svh, svl, sgb, sgh, sgl, sdkb, sdkh, sdkl, sdvb, sdvh, sdvl, scale,
+    svb, svh, svl, sdkb, sdkh, sdkl, sdvb, sdvh, sdvl, scale,
     HORIZON: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_TABLE: tl.constexpr, BLOCK: tl.constexpr,
     BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr, DOT: tl.constexpr,
 ):
@@ -1058,10 +1105,9 @@ def _backward_keys(
     first = tl.maximum(_floor_div(j0 - offset + HORIZON - width, BLOCK) + 1, 0)
     last = tl.minimum(_floor_div(j0 + BLOCK_K - 1 - offset + HORIZON, BLOCK), nq - 1)
     for b in range(first, last + 1):
-        dk, grad_features, dv_ = _key_pairs(Q, DO, SHIFT, DEN, DELTA, tab, row, b, lq, heads, offset, j, keys, k,
-                                            features_k, v, mk, rate, scale, d, dv, sqb, sqh, sql, sgb, sgh, sgl, dk,
-                                            grad_features, dv_, HORIZON, CAUSAL, HAS_TABLE, BLOCK, BLOCK_D, BLOCK_V,
-                                            BLOCK_R, DOT)
+        dk, grad_features, dv_ = _key_pairs(Q, GS, FQ, SHIFT, DELTA, tab, row, b, lq, heads, offset, j, keys, k,
+                                            features_k, v, mk, rate, scale, d, dv, sqb, sqh, sql, dk, grad_features,
+                                            dv_, HORIZON, CAUSAL, HAS_TABLE, BLOCK, BLOCK_D, BLOCK_V, BLOCK_R, DOT)
     grad_features, dv_, grad_rate = _key_shares(A, AZ, NU, k, v, mk, j, keys, rate, row, rows, lq, lk, offset, nq,
                                                 n_states, start0, start1, d, dv, grad_features, dv_,
                                                 tl.zeros((BLOCK_K,), dtype=acc), HORIZON, CAUSAL, BLOCK, BLOCK_K,
@@ -1359,13 +1405,14 @@ def _backward_body(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
     if states.numel() == 0:
         states, norms, scales = _walk_states(k, v, mask, rate, walk, heads, lq, offset, horizon, causal, dot)
     delta = torch.empty_like(den)
+    gs, features = q.new_empty(rows, lq, dv), q.new_empty(rows, lq, d)
     sizes = _sizes(horizon, d, dv)
     mask_arg = k if mask is None else mask
     common = dict(HORIZON=horizon, HAS_MASK=mask is not None, DOT=dot, BLOCK=BLOCK, BLOCK_D=sizes["BLOCK_D"],
                   BLOCK_V=sizes["BLOCK_V"])
     adjoints, adjoint_norms, adjoint_scales, grad_rate_walk = _walk_adjoints(q, lk, rate, states, norms, scales, g,
-                                                                             out, shift, den, delta, walk, heads,
-                                                                             offset, common)
+                                                                             out, shift, den, delta, gs, features,
+                                                                             walk, heads, offset, common)
     dq, dk, dv_, grad_table, grad_rate = _gradient_buffers(q, k, v, table, horizon)
     scale = 1.0 / math.sqrt(d)
     tensors = (q, k, v, mask_arg, q if table is None else table, rate)
@@ -1374,8 +1421,9 @@ def _backward_body(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
     dtable = None if table is None else den.new_empty(rows, walk.nq, 2 * horizon + 1, d)
     grad_rate_queries = den.new_empty(rows, walk.nq)
     _backward_queries[(walk.nq, rows)](
-        *tensors, states, norms, scales, g, shift, den, delta, dq, den if dtable is None else dtable, grad_rate_queries,
-        lq, lk, heads, rows, offset, walk.nq, walk.n_states, *walk.starts, d, dv, *_strides(q, k, v, g, dq), scale,
+        *tensors, states, norms, scales, gs, features, shift, delta, dq, den if dtable is None else dtable,
+        grad_rate_queries, lq, lk, heads, rows, offset, walk.nq, walk.n_states, *walk.starts, d, dv,
+        *_strides(q, k, v, dq), scale,
         **flags, **sizes, **_window_tiles("_backward_queries", horizon, causal),
         **_launch("_backward_queries", d, dv))
     first = _key_origin(offset, horizon, causal)
@@ -1383,9 +1431,9 @@ def _backward_body(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
     grad_rate_keys = den.new_empty(rows, key_blocks)
     if key_blocks:
         _backward_keys[(key_blocks, rows)](
-            *tensors, adjoints, adjoint_norms, adjoint_scales, g, shift, den, delta, dk, dv_, grad_rate_keys, lq, lk,
-            heads, rows, offset, walk.nq, walk.n_states, *walk.starts, first, d, dv, *_strides(q, k, v, g, dk, dv_),
-            scale, BLOCK_K=KEY_BLOCK, BLOCK_R=sizes["BLOCK_R"], **flags,
+            *tensors, adjoints, adjoint_norms, adjoint_scales, gs, features, shift, delta, dk, dv_, grad_rate_keys,
+            lq, lk, heads, rows, offset, walk.nq, walk.n_states, *walk.starts, first, d, dv,
+            *_strides(q, k, v, dk, dv_), scale, BLOCK_K=KEY_BLOCK, BLOCK_R=sizes["BLOCK_R"], **flags,
             **{key: common[key] for key in ("BLOCK", "BLOCK_D", "BLOCK_V")}, **_launch("_backward_keys", d, dv))
     torch.sum((grad_rate_walk.flatten(2).sum(2).sum(0) + grad_rate_queries.sum(1) + grad_rate_keys.sum(1)).view(
         b, heads), 0, out=grad_rate)
@@ -1442,20 +1490,21 @@ class _EagerAttention(torch.autograd.Function):
         return _backward(ctx, *grads, backward=_backward_body)
 
 
-def _walk_adjoints(q, lk: int, rate, states, norms, state_scales, g, out, shift, den, delta, walk: _Walk, heads: int,
-                   offset: int, common: dict):
+def _walk_adjoints(q, lk: int, rate, states, norms, state_scales, g, out, shift, den, delta, gs, features,
+                   walk: _Walk, heads: int, offset: int, common: dict):
     """The states' gradients G_{c+1} = exp(nu) G' in the states' layout: G' (and its normaliser's part) and nu
     (directions, rows, slots), by `_query_sums` then `_scan_sums` (`PARALLEL_WALKS`) or by `_states_backward`'s
-    sequential walk; delta into `delta`; and the walks' part of lambda's gradient through the carries,
-    (directions, rows, parts)."""
+    sequential walk; delta into `delta`, g / den and phi(q) / D into `gs` and `features` (`_row_terms`); and the
+    walks' part of lambda's gradient through the carries, (directions, rows, parts)."""
     directions, rows, slots, d, dv = states.shape
     lq = q.shape[2]
     adjoints, adjoint_norms = states.new_empty(states.shape), norms.new_empty(norms.shape)
     scales = den.new_empty(directions, rows, slots)
     sizes = dict(BLOCK=BLOCK, BLOCK_D=common["BLOCK_D"], BLOCK_V=common["BLOCK_V"])
     weight = torch.empty_like(den)
-    _row_terms[(triton.cdiv(lq, BLOCK), rows)](g, out, shift, den, delta, weight, lq, heads, dv, *_strides(g, out),
-                                               BLOCK=BLOCK, BLOCK_V=common["BLOCK_V"], **_launch("_row_terms", d, dv))
+    _row_terms[(triton.cdiv(lq, BLOCK), rows)](q, g, out, shift, den, delta, weight, gs, features, lq, heads, d, dv,
+                                               *_strides(q, g, out), BLOCK=BLOCK, BLOCK_D=common["BLOCK_D"],
+                                               BLOCK_V=common["BLOCK_V"], **_launch("_row_terms", d, dv))
     if not _parallel_walks(rows, directions):
         carried = den.new_empty(directions, rows, 1)
         _states_backward[(rows, directions)](
@@ -1553,7 +1602,7 @@ def _merge(logits, values, far, far_log, vv, dv1):
     far_sum = tl.sum(tl.where(vv == dv1 - 1, far, 0.0), 0)
     m = tl.maximum(tl.max(logits, 0), far_log + _log_or_minus_inf(far_sum))
     m = tl.where(m > float("-inf"), m, 0.0)
-    sums = tl.sum(tl.exp(logits - m)[:, None] * values, 0) + _shift_scale(m - far_log) * far
+    sums = tl.sum(_exp(logits - m)[:, None] * values, 0) + _shift_scale(m - far_log) * far
     den = tl.sum(tl.where(vv == dv1 - 1, sums, 0.0), 0)
     return tl.where(den > 0, sums / tl.where(den > 0, den, 1.0), 0.0)
 
@@ -1662,7 +1711,7 @@ def _cross_decode(
         vm = tl.load(VALUES + (row * lk + jj[:, None]) * dv1 + vv[None, :], mask=beyond[:, None] & v_in[None, :],
                      other=0.0)
         k_features = _elu_features(k, d_in[None, :])
-        weight = tl.sum(k_features * q_features[None, :], 1) / d * tl.exp(-rate * (distance - nearest).to(rate.dtype))
+        weight = tl.sum(k_features * q_features[None, :], 1) / d * _exp(-rate * (distance - nearest).to(rate.dtype))
         far += tl.sum(tl.where(beyond, weight, 0.0)[:, None] * vm, 0)
     out = _merge(logits, values, far, -rate * (nearest - HORIZON).to(rate.dtype), vv, dv1)
     tl.store(OUT + (row * n + i) * (dv1 - 1) + vv, out, mask=vv < dv1 - 1)

@@ -31,32 +31,39 @@ def test_kernel_resources_reports_ptxas_figures(run_command):
 
 def test_kernel_resources_counts_instructions(run_command, import_benchmark):
     """`--instructions`: the machine code's instructions by kind, from nvdisasm's listing (a predicated instruction
-    counts as its opcode; labels, comments and control words do not); `_forward` at BLOCK 64 multiplies its tiles with
-    sm90's warpgroup MMAs, and compiled without its arguments marked multiples of 16 (`--unaligned`) it takes more
-    instructions."""
+    counts as its opcode; labels, comments and control words do not), and its longest loop's body (a branch back to
+    a label, not one forward nor the branch to itself that ends a kernel); `_forward` at BLOCK 64 multiplies its
+    tiles with sm90's warpgroup MMAs in its window's loop, and compiled without its arguments marked multiples of 16
+    (`--unaligned`) it takes more instructions."""
     pytest.importorskip("triton")
     counts = import_benchmark("kernel_resources").instruction_counts(
         "\t.text._forward:\n.L_x_0:\n        /*0000*/                   LDC R1, c[0x0][0x28] ;\n"
         "                                                                      /* 0x00000a00ff017b82 */\n"
         "        /*0010*/               @!P0 BAR.SYNC.DEFER_BLOCKING 0x0 ;\n"
         "        /*0020*/                   HGMMA.64x32x16.F32.BF16 R24, gdesc[UR4], R24 ;\n"
-        "        /*0030*/               @UP0 SHFL.BFLY PT, R3, R2, 0x1, 0x1f ;\n")
-    assert counts == {"HGMMA": 1, "HMMA": 0, "SHFL": 1, "BAR": 1, "MUFU": 0, "total": 4}
+        "        /*0030*/               @UP0 SHFL.BFLY PT, R3, R2, 0x1, 0x1f ;\n"
+        ".L_x_1:\n        /*0040*/                   MUFU.EX2 R4, R3 ;\n"
+        "        /*0050*/               @P1 BRA `(.L_x_2) ;\n"
+        "        /*0060*/               @P0 BRA `(.L_x_1) ;\n"
+        ".L_x_2:\n        /*0070*/                   EXIT ;\n"
+        ".L_x_3:\n        /*0080*/                   BRA `(.L_x_3);\n")
+    assert counts == {"HGMMA": 1, "HMMA": 0, "SHFL": 1, "BAR": 1, "MUFU": 1, "total": 9, "loop": 3}
     result = run_command(["benchmarks/kernel_resources.py", "--kernels", "_forward", "--blocks", "64", "--warps", "4",
                           "--stages", "1", "--instructions"])
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-    assert "| shared (bytes) | HGMMA | HMMA | SHFL | BAR | MUFU | instructions |" in result.stdout
+    assert "| shared (bytes) | HGMMA | HMMA | SHFL | BAR | MUFU | instructions | loop body |" in result.stdout
 
     def counted(stdout):
         row = next(line for line in stdout.splitlines() if line.startswith("| _forward"))
-        return [int(cell.replace(",", "")) for cell in row.split("|")[10:16]]
+        return [int(cell.replace(",", "")) for cell in row.split("|")[10:17]]
 
-    hgmma, hmma, shfl, bar, mufu, total = counted(result.stdout)
+    hgmma, hmma, shfl, bar, mufu, total, loop = counted(result.stdout)
     assert hgmma > 0 and mufu > 0 and total > hgmma + hmma + shfl + bar + mufu
+    assert 0 < loop < total
     unaligned = run_command(["benchmarks/kernel_resources.py", "--kernels", "_forward", "--blocks", "64", "--warps",
                              "4", "--stages", "1", "--instructions", "--unaligned"])
     assert unaligned.returncode == 0, unaligned.stdout[-2000:] + unaligned.stderr[-3000:]
-    assert counted(unaligned.stdout)[-1] > total
+    assert counted(unaligned.stdout)[-2] > total
 
 
 def test_kernel_resources_caps_registers(run_command):
@@ -81,7 +88,7 @@ def test_kernel_resources_tail_tiles(run_command):
                               "4", "--stages", "1", "--causal", "--instructions", *extra])
         assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
         row = next(line for line in result.stdout.splitlines() if line.startswith(f"| {kernel}"))
-        return int(row.split("|")[-2].replace(",", "")), result.stdout
+        return int(row.split("|")[-3].replace(",", "")), result.stdout  # the instructions, before the loop's
 
     whole, stdout = instructions("_forward", "--whole-tiles")
     assert "narrower last tile in: none" in stdout
@@ -103,7 +110,7 @@ def test_kernel_resources_without_a_table(run_command):
         assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
         row = next(line for line in result.stdout.splitlines() if line.startswith("| _backward_queries"))
         cells = [cell.strip().replace(",", "") for cell in row.split("|")]
-        return (int(cells[-5]), int(cells[-2])), result.stdout  # SHFL, the total
+        return (int(cells[-6]), int(cells[-3])), result.stdout  # SHFL, the total
 
     (shuffles, total), _ = cells()
     (fewer_shuffles, fewer), stdout = cells("--no-table")

@@ -86,8 +86,9 @@ def test_tail_kernels_lower(shape, dtype):
     lower(ops_decay_triton._grad_v, kernel_dtype, operands, BE=be, **common)
 
 
-# the default attention's kernels take q, k, v, the table, the output and their gradients in the inputs' dtype
-INPUTS = ("Q", "K", "V", "TAB", "OUT", "DO", "DQ", "DK", "DV")
+# the default attention's kernels take q, k, v, the table, the output and their gradients in the inputs' dtype, and
+# backward's query operands (g / den and phi(q) / D)
+INPUTS = ("Q", "K", "V", "TAB", "OUT", "DO", "GS", "FQ", "DQ", "DK", "DV")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16],
@@ -116,7 +117,7 @@ def test_attention_kernels_lower(shape, options, causal, dtype, monkeypatch):
         for reverse in (False, True):
             lower(scan, kernel_dtype, REVERSE=reverse, BLOCK=sizes["BLOCK"], BLOCK_V=sizes["BLOCK_V"], **step)
     lower(kernels._row_terms, kernel_dtype, operands, operand_names=INPUTS, BLOCK=sizes["BLOCK"],
-          BLOCK_V=sizes["BLOCK_V"])
+          BLOCK_D=sizes["BLOCK_D"], BLOCK_V=sizes["BLOCK_V"])
     for kernel in (kernels._query_sums, kernels._states_backward):
         lower(kernel, kernel_dtype, operands, operand_names=INPUTS,
               **{key: common[key] for key in ("BLOCK", "BLOCK_D", "BLOCK_V", "DOT")})
@@ -157,7 +158,7 @@ def test_attention_kernels_assemble_for_sm90(causal, monkeypatch):
     products = dict(scan, BLOCK_SD=kernels.PRODUCT_ROWS, SLOTS=kernels.PRODUCT_SLOTS, DOT="tf32x3")
     for name, constexprs in (("_states", walk), ("_chunk_sums", walk), ("_scan_sums", dict(scan, REVERSE=True)),
                              ("_scan_products", dict(products, REVERSE=True)),
-                             ("_row_terms", dict(BLOCK=sizes["BLOCK"], BLOCK_V=sizes["BLOCK_V"])),
+                             ("_row_terms", dict(BLOCK=sizes["BLOCK"], BLOCK_D=sizes["BLOCK_D"], BLOCK_V=sizes["BLOCK_V"])),
                              ("_query_sums", queries), ("_states_backward", queries),
                              ("_forward", dict(tiles, **window["_forward"])),
                              ("_backward_queries", dict(tiles, **window["_backward_queries"])), *tails,
