@@ -673,7 +673,7 @@ def _pairs(q, k, features_q, features_k, mk, rows, cols, qr, rate, scale, shift,
         weights = _exp(tl.minimum(exponents - base[:, None], _max_exponent(rate)))
     weights = weights * mk[None, :]
     band_weights = tl.where(band, weights, 0.0)
-    decay = tl.where(band, 0.0, weights)  # 0 off the band but beyond it: their exponent is -inf
+    decay = tl.where(band, 0.0, weights)  # 0 in the band, and for the pairs in neither (their exponent is -inf)
     kernel = tl.dot(features_q, tl.trans(features_k), input_precision=DOT) * decay
     return band, logits, band_weights, decay, distance, kernel, shift
 
@@ -773,7 +773,7 @@ def _block_states(S, Z, SE, row, b, rows, nq, n_states, start0, start1, d, dv, f
 
 
 @triton.jit
-def _forward_tile(K, V, MASK, row, heads, lk, start, w0, queries, q, features_q, qr, rate, scale, run_max, band_max,
+def _forward_tile(K, V, MASK, row, heads, lk, start, w0, q, features_q, qr, rate, scale, run_max, band_max,
                   window_sums, band_den, far_den, d, dv, skb, skh, skl, svb, svh, svl, HORIZON: tl.constexpr,
                   CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_TABLE: tl.constexpr, BLOCK: tl.constexpr,
                   TILE: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr,
@@ -821,12 +821,12 @@ def _forward(
     start = b * BLOCK + offset - HORIZON
     for w0 in range(0, TILES, TILE):
         run_max, band_max, window_sums, band_den, far_den = _forward_tile(
-            K, V, MASK, row, heads, lk, start, w0, queries, q, features_q, qr, rate, scale, run_max, band_max,
+            K, V, MASK, row, heads, lk, start, w0, q, features_q, qr, rate, scale, run_max, band_max,
             window_sums, band_den, far_den, d, dv, skb, skh, skl, svb, svh, svl, HORIZON, CAUSAL, HAS_MASK, HAS_TABLE,
             BLOCK, TILE, BLOCK_D, BLOCK_V, BLOCK_R, DOT)
     if TAIL > 0:
         run_max, band_max, window_sums, band_den, far_den = _forward_tile(
-            K, V, MASK, row, heads, lk, start, TILES, queries, q, features_q, qr, rate, scale, run_max, band_max,
+            K, V, MASK, row, heads, lk, start, TILES, q, features_q, qr, rate, scale, run_max, band_max,
             window_sums, band_den, far_den, d, dv, skb, skh, skl, svb, svh, svl, HORIZON, CAUSAL, HAS_MASK, HAS_TABLE,
             BLOCK, TAIL, BLOCK_D, BLOCK_V, BLOCK_R, DOT)
     from_before, before, before_norm, _, _, from_after, after, after_norm, _, _ = _block_states(
@@ -901,7 +901,7 @@ def _query_state_grads(S, Z, SE, row, b, rows, nq, n_states, start0, start1, d, 
 
 
 @triton.jit
-def _query_tile(K, V, MASK, row, heads, lk, start, w0, queries, q, features_q, qr, gs, delta, m, rate, scale, d, dv,
+def _query_tile(K, V, MASK, row, heads, lk, start, w0, q, features_q, qr, gs, delta, m, rate, scale, d, dv,
                 skb, skh, skl, svb, svh, svl, dq, grad_features, grad_rel, grad_rate, HORIZON: tl.constexpr,
                 CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_TABLE: tl.constexpr, BLOCK: tl.constexpr,
                 TILE: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr,
@@ -976,12 +976,12 @@ def _backward_queries(
     start = b * BLOCK + offset - HORIZON
     for w0 in range(0, TILES, TILE):  # the window's tiles as `_forward` takes them
         dq, grad_features, grad_rel, grad_rate = _query_tile(
-            K, V, MASK, row, heads, lk, start, w0, queries, q, features_q, qr, gs, delta, m, rate, scale,
+            K, V, MASK, row, heads, lk, start, w0, q, features_q, qr, gs, delta, m, rate, scale,
             d, dv, skb, skh, skl, svb, svh, svl, dq, grad_features, grad_rel, grad_rate, HORIZON, CAUSAL, HAS_MASK,
             HAS_TABLE, BLOCK, TILE, BLOCK_D, BLOCK_V, BLOCK_R, DOT)
     if TAIL > 0:
         dq, grad_features, grad_rel, grad_rate = _query_tile(
-            K, V, MASK, row, heads, lk, start, TILES, queries, q, features_q, qr, gs, delta, m, rate, scale,
+            K, V, MASK, row, heads, lk, start, TILES, q, features_q, qr, gs, delta, m, rate, scale,
             d, dv, skb, skh, skl, svb, svh, svl, dq, grad_features, grad_rel, grad_rate, HORIZON, CAUSAL, HAS_MASK,
             HAS_TABLE, BLOCK, TAIL, BLOCK_D, BLOCK_V, BLOCK_R, DOT)
     _store_query_grads(DQ, DTAB, GRAD_RATE, tab, q, i, queries, row, heads, b, d, sdqb, sdqh, sdql, dq, grad_features,
