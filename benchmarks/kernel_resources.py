@@ -112,9 +112,11 @@ def instruction_counts(sass: str) -> dict:
         if match:
             opcodes.append(match.group(1))
             target = SASS_TARGET.search(line)
-            # a loop, unless a branch to itself (the idle loop that ends every kernel's code)
-            if match.group(1) == "BRA" and target and len(opcodes) - 1 > labels.get(target.group(1), len(opcodes)):
-                loop = max(loop, len(opcodes) - labels[target.group(1)])
+            start = labels.get(target.group(1)) if match.group(1) == "BRA" and target else None
+            # a branch back to an earlier instruction: not one forward (its label is not read yet), nor one to
+            # itself (the idle loop that ends every kernel's code)
+            if start is not None and start < len(opcodes) - 1:
+                loop = max(loop, len(opcodes) - start)
     return {**{kind: opcodes.count(kind) for kind in OPCODES}, "total": len(opcodes), "loop": loop}
 
 

@@ -157,11 +157,8 @@ def _load_rows(PTR, row, heads, stride_b, stride_h, stride_l, pos, inside, width
 
 @triton.jit
 def _dense_rows(PTR, row, lq, width, pos, inside, BLOCK: tl.constexpr):
-    """Pointers and mask of the rows `pos` (where `inside`) and the first `width` of BLOCK columns of batch*head `row`
-    of a contiguous (rows, lq, width) tensor."""
-    col = tl.arange(0, BLOCK)
-    return (PTR + (row.to(tl.int64) * lq + pos)[:, None] * width + col[None, :],
-            inside[:, None] & (col[None, :] < width))
+    """`_row_ptrs` of a contiguous (rows, lq, width) tensor: one "head" a row, rows lq * width apart."""
+    return _row_ptrs(PTR, row, 1, lq * width, 0, width, pos, inside, width, BLOCK)
 
 
 @triton.jit
@@ -871,8 +868,9 @@ def _block_backward_inputs(Q, GS, FQ, SHIFT, DELTA, tab, row, b, lq, heads, d, d
     ptr, mask = _dense_rows(GS, row, lq, dv, i, queries, BLOCK_V)
     gs = tl.load(ptr, mask=mask, other=0.0)
     at = row.to(tl.int64) * lq + i
-    return i, queries, q, features_q, qr, gs, tl.load(DELTA + at, mask=queries, other=0.0), tl.load(
-        SHIFT + at, mask=queries, other=0.0)
+    delta = tl.load(DELTA + at, mask=queries, other=0.0)
+    m = tl.load(SHIFT + at, mask=queries, other=0.0)
+    return i, queries, q, features_q, qr, gs, delta, m
 
 
 @triton.jit
