@@ -35,7 +35,8 @@ def test_bench_attention_gpu_smoke(run_command, tmp_path):
     assert "aten::bmm" in report["profiles"]["causal"]
     host = report["host_profile"]
     assert host["length"] == 64 and host["forward_issue_s"] > 0 and host["backward_issue_s"] > 0
-    assert "local_softmax_decay_attention" in host["forward_table"]
+    assert host["profiled_calls"] == host["calls"] == 20 and host["profiled_s"] > 0
+    assert "function calls in" in host["forward_table"] and "Ordered by: internal time" in host["forward_table"]
     assert "## Host: scaleformer causal, L=64: the host issues a forward in" in result.stdout
     assert "kernel blocks of 32; key tiles of 16; 64 keys per backward program; parallel walks" in result.stdout
     assert set(report["check"]) == {"scaleformer", "scaleformer:wide_tiles"}
