@@ -72,7 +72,8 @@ import torch
 import torch.nn.functional as F
 
 from common import (
-    cuda_peak_extra_mib, machine_info, parse_device, print_machine, profile_call, slope_fit, synchronize, write_json,
+    cuda_peak_extra_mib, kernel_options, machine_info, parse_device, print_machine, profile_call, slope_fit,
+    synchronize, write_json,
 )
 from modeling_scaleformer.ops_local_softmax import local_softmax_decay_attention
 from modeling_scaleformer.ops_naive import naive_local_softmax_decay_attention
@@ -293,25 +294,6 @@ def unspecialised_kernels() -> dict:
     return {name: triton.jit(getattr(kernels, name).fn, do_not_specialize=[
         argument for argument in kernels.LENGTH_ARGUMENTS if argument in getattr(kernels, name).arg_names])
         for name in LAUNCHED_KERNELS}
-
-
-@contextlib.contextmanager
-def kernel_options(options: dict):
-    """Within the block, the module options of `ops_local_softmax_triton` set to `options` (nothing is imported
-    without them)."""
-    if not options:
-        yield
-        return
-    from modeling_scaleformer import ops_local_softmax_triton as kernels
-
-    saved = {name: getattr(kernels, name) for name in options}
-    for name, value in options.items():
-        setattr(kernels, name, value)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            setattr(kernels, name, value)
 
 
 def timing_inputs(length: int, args: argparse.Namespace) -> tuple[torch.Tensor, ...]:

@@ -46,6 +46,7 @@ from pathlib import Path
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from common import choose_kernels_as_on_cuda
 from models import (
     ALL_BASELINES, MODEL_SIZE, TRAIN_MODEL_NAMES, ModelSize, add_models_argument, build_model, check_models,
     model_configs,
@@ -111,17 +112,13 @@ def emulate_cuda(launches: collections.Counter) -> None:
     os.environ["TRITON_INTERPRET"] = "1"  # before Triton is imported: the kernels as interpreted functions
     from triton.runtime.interpreter import InterpretedFunction
 
-    from modeling_scaleformer import modeling_scaleformer, ops_common, ops_decay, ops_local_softmax
-    from modeling_scaleformer import ops_local_softmax_triton
+    from modeling_scaleformer import modeling_scaleformer, ops_common, ops_decay, ops_local_softmax_triton
 
     def run(self, *args, grid, warmup, **options):
         launches[f"{launches.phase} {self.fn.__name__}"] += 1
 
     InterpretedFunction.run = run
-    choose = ops_local_softmax._attention_function
-    ops_local_softmax._attention_function = lambda device, *sizes: choose(torch.device("cuda"), *sizes)
-    for name, entry in (("_decode_function", "decode_step"), ("_cross_decode_function", "cross_decode")):
-        setattr(ops_local_softmax, name, lambda device, entry=entry: getattr(ops_local_softmax_triton, entry))
+    choose_kernels_as_on_cuda()
     for module in (ops_common, ops_decay, modeling_scaleformer):
         module.checks_values = lambda t: False
     ops_local_softmax_triton._traced = torch.compiler.is_compiling

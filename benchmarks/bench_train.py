@@ -66,7 +66,6 @@ runs, so compare the models within one run, and keep `--threads` fixed when comp
 from __future__ import annotations
 
 import argparse
-import ast
 import functools
 import gc
 import json
@@ -81,10 +80,10 @@ from torch import Tensor
 from transformers import PreTrainedModel
 
 from common import (
-    GIB, MIB, Sample, Target, count_targets, cuda_peak_extra_mib, describe_error, load_summary, log2_axis,
-    machine_info, measure_in_fresh_process, median_of, memory_baseline, parse_device, peak_rss_bytes, print_machine,
-    print_slopes, print_targets, profile_call, pyplot, rotated, sample_record, save_figure, slope_fit, synchronize,
-    timed, write_json,
+    GIB, MIB, Sample, Target, count_targets, cuda_peak_extra_mib, describe_error, kernel_options, load_summary,
+    log2_axis, machine_info, measure_in_fresh_process, median_of, memory_baseline, parse_device, parse_kernel_options,
+    peak_rss_bytes, print_machine, print_slopes, print_targets, profile_call, pyplot, rotated, sample_record,
+    save_figure, slope_fit, synchronize, timed, write_json,
 )
 from models import (
     ALL_BASELINES, FIRST_PLAIN_ID, MODEL_SIZE, TRAIN_MODEL_NAMES, ModelSize, add_models_argument, build_model,
@@ -194,41 +193,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for flag in ("max_bart_length", "max_quadratic_length"):
         if getattr(args, flag) is not None and getattr(args, flag) < 1:
             parser.error(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
-    args.kernel_options = parse_kernel_options(parser, args.kernel_options)
+    try:
+        args.kernel_options = parse_kernel_options(args.kernel_options)
+    except (ImportError, ValueError) as error:
+        parser.error(str(error) if isinstance(error, ValueError) else f"--kernel-options: {error}")
     if args.measure_memory is not None:
         model, length = args.measure_memory
         if model not in TRAIN_MODEL_NAMES or not length.isdigit():
             parser.error(f"--measure-memory takes MODEL in {', '.join(TRAIN_MODEL_NAMES)} and a length, got "
                          f"{args.measure_memory}")
     return args
-
-
-def parse_kernel_options(parser: argparse.ArgumentParser, options: list[str]) -> dict:
-    """--kernel-options as {NAME: value}: each NAME an upper-case option of `ops_local_softmax_triton`, each value a
-    Python literal of the option's type."""
-    if not options:
-        return {}
-    try:
-        from modeling_scaleformer import ops_local_softmax_triton as kernels
-    except ImportError as error:
-        parser.error(f"--kernel-options: {error}")
-
-    parsed = {}
-    for option in options:
-        name, _, text = option.partition("=")
-        if not name.isupper() or not hasattr(kernels, name) or not text:
-            parser.error(f"--kernel-options takes NAME=VALUE with NAME an option of ops_local_softmax_triton "
-                         f"(upper case, e.g. SCAN_PRODUCTS), got {option!r}")
-        try:
-            value = ast.literal_eval(text)
-        except (ValueError, SyntaxError):
-            parser.error(f"--kernel-options: the value of {name} must be a Python literal, got {text!r}")
-        default = getattr(kernels, name)
-        if default is not None and not isinstance(value, type(default)):
-            parser.error(f"--kernel-options: {name} takes a {type(default).__name__} (default {default!r}), got "
-                         f"{value!r}")
-        parsed[name] = value
-    return parsed
 
 
 def planned_skip(model: str, length: int, args: argparse.Namespace) -> Skip | None:
@@ -677,11 +651,13 @@ def print_header(info: dict, args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
-    if args.kernel_options:
-        from modeling_scaleformer import ops_local_softmax_triton as kernels
+    with kernel_options(args.kernel_options):
+        return measure(args)
 
-        for name, value in args.kernel_options.items():
-            setattr(kernels, name, value)
+
+def measure(args: argparse.Namespace) -> int:
+    """The run that `args` asks for: every model at every length (or one memory measurement), its tables, targets
+    and files."""
     if args.measure_memory is not None:
         name, length = args.measure_memory
         print(json.dumps(measure_memory_here(name, int(length), args)))

@@ -1,12 +1,15 @@
 """What the benchmark scripts share: the machine a report was made on, timing with CPU counters, peak memory in a
-fresh process, growth slopes, targets, the runs of a `--json` file, a training step and plots.
+fresh process, growth slopes, targets, the runs of a `--json` file, the options and the choice of the default
+attention's kernels, a training step and plots.
 
-Every `bench_*.py` script imports this module and `models.py` (the models it compares), never another script;
-nothing here measures anything by itself.
+Every `bench_*.py` script imports this module and `models.py` (the models it compares), and the kernels' tools
+(`kernel_*.py`) this one, never another script; nothing here measures anything by itself.
 """
 
 from __future__ import annotations
 
+import ast
+import contextlib
 import datetime
 import fcntl
 import json
@@ -403,6 +406,68 @@ class RunFile:
 
     def summary(self) -> str:
         return f"{len(self.ran_now)} run(s) trained now, {len(self.runs)} reported"
+
+
+# ---------------------------------------------------------------------------- the default attention's kernels
+
+
+def parse_kernel_options(texts: Sequence[str]) -> dict:
+    """`--kernel-options NAME=VALUE ...` as {NAME: value}: each NAME an upper-case module option of
+    `ops_local_softmax_triton`, each VALUE a Python literal of the option's type (of any type where the option is
+    None). The module is imported here, so a script that runs its kernels interpreted sets TRITON_INTERPRET=1 first.
+    Raises ValueError naming the text that is not one."""
+    if not texts:
+        return {}
+    from modeling_scaleformer import ops_local_softmax_triton as kernels
+
+    parsed = {}
+    for text in texts:
+        name, _, literal = text.partition("=")
+        if not name.isupper() or not hasattr(kernels, name) or not literal:
+            raise ValueError(f"--kernel-options takes NAME=VALUE with NAME an option of ops_local_softmax_triton "
+                             f"(upper case, e.g. SCAN_PRODUCTS), got {text!r}")
+        try:
+            value = ast.literal_eval(literal)
+        except (ValueError, SyntaxError):
+            error = f"--kernel-options: the value of {name} must be a Python literal, got {literal!r}"
+            raise ValueError(error) from None
+        default = getattr(kernels, name)
+        if default is not None and not isinstance(value, type(default)):
+            raise ValueError(f"--kernel-options: {name} takes a {type(default).__name__} (default {default!r}), got "
+                             f"{value!r}")
+        parsed[name] = value
+    return parsed
+
+
+@contextlib.contextmanager
+def kernel_options(options: dict):
+    """Within the block, the module options of `ops_local_softmax_triton` set to `options` (nothing is imported
+    without them)."""
+    if not options:
+        yield
+        return
+    from modeling_scaleformer import ops_local_softmax_triton as kernels
+
+    saved = {name: getattr(kernels, name) for name in options}
+    for name, value in options.items():
+        setattr(kernels, name, value)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(kernels, name, value)
+
+
+def choose_kernels_as_on_cuda() -> None:
+    """The default attention's kernels, and its decoding steps', chosen for CPU tensors as on CUDA, for the rest of
+    the process: run by Triton's interpreter, which TRITON_INTERPRET=1 must have selected before Triton was first
+    imported."""
+    from modeling_scaleformer import ops_local_softmax, ops_local_softmax_triton
+
+    choose = ops_local_softmax._attention_function
+    ops_local_softmax._attention_function = lambda device, *sizes: choose(torch.device("cuda"), *sizes)
+    for name, entry in (("_decode_function", "decode_step"), ("_cross_decode_function", "cross_decode")):
+        setattr(ops_local_softmax, name, lambda device, entry=entry: getattr(ops_local_softmax_triton, entry))
 
 
 # ------------------------------------------------------------------------------------------------ training

@@ -51,7 +51,6 @@ KERNELS = ("_states", "_chunk_sums", "_scan_sums", "_scan_products", "_row_terms
 SCANS = {"_scan_sums": ("SCAN_ROWS", "SCAN_SLOTS"), "_scan_products": ("PRODUCT_ROWS", "PRODUCT_SLOTS")}
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 POINTERS = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32"}
-INPUTS = ("Q", "K", "V", "TAB", "OUT", "DO", "GS", "FQ", "DQ", "DK", "DV")  # in the inputs' dtype; the others fp32
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -162,9 +161,11 @@ def resources(kernel, dtype: torch.dtype, fixed: dict, options: dict, arch: int,
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    from modeling_scaleformer.ops_local_softmax_triton import INPUT_POINTERS
+
     names = list(inspect.signature(kernel.fn).parameters)
     signature = {name: "constexpr" if name in fixed else
-                 (POINTERS[dtype] if name in INPUTS else "*fp32") if name.isupper() else
+                 (POINTERS[dtype] if name in INPUT_POINTERS else "*fp32") if name.isupper() else
                  "fp32" if name == "scale" else "i32" for name in names}
     attrs = {(index,): [["tt.divisibility", 16]] for index, name in enumerate(names)
              if aligned and name not in fixed and name != "scale"}

@@ -30,6 +30,8 @@ from pathlib import Path
 
 import torch
 
+from common import choose_kernels_as_on_cuda
+
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICK = ["--model_config", str(ROOT / "configs/scaleformer-tiny.json"), "--max_steps", "2", "--per_device_batch_size",
@@ -95,16 +97,11 @@ def record_launches(recorder: Recorder) -> None:
     """Every interpreted kernel's launch recorded, not run; the default attention's kernels chosen as on CUDA."""
     from triton.runtime.interpreter import InterpretedFunction
 
-    from modeling_scaleformer import ops_local_softmax, ops_local_softmax_triton
-
     def run(self, *args, grid, warmup, **options):
         recorder.record(self.fn.__name__, self.arg_names, args, options)
 
     InterpretedFunction.run = run
-    for name, entry in (("_decode_function", "decode_step"), ("_cross_decode_function", "cross_decode")):
-        setattr(ops_local_softmax, name, lambda device, entry=entry: getattr(ops_local_softmax_triton, entry))
-    choose = ops_local_softmax._attention_function
-    ops_local_softmax._attention_function = lambda device, *sizes: choose(torch.device("cuda"), *sizes)
+    choose_kernels_as_on_cuda()
 
 
 def main(argv: list[str] | None = None) -> int:

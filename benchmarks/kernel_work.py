@@ -26,7 +26,6 @@ at its 64 x 64 tiles; autotuned to 128 x 128 it computes more, padded, for the s
 from __future__ import annotations
 
 import argparse
-import ast
 import collections
 import json
 import os
@@ -34,6 +33,8 @@ import sys
 from pathlib import Path
 
 import torch
+
+from common import choose_kernels_as_on_cuda, kernel_options, parse_kernel_options
 
 
 POSITIONS = 64  # the figures are per this many positions
@@ -54,14 +55,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.length < 1 or args.dim < 1 or args.horizon < 0:
         parser.error(f"--length and --dim must be positive and --horizon at least 0, got {args.length}, "
                      f"{args.dim}, {args.horizon}")
-    options = {}
-    for option in args.kernel_options:
-        name, _, text = option.partition("=")
-        try:
-            options[name] = ast.literal_eval(text)
-        except (ValueError, SyntaxError):
-            parser.error(f"--kernel-options takes NAME=VALUE with VALUE a Python literal, got {option!r}")
-    args.kernel_options = options
+    try:
+        args.kernel_options = parse_kernel_options(args.kernel_options)
+    except ValueError as error:
+        parser.error(str(error))
     return args
 
 
@@ -133,28 +130,20 @@ def count_direction(causal: bool, args: argparse.Namespace, counts: Counts) -> d
     return {"kernels": kernels, "totals": totals}
 
 
-def emulate_cuda() -> None:
-    """The default attention's kernels chosen as on CUDA for CPU tensors, and run by the interpreter."""
-    from modeling_scaleformer import ops_local_softmax
-
-    choose = ops_local_softmax._attention_function
-    ops_local_softmax._attention_function = lambda device, *sizes: choose(torch.device("cuda"), *sizes)
-
-
 def main(argv: list[str] | None = None) -> int:
+    # before Triton is first imported (by the check of --kernel-options among others): the kernels as interpreted
+    # functions
+    os.environ["TRITON_INTERPRET"] = "1"
     args = parse_args(argv)
-    os.environ["TRITON_INTERPRET"] = "1"  # before Triton is imported: the kernels as interpreted functions
-    from modeling_scaleformer import ops_local_softmax_triton as kernels
+    choose_kernels_as_on_cuda()
+    with kernel_options(args.kernel_options):
+        return report_work(args)
 
-    for name, value in args.kernel_options.items():
-        if not name.isupper() or not hasattr(kernels, name):
-            print(f"kernel_work.py: error: --kernel-options: {name!r} is not an option of ops_local_softmax_triton",
-                  file=sys.stderr)
-            return 2
-        setattr(kernels, name, value)
+
+def report_work(args: argparse.Namespace) -> int:
+    """The kernels' work in both directions, as a table and (`--json`) a file."""
     counts = Counts()
     counts.install()
-    emulate_cuda()
     fla = {"forward": FLA["forward"], "backward": FLA["backward"], "both": FLA["forward"] + FLA["backward"]}
     report = {"length": args.length, "dim": args.dim, "horizon": args.horizon, "positions": POSITIONS,
               "kernel_options": {name: repr(value) for name, value in args.kernel_options.items()}, "fla_macs": fla}

@@ -1201,6 +1201,11 @@ ALIGNED_KEY_BLOCKS = True
 # the kernels' integer arguments that follow a batch's lengths, not the model: Triton compiles a kernel again for each
 # new one that is 1, a multiple of 16 or neither (benchmarks/kernel_specialisations.py counts those compiles)
 LENGTH_ARGUMENTS = ("lq", "lk", "rows", "offset", "nq", "n_states", "start0", "start1", "key_first", "n")
+# the default attention's kernels' pointer arguments in the inputs' dtype: q, k, v, the table, the output, their
+# gradients and backward's query operands (g / den and phi(q) / D); the others point to the compute dtype (float32
+# for 16-bit inputs). What a compile without tensors declares (tests/ops/test_triton_compiles.py,
+# benchmarks/kernel_resources.py)
+INPUT_POINTERS = ("Q", "K", "V", "TAB", "OUT", "DO", "GS", "FQ", "DQ", "DK", "DV")
 # eager calls run the operators' bodies through `_EagerAttention`, without `torch.library`'s dispatch (else through
 # the operators, as traced calls do)
 EAGER_FUNCTION = True

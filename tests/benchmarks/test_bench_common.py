@@ -1,5 +1,6 @@
 """The shared modules of the benchmarks (`common.py`, `models.py`) and the rule that keeps them shared: a script
-imports them, never another script, nor anything of examples/ or model_cards/."""
+(a bench_* script or a tool such as kernel_work.py) imports them, never another script, nor anything of examples/ or
+model_cards/; the shared modules and the data modules import no benchmark module."""
 
 import ast
 import importlib.util
@@ -38,11 +39,12 @@ def test_benchmarks_import_only_the_shared_modules(path):
     imported = top_level_imports(path)
     assert "sys.path" not in path.read_text(), f"{path.name} changes sys.path"
     assert "" not in imported, f"{path.name} has a relative import"
-    if path.stem.startswith("bench_"):
+    data_modules = set().union(*DATA_MODULES.values())
+    if path.stem in SHARED | data_modules:  # the shared modules and the data modules import no benchmark module
+        assert not imported & local, f"{path.name} imports {sorted(imported & local)}"
+    else:  # a script: the bench_* scripts and the kernels' tools
         allowed = SHARED | DATA_MODULES.get(path.stem, set())
         assert imported & local <= allowed, f"{path.name} imports {sorted(imported & local - allowed)}"
-    else:  # the shared modules and the data module import no other benchmark module
-        assert not imported & local, f"{path.name} imports {sorted(imported & local)}"
     for name in sorted(imported - local - {"__future__"} - OPTIONAL):
         spec = importlib.util.find_spec(name)
         assert spec is not None, f"{path.name} imports {name}, which is not installed (a module of examples/?)"
@@ -183,3 +185,21 @@ def test_unknown_model(run_command, script):
     assert result.returncode == 2
     assert "--models" in result.stderr and "'scaleformer:nope'" in result.stderr
     assert "scaleformer:softmax" in result.stderr and "t5" in result.stderr
+
+
+def test_kernel_options_hold_within_their_block(import_benchmark):
+    """`common.kernel_options` sets the kernels' module options inside its block and restores them after it, an
+    error included; `parse_kernel_options` gives the values of their own type."""
+    pytest.importorskip("triton")
+    common = import_benchmark("common")
+    from modeling_scaleformer import ops_local_softmax_triton as kernels
+
+    before = kernels.SCAN_PRODUCTS, kernels.TAIL_TILES
+    options = common.parse_kernel_options([f"SCAN_PRODUCTS={not before[0]}", "TAIL_TILES=()"])
+    assert options == {"SCAN_PRODUCTS": not before[0], "TAIL_TILES": ()}
+    with pytest.raises(RuntimeError, match="inside"):
+        with common.kernel_options(options):
+            assert (kernels.SCAN_PRODUCTS, kernels.TAIL_TILES) == (not before[0], ())
+            raise RuntimeError("inside")
+    assert (kernels.SCAN_PRODUCTS, kernels.TAIL_TILES) == before
+    assert common.parse_kernel_options([]) == {}

@@ -108,17 +108,23 @@ def test_bench_train_kernel_options_errors(option, message, capsys, import_bench
 
 
 def test_bench_train_kernel_options(tmp_path, monkeypatch, import_benchmark, capsys):
-    """--kernel-options sets the kernels' module options for the run, and the header and the JSON say so."""
+    """--kernel-options sets the kernels' module options for the run (and restores them after it), and the header
+    and the JSON say so."""
     pytest.importorskip("triton")
     from modeling_scaleformer import ops_local_softmax_triton as kernels
 
-    monkeypatch.setattr(kernels, "SCAN_PRODUCTS", False)  # restored after the test, whatever the run sets
-    monkeypatch.setattr(kernels, "PRODUCT_SLOTS", kernels.PRODUCT_SLOTS)
+    monkeypatch.setattr(kernels, "SCAN_PRODUCTS", False)
+    monkeypatch.setattr(kernels, "PRODUCT_SLOTS", 32)
+    bench_train = import_benchmark("bench_train")
+    during = []
+    run_benchmark = bench_train.run_benchmark
+    monkeypatch.setattr(bench_train, "run_benchmark", lambda args: during.append(
+        (kernels.SCAN_PRODUCTS, kernels.PRODUCT_SLOTS)) or run_benchmark(args))
     path = tmp_path / "report.json"
-    assert import_benchmark("bench_train").main([
+    assert bench_train.main([
         "--quick", "--lengths", "32", "--repeats", "1", "--no-memory", "--models", "scaleformer", "--steps-only",
         "--threads", "1", "--kernel-options", "SCAN_PRODUCTS=True", "PRODUCT_SLOTS=16", "--json", str(path)]) == 0
-    assert kernels.SCAN_PRODUCTS is True and kernels.PRODUCT_SLOTS == 16
+    assert during == [(True, 16)] and (kernels.SCAN_PRODUCTS, kernels.PRODUCT_SLOTS) == (False, 32)
     assert "options of the default attention's Triton kernels: SCAN_PRODUCTS = True, PRODUCT_SLOTS = 16" in (
         capsys.readouterr().out)
     settings = json.loads(path.read_text())["settings"]

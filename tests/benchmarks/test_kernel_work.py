@@ -45,8 +45,9 @@ def test_kernel_work_counts_the_products_of_each_kernel(run_command, tmp_path):
 
 
 @pytest.mark.parametrize("option, message", [
-    ("FOO=1", "'FOO' is not an option of ops_local_softmax_triton"),
-    ("TAIL_TILES=forward", "VALUE a Python literal, got 'TAIL_TILES=forward'"),
+    ("FOO=1", "--kernel-options takes NAME=VALUE with NAME an option of ops_local_softmax_triton"),
+    ("TAIL_TILES=forward", "the value of TAIL_TILES must be a Python literal, got 'forward'"),
+    ("TAIL_TILES=1", "TAIL_TILES takes a tuple (default ('_forward',)), got 1"),
 ])
 def test_kernel_work_refuses_a_bad_option(option, message, run_command):
     result = run_command(["benchmarks/kernel_work.py", "--kernel-options", option])

@@ -186,6 +186,37 @@ def test_kernels_operator_passes_opcheck(case, decay_inputs, monkeypatch, triton
         kernels._forward_op(*args[:-1], n_states + 1)
 
 
+@pytest.mark.parametrize("parallel", [False, True], ids=["walks", "parallel-passes"])
+def test_input_pointers_are_the_arguments_in_the_inputs_dtype(parallel, decay_inputs, monkeypatch, triton_paths):
+    """`INPUT_POINTERS`, what compiles without tensors declare in the inputs' dtype (test_triton_compiles.py,
+    benchmarks/kernel_resources.py), names exactly the tensors that the op's launches pass in the inputs' dtype
+    (float16 here), forward and backward, both directions, with a table and padded keys; every other tensor they
+    pass is float32."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    from modeling_scaleformer import ops_local_softmax_triton as kernels
+
+    triton_paths(16)
+    monkeypatch.setattr(kernels, "PARALLEL_WALKS", parallel)
+    launched = {}
+
+    def record(self, *args, grid, warmup, **options):  # the launch recorded, not run: only its dtypes are read
+        for name, value in zip(self.arg_names, args):
+            if isinstance(value, torch.Tensor):
+                launched.setdefault((self.fn.__name__, name), set()).add(value.dtype)
+
+    monkeypatch.setattr(InterpretedFunction, "run", record)
+    for causal in (False, True):
+        *inputs, key_mask, horizon = decay_inputs(b=1, h=2, lq=40, lk=50, d=4, dv=5, horizon=3, mask="padding")
+        leaves = [x.detach().to(torch.float16).requires_grad_() for x in inputs]
+        out = kernels.local_softmax_decay(*leaves, causal=causal, key_mask=key_mask, query_offset=5, horizon=horizon)
+        out.backward(torch.ones_like(out))
+    expected = {key: {torch.float16 if key[1] in kernels.INPUT_POINTERS else torch.float32} for key in launched}
+    assert launched == expected
+    assert {kernel for kernel, _ in launched} >= {"_forward", "_row_terms", "_backward_queries", "_backward_keys"}
+    assert {name for _, name in launched} >= set(kernels.INPUT_POINTERS)
+
+
 @pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
 def test_eager_calls_skip_the_operators_dispatch(causal, decay_inputs, triton_paths, monkeypatch):
     """Eager calls run the operators' bodies through `_EagerAttention`, not the operators: the same output and

@@ -86,11 +86,6 @@ def test_tail_kernels_lower(shape, dtype):
     lower(ops_decay_triton._grad_v, kernel_dtype, operands, BE=be, **common)
 
 
-# the default attention's kernels take q, k, v, the table, the output and their gradients in the inputs' dtype, and
-# backward's query operands (g / den and phi(q) / D)
-INPUTS = ("Q", "K", "V", "TAB", "OUT", "DO", "GS", "FQ", "DQ", "DK", "DV")
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16],
                          ids=["float32", "float64", "bfloat16", "float16"])
 @pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
@@ -109,17 +104,17 @@ def test_attention_kernels_lower(shape, options, causal, dtype, monkeypatch):
     sizes = kernels._sizes(horizon, d, dv)
     common = dict(HORIZON=horizon, HAS_MASK=options["HAS_MASK"], BLOCK=sizes["BLOCK"], BLOCK_D=sizes["BLOCK_D"],
                   BLOCK_V=sizes["BLOCK_V"], DOT=ops_decay_triton.dot_precision(kernel_dtype, half_inputs=half))
-    lower(kernels._states, kernel_dtype, operands, operand_names=INPUTS, **common)
-    lower(kernels._chunk_sums, kernel_dtype, operands, operand_names=INPUTS, **common)
+    lower(kernels._states, kernel_dtype, operands, operand_names=kernels.INPUT_POINTERS, **common)
+    lower(kernels._chunk_sums, kernel_dtype, operands, operand_names=kernels.INPUT_POINTERS, **common)
     for products in (False, True):  # `_scan_sums`, and `_scan_products` (SCAN_PRODUCTS)
         monkeypatch.setattr(kernels, "SCAN_PRODUCTS", products)
         scan, _, step, _ = kernels._scan(d, dv, kernel_dtype)
         for reverse in (False, True):
             lower(scan, kernel_dtype, REVERSE=reverse, BLOCK=sizes["BLOCK"], BLOCK_V=sizes["BLOCK_V"], **step)
-    lower(kernels._row_terms, kernel_dtype, operands, operand_names=INPUTS, BLOCK=sizes["BLOCK"],
+    lower(kernels._row_terms, kernel_dtype, operands, operand_names=kernels.INPUT_POINTERS, BLOCK=sizes["BLOCK"],
           BLOCK_D=sizes["BLOCK_D"], BLOCK_V=sizes["BLOCK_V"])
     for kernel in (kernels._query_sums, kernels._states_backward):
-        lower(kernel, kernel_dtype, operands, operand_names=INPUTS,
+        lower(kernel, kernel_dtype, operands, operand_names=kernels.INPUT_POINTERS,
               **{key: common[key] for key in ("BLOCK", "BLOCK_D", "BLOCK_V", "DOT")})
     for kernel in (kernels._forward, kernels._backward_queries):
         name = kernel.fn.__name__
@@ -128,9 +123,9 @@ def test_attention_kernels_lower(shape, options, causal, dtype, monkeypatch):
         monkeypatch.setattr(kernels, "TAIL_TILES", (name,))
         tail = kernels._window_tiles(name, horizon, causal)
         for window in [whole] + [tail] * (tail != whole):  # and with a narrower last tile where the window has one
-            lower(kernel, kernel_dtype, operands, operand_names=INPUTS, CAUSAL=causal, **options, **sizes, **window,
-                  **{key: common[key] for key in ("HORIZON", "DOT")})
-    lower(kernels._backward_keys, kernel_dtype, operands, operand_names=INPUTS, CAUSAL=causal,
+            lower(kernel, kernel_dtype, operands, operand_names=kernels.INPUT_POINTERS, CAUSAL=causal, **options,
+                  **sizes, **window, **{key: common[key] for key in ("HORIZON", "DOT")})
+    lower(kernels._backward_keys, kernel_dtype, operands, operand_names=kernels.INPUT_POINTERS, CAUSAL=causal,
           HAS_TABLE=options["HAS_TABLE"], BLOCK_K=kernels.KEY_BLOCK, BLOCK_R=sizes["BLOCK_R"], **common)
 
 
@@ -164,7 +159,8 @@ def test_attention_kernels_assemble_for_sm90(causal, monkeypatch):
                              ("_backward_queries", dict(tiles, **window["_backward_queries"])), *tails,
                              ("_backward_keys", dict(walk, CAUSAL=causal, HAS_TABLE=True, BLOCK_K=kernels.KEY_BLOCK,
                                                      BLOCK_R=sizes["BLOCK_R"]))):
-        compiled = triton.compile(source(getattr(kernels, name), torch.float32, torch.bfloat16, INPUTS, **constexprs),
+        compiled = triton.compile(source(getattr(kernels, name), torch.float32, torch.bfloat16,
+                                         kernels.INPUT_POINTERS, **constexprs),
                                   target=GPUTarget("cuda", 90, 32), options=kernels.LAUNCH[name])
         assert compiled.asm["cubin"], name
         assert compiled.metadata.shared <= 227 * 1024, (name, compiled.metadata.shared)
