@@ -114,6 +114,9 @@ VARIANTS = {
     "scan_products_1x32": {"SCAN_PRODUCTS": True, "PRODUCT_ROWS": 1},
     "scan_steps_of_16": {"SCAN_SLOTS": 16},
     "scan_products_everywhere": {"SCAN_PRODUCTS": True, "PARALLEL_WALKS": True},
+    # the causal table in a tile of 32 rows, the 17 the band reads at h = 16 (`MIN_TABLE_TILE`): the windows' gathers
+    # of the table half as wide; bidirectional, its 33 rows keep a tile of 64
+    "narrow_table": {"MIN_TABLE_TILE": 32},
     "unspecialised_lengths": "the kernels' length arguments not specialised (see `unspecialised_kernels`)",
     # the op without its relative table (the kernels' HAS_TABLE false): what the table's products and gathers cost;
     # another computation than the default's, checked against the reference without a table

@@ -20,6 +20,7 @@ installed (`pip install -e ".[gpu]"`):
     python benchmarks/kernel_resources.py --blocks 64 --kernels _scan_sums --scans 4x8 2x16   # rows x slots a step
     python benchmarks/kernel_resources.py --blocks 64 --warps 4 --stages 1 --instructions  # and the machine code's mix
     python benchmarks/kernel_resources.py --blocks 64 --warps 4 --stages 1 --registers 168 128  # spills under caps
+    python benchmarks/kernel_resources.py --blocks 64 --warps 4 --stages 1 --causal --kernel-options MIN_TABLE_TILE=32
 
 `--instructions` also disassembles each kernel (the nvdisasm beside that ptxas) and counts, in its machine code (SASS),
 the instructions that say how Triton laid its work out: the tensor cores' products as warpgroup MMAs (HGMMA, sm90's
@@ -43,6 +44,8 @@ import tempfile
 from pathlib import Path
 
 import torch
+
+from common import kernel_options, parse_kernel_options
 
 
 TILED = ("_forward", "_backward_queries", "_backward_keys")  # those taking KEY_TILE or KEY_BLOCK
@@ -87,7 +90,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--arch", type=int, default=90, help="CUDA compute capability, e.g. 90, 80 (default: 90)")
     parser.add_argument("--instructions", action="store_true",
                         help="also count instructions of the machine code by kind (see above)")
-    return parser.parse_args(argv)
+    parser.add_argument("--kernel-options", nargs="+", default=[], metavar="NAME=VALUE",
+                        help="module options of ops_local_softmax_triton for the compiles, each VALUE a Python "
+                             "literal, e.g. MIN_TABLE_TILE=32")
+    args = parser.parse_args(argv)
+    try:
+        args.kernel_options = parse_kernel_options(args.kernel_options)
+    except (ImportError, ValueError) as error:
+        parser.error(str(error) if isinstance(error, ValueError) else f"--kernel-options: {error}")
+    return args
 
 
 OPCODES = ("HGMMA", "HMMA", "SHFL", "BAR", "MUFU")  # the kinds `--instructions` counts, beside the total
@@ -124,7 +135,7 @@ def constexprs(kernels, name: str, args: argparse.Namespace) -> dict:
     from modeling_scaleformer.ops_decay_triton import dot_precision
 
     dtype = DTYPES[args.dtype]
-    sizes = kernels._sizes(args.horizon, args.dim, args.value_dim)
+    sizes = kernels._sizes(args.horizon, args.dim, args.value_dim, args.causal)
     dot = dot_precision(torch.float32, half_inputs=dtype != torch.float32)
     walk = dict(HORIZON=args.horizon, HAS_MASK=True, BLOCK=sizes["BLOCK"], BLOCK_D=sizes["BLOCK_D"],
                 BLOCK_V=sizes["BLOCK_V"], DOT=dot)
@@ -190,6 +201,12 @@ def resources(kernel, dtype: torch.dtype, fixed: dict, options: dict, arch: int,
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    with kernel_options(args.kernel_options):
+        return report_resources(args)
+
+
+def report_resources(args: argparse.Namespace) -> int:
+    """The table of every kernel and launch setting that `args` asks for."""
     from modeling_scaleformer import ops_local_softmax_triton as kernels
 
     chosen = kernels.BLOCK, kernels.KEY_TILE, kernels.KEY_BLOCK
@@ -205,7 +222,8 @@ def main(argv: list[str] | None = None) -> int:
           f"-v for sm_{args.arch}, {args.dtype}, {direction}, h={args.horizon}, D={args.dim}, Dv={args.value_dim}, "
           f"{'no argument marked' if args.unaligned else 'pointers and integers marked'} multiples of 16"
           f", a window's narrower last tile in: {tail_tiles}"
-          f"{', without a relative table' if args.no_table else ''}\n")
+          f"{', without a relative table' if args.no_table else ''}"
+          + "".join(f", {name} = {value!r}" for name, value in args.kernel_options.items()) + "\n")
     counted = "".join(f" {kind} |" for kind in (*OPCODES, "instructions", "loop body")) if args.instructions else ""
     print("| kernel | BLOCK | key tile or scan | warps | stages | register cap | registers | spill stores / loads "
           f"(bytes) | shared (bytes) |{counted}")

@@ -17,8 +17,9 @@
 #   attention_backward    the op beside its kernels with the length arguments unspecialised
 #                         (`unspecialised_lengths`), beside windows in whole tiles (`whole_tiles`; the op ends them in
 #                         a narrower tile in `_forward`) and in a narrower tile in `_backward_queries` too
-#                         (`tail_tiles_backward`), and beside the op without its relative table (`no_table`: what the
-#                         table costs), at B=4, H=16 (SDPA to 16k);
+#                         (`tail_tiles_backward`), beside the op without its relative table (`no_table`: what the
+#                         table costs) and with the causal table in a tile of 32 rows (`narrow_table`), at B=4, H=16
+#                         (SDPA to 16k);
 #   attention_scan        the parallel passes' scan as products (`scan_products`, `scan_products_1x32`), in steps of 16
 #                         chunks (`scan_steps_of_16`), and the passes with the products where the op takes the walks
 #                         (`scan_products_everywhere`), at the small model's training shape (B=1, H=8) and at B=4,
@@ -118,7 +119,8 @@ print(torch.__version__, triton.__version__, transformers.__version__, torch.cud
             parallel_walks recomputed_states "${launch[@]}" --lengths 4096 16384 65536 \
             --profile 16384 --json "$out/bench_attention_gpu_variants.json" ;;
         attention_backward) step attention_backward python3 benchmarks/bench_attention_gpu.py --variants \
-            unspecialised_lengths whole_tiles tail_tiles_backward no_table "${launch[@]}" --lengths 4096 16384 65536 \
+            unspecialised_lengths whole_tiles tail_tiles_backward no_table narrow_table "${launch[@]}" \
+            --lengths 4096 16384 65536 \
             --max-sdpa-length 16384 --json "$out/bench_attention_gpu_backward.json" ;;
         attention_scan) step attention_scan bash -c 'out=$1; shift; for shape in 1x8 4x16; do
                 python3 benchmarks/bench_attention_gpu.py --batch "${shape%x*}" --heads "${shape#*x}" "$@" \

@@ -618,13 +618,14 @@ def _query_sums(
 
 
 @triton.jit
-def _pair_logits(q, k, qr, t, band, scale, HORIZON: tl.constexpr, HAS_TABLE: tl.constexpr,
+def _pair_logits(q, k, qr, t, band, scale, HORIZON: tl.constexpr, CAUSAL: tl.constexpr, HAS_TABLE: tl.constexpr,
                  BLOCK_R: tl.constexpr, DOT: tl.constexpr):
     """l = q.(k + rel[t + h]) * scale for the pairs in the `band`, -inf elsewhere; q (M, D), k (N, D) in the inputs'
-    dtype, t (M, N) the offsets p_i - j, qr (M, BLOCK_R) the queries' products with the table (`_block_queries`)."""
+    dtype, t (M, N) the offsets p_i - j, qr (M, BLOCK_R) the queries' products with the table's rows from h CAUSAL
+    on (`_table_tile`, `_block_queries`): the band's pair at offset t reads column t + h - h CAUSAL."""
     logits = tl.dot(q, tl.trans(k), input_precision=DOT)
     if HAS_TABLE:
-        logits += tl.gather(qr, tl.minimum(tl.maximum(t + HORIZON, 0), BLOCK_R - 1), axis=1)
+        logits += tl.gather(qr, tl.minimum(tl.maximum(t + HORIZON * (1 - CAUSAL), 0), BLOCK_R - 1), axis=1)
     return tl.where(band, logits * scale, float("-inf"))
 
 
@@ -659,7 +660,7 @@ def _pairs(q, k, features_q, features_k, mk, rows, cols, qr, rate, scale, shift,
         beyond = ~in_band
         distance = tl.abs(offsets) - HORIZON
     band = in_band & visible
-    logits = _pair_logits(q, k, qr, t, band, scale, HORIZON, HAS_TABLE, BLOCK_R, DOT)
+    logits = _pair_logits(q, k, qr, t, band, scale, HORIZON, CAUSAL, HAS_TABLE, BLOCK_R, DOT)
     exponents = tl.where(band, logits, tl.where(beyond & visible, -rate * distance, float("-inf")))
     if ONLINE:
         shift = tl.maximum(shift, tl.max(exponents, 1))
@@ -676,14 +677,15 @@ def _pairs(q, k, features_q, features_k, mk, rows, cols, qr, rate, scale, shift,
 
 
 @triton.jit
-def _table_tile(TAB, row, heads, d, HORIZON: tl.constexpr, HAS_TABLE: tl.constexpr, BLOCK_R: tl.constexpr,
-                BLOCK_D: tl.constexpr):
-    """The head's relative table (2h+1, D), zero-padded to (BLOCK_R, BLOCK_D), in the inputs' dtype (unread without a
-    table)."""
+def _table_tile(TAB, row, heads, d, HORIZON: tl.constexpr, CAUSAL: tl.constexpr, HAS_TABLE: tl.constexpr,
+                BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    """The rows of the head's relative table (2h+1, D) that the band reads, zero-padded to (BLOCK_R, BLOCK_D), in the
+    inputs' dtype (unread without a table): all 2h+1, or when causal the h+1 rows from row h on (offsets t >= 0)."""
     rr = tl.arange(0, BLOCK_R)
     dd = tl.arange(0, BLOCK_D)
-    mask = (rr[:, None] < 2 * HORIZON + 1) & (dd[None, :] < d) & HAS_TABLE
-    return tl.load(TAB + ((row % heads) * (2 * HORIZON + 1) + rr[:, None]) * d + dd[None, :], mask=mask, other=0.0)
+    mask = (rr[:, None] < HORIZON * (2 - CAUSAL) + 1) & (dd[None, :] < d) & HAS_TABLE
+    return tl.load(TAB + ((row % heads) * (2 * HORIZON + 1) + HORIZON * CAUSAL + rr[:, None]) * d + dd[None, :],
+                   mask=mask, other=0.0)
 
 
 @triton.jit
@@ -803,7 +805,7 @@ def _forward(
     acc = S.dtype.element_ty
     op = Q.dtype.element_ty
     rate = tl.load(RATE + row % heads).to(acc)
-    tab = _table_tile(TAB, row, heads, d, HORIZON, HAS_TABLE, BLOCK_R, BLOCK_D)
+    tab = _table_tile(TAB, row, heads, d, HORIZON, CAUSAL, HAS_TABLE, BLOCK_R, BLOCK_D)
     i, queries, q, qr = _block_queries(Q, tab, row, b, lq, heads, d, sqb, sqh, sql, HAS_TABLE, acc, BLOCK, BLOCK_D,
                                        BLOCK_R, DOT)
     features_q = _query_features(q, queries, d, acc, BLOCK_D).to(q.dtype)  # phi(q) / D, the window's operand
@@ -922,19 +924,21 @@ def _query_tile(K, V, MASK, row, heads, lk, start, w0, q, features_q, qr, gs, de
     grad_kernel = grad_weights * decay
     grad_features = tl.dot(grad_kernel.to(op), features_k.to(op), grad_features, input_precision=DOT)
     if HAS_TABLE:
-        # the pair (a, w) reads table row r = a + 2h - w: row r of query a is window slot a + 2h - r
-        slot = a[:, None] + 2 * HORIZON - rr[None, :] - w0
-        here = (slot >= 0) & (slot < TILE) & (rr[None, :] < 2 * HORIZON + 1)
+        # the pair (a, w) reads table row a + 2h - w, column r = a + 2h - h CAUSAL - w of the table's tile: column r
+        # of query a is window slot a + 2h - h CAUSAL - r
+        slot = a[:, None] + HORIZON * (2 - CAUSAL) - rr[None, :] - w0
+        here = (slot >= 0) & (slot < TILE) & (rr[None, :] < HORIZON * (2 - CAUSAL) + 1)
         grad_rel += tl.where(here, tl.gather(grad_logits, tl.minimum(tl.maximum(slot, 0), TILE - 1), axis=1), 0.0)
     return dq, grad_features, grad_rel, grad_rate
 
 
 @triton.jit
 def _store_query_grads(DQ, DTAB, GRAD_RATE, tab, q, i, queries, row, heads, b, d, sdqb, sdqh, sdql, dq, grad_features,
-                       grad_rel, rate_share, HORIZON: tl.constexpr, HAS_TABLE: tl.constexpr, BLOCK_D: tl.constexpr,
-                       BLOCK_R: tl.constexpr, DOT: tl.constexpr):
+                       grad_rel, rate_share, HORIZON: tl.constexpr, CAUSAL: tl.constexpr, HAS_TABLE: tl.constexpr,
+                       BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr, DOT: tl.constexpr):
     """Query block b's dq (with the parts through the table and phi(q) / D), and its shares of the table's gradient
-    and lambda's (`rate_share`), one per program (`tl.num_programs(0)` of them per row), stored."""
+    (of the rows the band reads, `_table_tile`) and lambda's (`rate_share`), one per program (`tl.num_programs(0)` of
+    them per row), stored."""
     op = q.dtype
     blocks = tl.num_programs(0)
     if HAS_TABLE:
@@ -943,8 +947,9 @@ def _store_query_grads(DQ, DTAB, GRAD_RATE, tab, q, i, queries, row, heads, b, d
         dq += tl.dot(grad_rel.to(op), tab, input_precision=DOT)
         dtab = tl.dot(tl.trans(grad_rel.to(op)), q, input_precision=DOT)
         # this block's share, summed over blocks and batch on the host (atomic adds would contend per head)
-        tl.store(DTAB + ((row.to(tl.int64) * blocks + b) * (2 * HORIZON + 1) + rr[:, None]) * d + dd[None, :], dtab,
-                 mask=(rr[:, None] < 2 * HORIZON + 1) & (dd[None, :] < d))
+        table_rows = HORIZON * (2 - CAUSAL) + 1
+        tl.store(DTAB + ((row.to(tl.int64) * blocks + b) * table_rows + rr[:, None]) * d + dd[None, :], dtab,
+                 mask=(rr[:, None] < table_rows) & (dd[None, :] < d))
     dq += grad_features * _elu_slope(q.to(dq.dtype)) * (1.0 / d.to(dq.dtype))
     ptr, mask = _row_ptrs(DQ, row, heads, sdqb, sdqh, sdql, i, queries, d, BLOCK_D)
     tl.store(ptr, dq, mask=mask)
@@ -963,7 +968,7 @@ def _backward_queries(
     b, row = tl.program_id(0), tl.program_id(1)
     acc = S.dtype.element_ty
     rate = tl.load(RATE + row % heads).to(acc)
-    tab = _table_tile(TAB, row, heads, d, HORIZON, HAS_TABLE, BLOCK_R, BLOCK_D)
+    tab = _table_tile(TAB, row, heads, d, HORIZON, CAUSAL, HAS_TABLE, BLOCK_R, BLOCK_D)
     i, queries, q, features_q, qr, gs, delta, m = _block_backward_inputs(
         Q, GS, FQ, SHIFT, DELTA, tab, row, b, lq, heads, d, dv, sqb, sqh, sql, HAS_TABLE, acc, BLOCK, BLOCK_D, BLOCK_V,
         BLOCK_R, DOT)
@@ -983,7 +988,7 @@ def _backward_queries(
             d, dv, skb, skh, skl, svb, svh, svl, dq, grad_features, grad_rel, grad_rate, HORIZON, CAUSAL, HAS_MASK,
             HAS_TABLE, BLOCK, TAIL, BLOCK_D, BLOCK_V, BLOCK_R, DOT)
     _store_query_grads(DQ, DTAB, GRAD_RATE, tab, q, i, queries, row, heads, b, d, sdqb, sdqh, sdql, dq, grad_features,
-                       grad_rel, tl.sum(grad_rate, 0), HORIZON, HAS_TABLE, BLOCK_D, BLOCK_R, DOT)
+                       grad_rel, tl.sum(grad_rate, 0), HORIZON, CAUSAL, HAS_TABLE, BLOCK_D, BLOCK_R, DOT)
 
 
 @triton.jit
@@ -1093,7 +1098,7 @@ def _backward_keys(
     v = _load_rows(V, row, heads, svb, svh, svl, j, keys, dv, BLOCK_V)
     mk = _key_weights(MASK, row, heads, lk, j, keys, HAS_MASK, acc)
     features_k = _elu_features(k.to(acc), keys[:, None] & (dd[None, :] < d)).to(op)
-    tab = _table_tile(TAB, row, heads, d, HORIZON, HAS_TABLE, BLOCK_R, BLOCK_D)
+    tab = _table_tile(TAB, row, heads, d, HORIZON, CAUSAL, HAS_TABLE, BLOCK_R, BLOCK_D)
     dk = tl.zeros((BLOCK_K, BLOCK_D), dtype=acc)  # through the band logits
     grad_features = tl.zeros((BLOCK_K, BLOCK_D), dtype=acc)  # through phi(k)
     dv_ = tl.zeros((BLOCK_K, BLOCK_V), dtype=acc)
@@ -1138,6 +1143,11 @@ MIN_KEY_TILE = 16
 # h < 16) compiled by Triton 3.6 for sm90 gave wrong outputs or an invalid shared-memory read in
 # `_backward_queries` (the table's gather and the products with it) on an H200; the padding is masked
 MIN_TILE = 64
+# the narrowest tile of the relative table's rows that the band reads (`_table_tile`: 2h+1, or h+1 from row h when
+# causal): MIN_TILE, for the miscompiles above. Causal at h = 16, a tile of 32 holds the 17 rows, and the windows'
+# gathers of the queries' products with them (`_pair_logits`, `_query_tile`) are half as wide (`bench_attention_gpu.py
+# --variants narrow_table`)
+MIN_TABLE_TILE = MIN_TILE
 # the kernels hold whole rows of q, k and v and the relative table: h and D, Dv up to these, the sizes whose tiles
 # (64-wide D and Dv, tables of 64 and 128 rows) were checked on a GPU; larger ones take the PyTorch path (at D = 128
 # in float32, `_backward_keys` asks for more shared memory than an H100 or H200 has)
@@ -1267,10 +1277,16 @@ def _window_tiles(kernel: str, horizon: int, causal: bool) -> dict:
     return dict(TILES=window - rest, TAIL=tail)
 
 
-def _sizes(horizon: int, d: int, dv: int) -> dict:
+def _table_rows(horizon: int, causal: bool) -> tuple[int, int]:
+    """The rows of the relative table (2h+1) that the band reads, as (first, count): all of them, or when causal the
+    h+1 from row h on (`_table_tile`)."""
+    return (horizon, horizon + 1) if causal else (0, 2 * horizon + 1)
+
+
+def _sizes(horizon: int, d: int, dv: int, causal: bool) -> dict:
     pow2 = triton.next_power_of_2
     return dict(BLOCK=BLOCK, TILE=KEY_TILE, BLOCK_D=max(MIN_TILE, pow2(d)), BLOCK_V=max(MIN_TILE, pow2(dv)),
-                BLOCK_R=max(MIN_TILE, pow2(2 * horizon + 1)))
+                BLOCK_R=max(MIN_TABLE_TILE, pow2(_table_rows(horizon, causal)[1])))
 
 
 class _Walk(NamedTuple):
@@ -1346,7 +1362,8 @@ def _forward_body(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, table: torc
         den,
         lq, lk, heads, b * heads, offset, walk.nq, walk.n_states, *walk.starts, d, dv, *_strides(q, k, v, out),
         1.0 / math.sqrt(d), HORIZON=horizon, CAUSAL=causal, HAS_MASK=mask is not None, HAS_TABLE=table is not None,
-        DOT=dot, **_sizes(horizon, d, dv), **_window_tiles("_forward", horizon, causal), **_launch("_forward", d, dv))
+        DOT=dot, **_sizes(horizon, d, dv, causal), **_window_tiles("_forward", horizon, causal),
+        **_launch("_forward", d, dv))
     if not kept:
         return out, shift, den, *_state_buffers(rate, causal, b * heads, 0, d, dv)
     for direction, start in enumerate(walk.starts[:states.shape[0]]):
@@ -1409,7 +1426,7 @@ def _backward_body(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
         states, norms, scales = _walk_states(k, v, mask, rate, walk, heads, lq, offset, horizon, causal, dot)
     delta = torch.empty_like(den)
     gs, features = q.new_empty(rows, lq, dv), q.new_empty(rows, lq, d)
-    sizes = _sizes(horizon, d, dv)
+    sizes = _sizes(horizon, d, dv, causal)
     mask_arg = k if mask is None else mask
     common = dict(HORIZON=horizon, HAS_MASK=mask is not None, DOT=dot, BLOCK=BLOCK, BLOCK_D=sizes["BLOCK_D"],
                   BLOCK_V=sizes["BLOCK_V"])
@@ -1421,7 +1438,8 @@ def _backward_body(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
     tensors = (q, k, v, mask_arg, q if table is None else table, rate)
     flags = dict(CAUSAL=causal, HAS_TABLE=table is not None, **{key: common[key] for key in ("HORIZON", "HAS_MASK",
                                                                                               "DOT")})
-    dtable = None if table is None else den.new_empty(rows, walk.nq, 2 * horizon + 1, d)
+    first_row, table_rows = _table_rows(horizon, causal)
+    dtable = None if table is None else den.new_empty(rows, walk.nq, table_rows, d)
     grad_rate_queries = den.new_empty(rows, walk.nq)
     _backward_queries[(walk.nq, rows)](
         *tensors, states, norms, scales, gs, features, shift, delta, dq, den if dtable is None else dtable,
@@ -1441,7 +1459,8 @@ def _backward_body(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
     torch.sum((grad_rate_walk.flatten(2).sum(2).sum(0) + grad_rate_queries.sum(1) + grad_rate_keys.sum(1)).view(
         b, heads), 0, out=grad_rate)
     if dtable is not None:
-        torch.sum(dtable.view(b, heads, walk.nq, 2 * horizon + 1, d), (0, 2), out=grad_table)
+        grad_table[:, :first_row] = 0  # rows that the band does not read
+        torch.sum(dtable.view(b, heads, walk.nq, table_rows, d), (0, 2), out=grad_table[:, first_row:])
     return dq, dk, dv_, grad_table, grad_rate
 
 
@@ -1538,7 +1557,7 @@ def _walk_states(k, v, mask, rate, walk: _Walk, heads: int, lq: int, offset: int
     rows = b * heads
     states, norms, scales = _state_buffers(rate, causal, rows, walk.n_states, d, dv)
     directions = states.shape[0]
-    sizes = _sizes(horizon, d, dv)
+    sizes = _sizes(horizon, d, dv, causal)
     parallel = _parallel_walks(rows, directions)
     chunk_scales = torch.empty_like(scales) if parallel else scales
     args = (k, v, k if mask is None else mask, rate, states, norms, chunk_scales, lq, lk, heads, rows, offset, walk.nq,

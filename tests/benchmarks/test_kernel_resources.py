@@ -115,3 +115,16 @@ def test_kernel_resources_without_a_table(run_command):
     (shuffles, total), _ = cells()
     (fewer_shuffles, fewer), stdout = cells("--no-table")
     assert fewer_shuffles < shuffles and fewer < total and "without a relative table" in stdout
+
+
+def test_kernel_resources_kernel_options(run_command):
+    """`--kernel-options`: module options of ops_local_softmax_triton for the compiles, named in the header; a name
+    that is not one is refused."""
+    pytest.importorskip("triton")
+    result = run_command(["benchmarks/kernel_resources.py", "--kernels", "_forward", "--blocks", "64", "--warps", "4",
+                          "--stages", "1", "--causal", "--kernel-options", "MIN_TABLE_TILE=32"])
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    assert result.stdout.splitlines()[0].endswith(", MIN_TABLE_TILE = 32")
+    assert sum(line.startswith("| _forward") for line in result.stdout.splitlines()) == 1
+    refused = run_command(["benchmarks/kernel_resources.py", "--kernel-options", "MIN_TABLE=32"])
+    assert refused.returncode == 2 and "NAME an option of ops_local_softmax_triton" in refused.stderr

@@ -371,6 +371,28 @@ def test_kept_states_give_the_recomputed_gradients(causal, decay_inputs, monkeyp
         assert torch.equal(got, expected), name
 
 
+@CAUSAL
+@pytest.mark.parametrize("case", [
+    dict(lq=50, lk=50, horizon=3, min_table_tile=1, rows=(4, 8)),
+    dict(lq=40, lk=60, horizon=16, min_table_tile=32, rows=(32, 64), offset=5),
+], ids=["h3-exact", "h16-tiles-of-32"])
+def test_narrow_table_tiles_against_the_reference(case, causal, decay_inputs, split_case, check_decay_op, monkeypatch,
+                                                  triton_paths):
+    """The relative table in tiles as narrow as the rows the band reads (`MIN_TABLE_TILE` lowered; h+1 rows from row
+    h when causal, 2h+1 else): the op against the float64 reference, output and gradients (the table's included,
+    whose rows before h are 0 when causal), padded keys, Lq != Lk."""
+    from modeling_scaleformer import ops_local_softmax_triton as kernels
+
+    case = dict(case, mask="padding")
+    monkeypatch.setattr(kernels, "MIN_TABLE_TILE", case.pop("min_table_tile"))
+    causal_rows, bidirectional_rows = case.pop("rows")
+    assert kernels._sizes(case["horizon"], 4, 4, causal)["BLOCK_R"] == (causal_rows if causal else bidirectional_rows)
+    used = triton_paths(16)
+    inputs, offset = split_case(decay_inputs, case)
+    check_decay_op(chunk_local_softmax_decay_attention, naive_local_softmax_decay_attention, inputs, causal, offset)
+    assert used == {"local_softmax_decay"}
+
+
 @pytest.mark.parametrize("causal", [pytest.param(False, marks=pytest.mark.slow), True], ids=["bidirectional", "causal"])
 def test_key_tiles_do_not_change_the_result(causal, decay_inputs, monkeypatch, triton_paths):
     """Windows read in one tile (KEY_TILE as wide as the window, KEY_BLOCK = BLOCK, the layout that
@@ -877,6 +899,24 @@ def test_triton_attention_shapes_on_cuda(case):
     """The kernels at the sizes the models use (head dimensions 8 to 64, 128 in 16-bit dtypes, h 0 to 63, the base
     configuration's 32 among them: every size `fits` takes pads to the tiles of these), Lq != Lk, padded keys, against
     the float64 reference on the device, output and gradients, float32 unless said."""
+    check_against_the_reference_on_cuda(case)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("case", [
+    dict(lq=300, lk=300, d=64, h=16, causal=True), dict(lq=300, lk=200, d=64, h=16, causal=True),
+    dict(lq=300, lk=300, d=64, h=16, causal=True, dtype=torch.bfloat16), dict(lq=200, lk=200, d=8, h=3, causal=True),
+    dict(lq=300, lk=300, d=64, h=31, causal=True),
+], ids=["h16", "h16-lq>lk", "h16-bf16", "d8-h3", "h31"])
+def test_narrow_table_tiles_on_cuda(case, monkeypatch):
+    """The causal table in tiles narrower than the 64 rows of `MIN_TILE` (`MIN_TABLE_TILE` = 16: 32 rows for the
+    h+1 the band reads at h = 16 and h = 31, 16 at h = 3): against the float64 reference on the device, output and
+    gradients, float32 unless said. Its pass is what a lower `MIN_TABLE_TILE` by default waits for."""
+    from modeling_scaleformer import ops_local_softmax_triton as kernels
+
+    monkeypatch.setattr(kernels, "MIN_TABLE_TILE", 16)
+    assert kernels._sizes(case["h"], case["d"], case["d"], True)["BLOCK_R"] == max(16, 2 ** (case["h"]).bit_length())
     check_against_the_reference_on_cuda(case)
 
 

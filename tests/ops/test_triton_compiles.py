@@ -101,7 +101,7 @@ def test_attention_kernels_lower(shape, options, causal, dtype, monkeypatch):
     kernels = ops_local_softmax_triton
     half = dtype in (torch.bfloat16, torch.float16)
     kernel_dtype, operands = (torch.float32, dtype) if half else (dtype, None)
-    sizes = kernels._sizes(horizon, d, dv)
+    sizes = kernels._sizes(horizon, d, dv, causal)
     common = dict(HORIZON=horizon, HAS_MASK=options["HAS_MASK"], BLOCK=sizes["BLOCK"], BLOCK_D=sizes["BLOCK_D"],
                   BLOCK_V=sizes["BLOCK_V"], DOT=ops_decay_triton.dot_precision(kernel_dtype, half_inputs=half))
     lower(kernels._states, kernel_dtype, operands, operand_names=kernels.INPUT_POINTERS, **common)
@@ -139,7 +139,7 @@ def test_attention_kernels_assemble_for_sm90(causal, monkeypatch):
     from triton.backends.compiler import GPUTarget
 
     kernels = ops_local_softmax_triton
-    sizes = kernels._sizes(16, 64, 64)
+    sizes = kernels._sizes(16, 64, 64, causal)
     walk = dict(HORIZON=16, HAS_MASK=True, BLOCK=sizes["BLOCK"], BLOCK_D=sizes["BLOCK_D"], BLOCK_V=sizes["BLOCK_V"],
                 DOT="tf32")
     tiles = dict(sizes, HORIZON=16, CAUSAL=causal, HAS_MASK=True, HAS_TABLE=True, DOT="tf32")
