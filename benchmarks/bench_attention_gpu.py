@@ -117,6 +117,8 @@ VARIANTS = {
     # the causal table in a tile of 32 rows, the 17 the band reads at h = 16 (`MIN_TABLE_TILE`): the windows' gathers
     # of the table half as wide; bidirectional, its 33 rows keep a tile of 64
     "narrow_table": {"MIN_TABLE_TILE": 32},
+    # and bidirectional, the band's last row of the table apart from a tile of 32 rows for the other 32 (`EDGE_APART`)
+    "narrow_table_edge": {"MIN_TABLE_TILE": 32, "EDGE_APART": True},
     "unspecialised_lengths": "the kernels' length arguments not specialised (see `unspecialised_kernels`)",
     # the op without its relative table (the kernels' HAS_TABLE false): what the table's products and gathers cost;
     # another computation than the default's, checked against the reference without a table

@@ -618,19 +618,23 @@ def _query_sums(
 
 
 @triton.jit
-def _pair_logits(q, k, qr, t, band, scale, HORIZON: tl.constexpr, CAUSAL: tl.constexpr, HAS_TABLE: tl.constexpr,
-                 BLOCK_R: tl.constexpr, DOT: tl.constexpr):
+def _pair_logits(q, k, qr, qe, t, band, scale, HORIZON: tl.constexpr, CAUSAL: tl.constexpr,
+                 HAS_TABLE: tl.constexpr, BLOCK_R: tl.constexpr, DOT: tl.constexpr):
     """l = q.(k + rel[t + h]) * scale for the pairs in the `band`, -inf elsewhere; q (M, D), k (N, D) in the inputs'
     dtype, t (M, N) the offsets p_i - j, qr (M, BLOCK_R) the queries' products with the table's rows from h CAUSAL
-    on (`_table_tile`, `_block_queries`): the band's pair at offset t reads column t + h - h CAUSAL."""
+    on (`_table_tile`, `_block_queries`): the band's pair at offset t reads column t + h - h CAUSAL, or, for t = h
+    where the tile leaves the band's last row apart, qe (M,), the queries' products with that row."""
     logits = tl.dot(q, tl.trans(k), input_precision=DOT)
     if HAS_TABLE:
-        logits += tl.gather(qr, tl.minimum(tl.maximum(t + HORIZON * (1 - CAUSAL), 0), BLOCK_R - 1), axis=1)
+        relative = tl.gather(qr, tl.minimum(tl.maximum(t + HORIZON * (1 - CAUSAL), 0), BLOCK_R - 1), axis=1)
+        if HORIZON * (2 - CAUSAL) == BLOCK_R:  # the band's last row apart (`_table_tile`)
+            relative = tl.where(t == HORIZON, qe[:, None], relative)
+        logits += relative
     return tl.where(band, logits * scale, float("-inf"))
 
 
 @triton.jit
-def _pairs(q, k, features_q, features_k, mk, rows, cols, qr, rate, scale, shift, HORIZON: tl.constexpr,
+def _pairs(q, k, features_q, features_k, mk, rows, cols, qr, qe, rate, scale, shift, HORIZON: tl.constexpr,
            CAUSAL: tl.constexpr, HAS_TABLE: tl.constexpr, ONLINE: tl.constexpr, BLOCK_R: tl.constexpr,
            DOT: tl.constexpr):
     """The pairs of queries (M,) and keys (N,) at offsets t = p_i - j = rows_i - cols_j (small integers, relative to
@@ -660,7 +664,7 @@ def _pairs(q, k, features_q, features_k, mk, rows, cols, qr, rate, scale, shift,
         beyond = ~in_band
         distance = tl.abs(offsets) - HORIZON
     band = in_band & visible
-    logits = _pair_logits(q, k, qr, t, band, scale, HORIZON, CAUSAL, HAS_TABLE, BLOCK_R, DOT)
+    logits = _pair_logits(q, k, qr, qe, t, band, scale, HORIZON, CAUSAL, HAS_TABLE, BLOCK_R, DOT)
     exponents = tl.where(band, logits, tl.where(beyond & visible, -rate * distance, float("-inf")))
     if ONLINE:
         shift = tl.maximum(shift, tl.max(exponents, 1))
@@ -679,13 +683,18 @@ def _pairs(q, k, features_q, features_k, mk, rows, cols, qr, rate, scale, shift,
 @triton.jit
 def _table_tile(TAB, row, heads, d, HORIZON: tl.constexpr, CAUSAL: tl.constexpr, HAS_TABLE: tl.constexpr,
                 BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
-    """The rows of the head's relative table (2h+1, D) that the band reads, zero-padded to (BLOCK_R, BLOCK_D), in the
-    inputs' dtype (unread without a table): all 2h+1, or when causal the h+1 rows from row h on (offsets t >= 0)."""
+    """The rows of the head's relative table (2h+1, D) that the band reads, in the inputs' dtype (unread without a
+    table): all 2h+1, or when causal the h+1 rows from row h on (offsets t >= 0). They come as a tile zero-padded to
+    (BLOCK_R, BLOCK_D) and the band's last row, the table's row 2h (offset t = h), padded to (BLOCK_D,): a tile of
+    BLOCK_R rows holds all but that row where they are one more than BLOCK_R (`_table_tile_rows`; the row is then
+    read apart), else every one (the row is then 0)."""
     rr = tl.arange(0, BLOCK_R)
     dd = tl.arange(0, BLOCK_D)
+    head = TAB + (row % heads) * (2 * HORIZON + 1) * d
     mask = (rr[:, None] < HORIZON * (2 - CAUSAL) + 1) & (dd[None, :] < d) & HAS_TABLE
-    return tl.load(TAB + ((row % heads) * (2 * HORIZON + 1) + HORIZON * CAUSAL + rr[:, None]) * d + dd[None, :],
-                   mask=mask, other=0.0)
+    tile = tl.load(head + (HORIZON * CAUSAL + rr[:, None]) * d + dd[None, :], mask=mask, other=0.0)
+    apart = HAS_TABLE & (HORIZON * (2 - CAUSAL) == BLOCK_R)
+    return tile, tl.load(head + 2 * HORIZON * d + dd, mask=(dd < d) & apart, other=0.0)
 
 
 @triton.jit
@@ -696,21 +705,26 @@ def _query_features(q, queries, d, ACC: tl.constexpr, BLOCK_D: tl.constexpr):
 
 
 @triton.jit
-def _block_queries(Q, tab, row, b, lq, heads, d, sqb, sqh, sql, HAS_TABLE: tl.constexpr, ACC: tl.constexpr,
-                   BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr, DOT: tl.constexpr):
-    """Query block b of `row`: its rows i, whether they exist, q and q's products with the table rows `tab` (BLOCK,
-    BLOCK_R, ACC), which every key tile of the block's window reads (zeros without a table)."""
+def _block_queries(Q, tab, edge, row, b, lq, heads, d, sqb, sqh, sql, HORIZON: tl.constexpr, CAUSAL: tl.constexpr,
+                   HAS_TABLE: tl.constexpr, ACC: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr,
+                   BLOCK_R: tl.constexpr, DOT: tl.constexpr):
+    """Query block b of `row`: its rows i, whether they exist, q and q's products with the table's tile `tab`
+    (BLOCK, BLOCK_R, ACC) and with the band's last row `edge` where the tile leaves it apart (BLOCK,), which every key
+    tile of the block's window reads (zeros without a table, or without that row)."""
     i = b * BLOCK + tl.arange(0, BLOCK)
     queries = i < lq
     q = _load_rows(Q, row, heads, sqb, sqh, sql, i, queries, d, BLOCK_D)
     qr = tl.zeros((BLOCK, BLOCK_R), dtype=ACC)
+    qe = tl.zeros((BLOCK,), dtype=ACC)
     if HAS_TABLE:
         qr = tl.dot(q, tl.trans(tab), input_precision=DOT).to(ACC)
-    return i, queries, q, qr
+        if HORIZON * (2 - CAUSAL) == BLOCK_R:
+            qe = tl.sum(q.to(ACC) * edge.to(ACC)[None, :], 1)
+    return i, queries, q, qr, qe
 
 
 @triton.jit
-def _window_tile(K, V, MASK, row, heads, lk, start, w0, q, features_q, qr, rate, scale, shift, d, dv, skb, skh,
+def _window_tile(K, V, MASK, row, heads, lk, start, w0, q, features_q, qr, qe, rate, scale, shift, d, dv, skb, skh,
                  skl, svb, svh, svl, HORIZON: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,
                  HAS_TABLE: tl.constexpr, ONLINE: tl.constexpr, BLOCK: tl.constexpr, TILE: tl.constexpr,
                  BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr, DOT: tl.constexpr):
@@ -728,7 +742,7 @@ def _window_tile(K, V, MASK, row, heads, lk, start, w0, q, features_q, qr, rate,
     mk = _key_weights(MASK, row, heads, lk, j, exists, HAS_MASK, acc)
     features_k = _elu_features(k.to(acc), exists[:, None] & (tl.arange(0, BLOCK_D)[None, :] < d))
     band, logits, band_weights, decay, distance, kernel, shift = _pairs(
-        q, k, features_q, features_k.to(op), mk, tl.arange(0, BLOCK) + HORIZON, w, qr, rate, scale, shift, HORIZON,
+        q, k, features_q, features_k.to(op), mk, tl.arange(0, BLOCK) + HORIZON, w, qr, qe, rate, scale, shift, HORIZON,
         CAUSAL, HAS_TABLE, ONLINE, BLOCK_R, DOT)
     return k, features_k, v, mk, band, logits, band_weights, decay, distance, kernel, shift
 
@@ -772,7 +786,7 @@ def _block_states(S, Z, SE, row, b, rows, nq, n_states, start0, start1, d, dv, f
 
 
 @triton.jit
-def _forward_tile(K, V, MASK, row, heads, lk, start, w0, q, features_q, qr, rate, scale, run_max, band_max,
+def _forward_tile(K, V, MASK, row, heads, lk, start, w0, q, features_q, qr, qe, rate, scale, run_max, band_max,
                   window_sums, band_den, far_den, d, dv, skb, skh, skl, svb, svh, svl, HORIZON: tl.constexpr,
                   CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_TABLE: tl.constexpr, BLOCK: tl.constexpr,
                   TILE: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr,
@@ -782,7 +796,7 @@ def _forward_tile(K, V, MASK, row, heads, lk, start, w0, q, features_q, qr, rate
     the decays' exponents, one product with the values."""
     op = q.dtype
     _, _, v, _, _, logits, band_weights, _, _, kernel, new_max = _window_tile(
-        K, V, MASK, row, heads, lk, start, w0, q, features_q, qr, rate, scale, run_max, d, dv, skb, skh, skl, svb,
+        K, V, MASK, row, heads, lk, start, w0, q, features_q, qr, qe, rate, scale, run_max, d, dv, skb, skh, skl, svb,
         svh, svl, HORIZON, CAUSAL, HAS_MASK, HAS_TABLE, True, BLOCK, TILE, BLOCK_D, BLOCK_V, BLOCK_R, DOT)
     shift = tl.where(new_max > float("-inf"), new_max, 0.0)
     rescale = _exp(run_max - shift)
@@ -805,9 +819,9 @@ def _forward(
     acc = S.dtype.element_ty
     op = Q.dtype.element_ty
     rate = tl.load(RATE + row % heads).to(acc)
-    tab = _table_tile(TAB, row, heads, d, HORIZON, CAUSAL, HAS_TABLE, BLOCK_R, BLOCK_D)
-    i, queries, q, qr = _block_queries(Q, tab, row, b, lq, heads, d, sqb, sqh, sql, HAS_TABLE, acc, BLOCK, BLOCK_D,
-                                       BLOCK_R, DOT)
+    tab, edge = _table_tile(TAB, row, heads, d, HORIZON, CAUSAL, HAS_TABLE, BLOCK_R, BLOCK_D)
+    i, queries, q, qr, qe = _block_queries(Q, tab, edge, row, b, lq, heads, d, sqb, sqh, sql, HORIZON, CAUSAL,
+                                           HAS_TABLE, acc, BLOCK, BLOCK_D, BLOCK_R, DOT)
     features_q = _query_features(q, queries, d, acc, BLOCK_D).to(q.dtype)  # phi(q) / D, the window's operand
     # the window by tiles of keys (TILE wide up to TILES, then one of TAIL: `_window_tiles`): the band's weights exp(l)
     # and the kernel weights beyond the band in one running sum, under the running largest of the band logits and the
@@ -820,12 +834,12 @@ def _forward(
     start = b * BLOCK + offset - HORIZON
     for w0 in range(0, TILES, TILE):
         run_max, band_max, window_sums, band_den, far_den = _forward_tile(
-            K, V, MASK, row, heads, lk, start, w0, q, features_q, qr, rate, scale, run_max, band_max,
+            K, V, MASK, row, heads, lk, start, w0, q, features_q, qr, qe, rate, scale, run_max, band_max,
             window_sums, band_den, far_den, d, dv, skb, skh, skl, svb, svh, svl, HORIZON, CAUSAL, HAS_MASK, HAS_TABLE,
             BLOCK, TILE, BLOCK_D, BLOCK_V, BLOCK_R, DOT)
     if TAIL > 0:
         run_max, band_max, window_sums, band_den, far_den = _forward_tile(
-            K, V, MASK, row, heads, lk, start, TILES, q, features_q, qr, rate, scale, run_max, band_max,
+            K, V, MASK, row, heads, lk, start, TILES, q, features_q, qr, qe, rate, scale, run_max, band_max,
             window_sums, band_den, far_den, d, dv, skb, skh, skl, svb, svh, svl, HORIZON, CAUSAL, HAS_MASK, HAS_TABLE,
             BLOCK, TAIL, BLOCK_D, BLOCK_V, BLOCK_R, DOT)
     from_before, before, before_norm, _, _, from_after, after, after_norm, _, _ = _block_states(
@@ -857,14 +871,15 @@ def _forward(
 
 
 @triton.jit
-def _block_backward_inputs(Q, GS, FQ, SHIFT, DELTA, tab, row, b, lq, heads, d, dv, sqb, sqh, sql,
-                           HAS_TABLE: tl.constexpr, ACC: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr,
-                           BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr, DOT: tl.constexpr):
+def _block_backward_inputs(Q, GS, FQ, SHIFT, DELTA, tab, edge, row, b, lq, heads, d, dv, sqb, sqh, sql,
+                           HORIZON: tl.constexpr, CAUSAL: tl.constexpr, HAS_TABLE: tl.constexpr, ACC: tl.constexpr,
+                           BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr,
+                           DOT: tl.constexpr):
     """What backward reads of query block b: `_block_queries`' rows, q and q's products with the table, phi(q) / D and
     gs = g / den in the inputs' dtype (`_row_terms`' GS and FQ, 0 for the queries that do not exist), delta and the
     row shift m."""
-    i, queries, q, qr = _block_queries(Q, tab, row, b, lq, heads, d, sqb, sqh, sql, HAS_TABLE, ACC, BLOCK, BLOCK_D,
-                                       BLOCK_R, DOT)
+    i, queries, q, qr, qe = _block_queries(Q, tab, edge, row, b, lq, heads, d, sqb, sqh, sql, HORIZON, CAUSAL,
+                                           HAS_TABLE, ACC, BLOCK, BLOCK_D, BLOCK_R, DOT)
     ptr, mask = _dense_rows(FQ, row, lq, d, i, queries, BLOCK_D)
     features_q = tl.load(ptr, mask=mask, other=0.0)
     ptr, mask = _dense_rows(GS, row, lq, dv, i, queries, BLOCK_V)
@@ -872,7 +887,7 @@ def _block_backward_inputs(Q, GS, FQ, SHIFT, DELTA, tab, row, b, lq, heads, d, d
     at = row.to(tl.int64) * lq + i
     delta = tl.load(DELTA + at, mask=queries, other=0.0)
     m = tl.load(SHIFT + at, mask=queries, other=0.0)
-    return i, queries, q, features_q, qr, gs, delta, m
+    return i, queries, q, features_q, qr, qe, gs, delta, m
 
 
 @triton.jit
@@ -901,19 +916,20 @@ def _query_state_grads(S, Z, SE, row, b, rows, nq, n_states, start0, start1, d, 
 
 
 @triton.jit
-def _query_tile(K, V, MASK, row, heads, lk, start, w0, q, features_q, qr, gs, delta, m, rate, scale, d, dv,
-                skb, skh, skl, svb, svh, svl, dq, grad_features, grad_rel, grad_rate, HORIZON: tl.constexpr,
+def _query_tile(K, V, MASK, row, heads, lk, start, w0, q, features_q, qr, qe, gs, delta, m, rate, scale, d, dv,
+                skb, skh, skl, svb, svh, svl, dq, grad_features, grad_rel, grad_edge, grad_rate, HORIZON: tl.constexpr,
                 CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_TABLE: tl.constexpr, BLOCK: tl.constexpr,
                 TILE: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr,
                 DOT: tl.constexpr):
     """Slots w0 .. w0 + TILE - 1 of query block b's window (`_window_tile`): their pairs' shares of the block's
     gradients, added to dq (through the band logits), grad_features (through phi(q) / D), grad_rel (the band logits'
-    gradient by table row) and grad_rate (lambda's, by query)."""
+    gradient by row of the table's tile), grad_edge (by query, through the band's last row where the tile leaves it
+    apart) and grad_rate (lambda's, by query)."""
     op = q.dtype
     a = tl.arange(0, BLOCK)
     rr = tl.arange(0, BLOCK_R)
     k, features_k, v, _, _, _, band_weights, decay, distance, kernel, _ = _window_tile(
-        K, V, MASK, row, heads, lk, start, w0, q, features_q, qr, rate, scale, m, d, dv, skb, skh, skl, svb, svh,
+        K, V, MASK, row, heads, lk, start, w0, q, features_q, qr, qe, rate, scale, m, d, dv, skb, skh, skl, svb, svh,
         svl, HORIZON, CAUSAL, HAS_MASK, HAS_TABLE, False, BLOCK, TILE, BLOCK_D, BLOCK_V, BLOCK_R, DOT)
     # out = sums / den: a weight w_ij gets gs_i . v_j - delta_i
     grad_weights = tl.dot(gs, tl.trans(v), input_precision=DOT) - delta[:, None]
@@ -929,13 +945,15 @@ def _query_tile(K, V, MASK, row, heads, lk, start, w0, q, features_q, qr, gs, de
         slot = a[:, None] + HORIZON * (2 - CAUSAL) - rr[None, :] - w0
         here = (slot >= 0) & (slot < TILE) & (rr[None, :] < HORIZON * (2 - CAUSAL) + 1)
         grad_rel += tl.where(here, tl.gather(grad_logits, tl.minimum(tl.maximum(slot, 0), TILE - 1), axis=1), 0.0)
-    return dq, grad_features, grad_rel, grad_rate
+        if HORIZON * (2 - CAUSAL) == BLOCK_R:  # the band's last row apart: the pairs at t = h, slot w = a
+            grad_edge += tl.sum(tl.where(a[:, None] == w0 + tl.arange(0, TILE)[None, :], grad_logits, 0.0), 1)
+    return dq, grad_features, grad_rel, grad_edge, grad_rate
 
 
 @triton.jit
-def _store_query_grads(DQ, DTAB, GRAD_RATE, tab, q, i, queries, row, heads, b, d, sdqb, sdqh, sdql, dq, grad_features,
-                       grad_rel, rate_share, HORIZON: tl.constexpr, CAUSAL: tl.constexpr, HAS_TABLE: tl.constexpr,
-                       BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr, DOT: tl.constexpr):
+def _store_query_grads(DQ, DTAB, GRAD_RATE, tab, edge, q, i, queries, row, heads, b, d, sdqb, sdqh, sdql, dq,
+                       grad_features, grad_rel, grad_edge, rate_share, HORIZON: tl.constexpr, CAUSAL: tl.constexpr,
+                       HAS_TABLE: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr, DOT: tl.constexpr):
     """Query block b's dq (with the parts through the table and phi(q) / D), and its shares of the table's gradient
     (of the rows the band reads, `_table_tile`) and lambda's (`rate_share`), one per program (`tl.num_programs(0)` of
     them per row), stored."""
@@ -948,8 +966,11 @@ def _store_query_grads(DQ, DTAB, GRAD_RATE, tab, q, i, queries, row, heads, b, d
         dtab = tl.dot(tl.trans(grad_rel.to(op)), q, input_precision=DOT)
         # this block's share, summed over blocks and batch on the host (atomic adds would contend per head)
         table_rows = HORIZON * (2 - CAUSAL) + 1
-        tl.store(DTAB + ((row.to(tl.int64) * blocks + b) * table_rows + rr[:, None]) * d + dd[None, :], dtab,
-                 mask=(rr[:, None] < table_rows) & (dd[None, :] < d))
+        share = DTAB + (row.to(tl.int64) * blocks + b) * table_rows * d
+        tl.store(share + rr[:, None] * d + dd[None, :], dtab, mask=(rr[:, None] < table_rows) & (dd[None, :] < d))
+        if HORIZON * (2 - CAUSAL) == BLOCK_R:  # the band's last row apart (`_table_tile`)
+            dq += grad_edge[:, None] * edge.to(dq.dtype)[None, :]
+            tl.store(share + BLOCK_R * d + dd, tl.sum(grad_edge[:, None] * q.to(dq.dtype), 0), mask=dd < d)
     dq += grad_features * _elu_slope(q.to(dq.dtype)) * (1.0 / d.to(dq.dtype))
     ptr, mask = _row_ptrs(DQ, row, heads, sdqb, sdqh, sdql, i, queries, d, BLOCK_D)
     tl.store(ptr, dq, mask=mask)
@@ -968,27 +989,29 @@ def _backward_queries(
     b, row = tl.program_id(0), tl.program_id(1)
     acc = S.dtype.element_ty
     rate = tl.load(RATE + row % heads).to(acc)
-    tab = _table_tile(TAB, row, heads, d, HORIZON, CAUSAL, HAS_TABLE, BLOCK_R, BLOCK_D)
-    i, queries, q, features_q, qr, gs, delta, m = _block_backward_inputs(
-        Q, GS, FQ, SHIFT, DELTA, tab, row, b, lq, heads, d, dv, sqb, sqh, sql, HAS_TABLE, acc, BLOCK, BLOCK_D, BLOCK_V,
-        BLOCK_R, DOT)
+    tab, edge = _table_tile(TAB, row, heads, d, HORIZON, CAUSAL, HAS_TABLE, BLOCK_R, BLOCK_D)
+    i, queries, q, features_q, qr, qe, gs, delta, m = _block_backward_inputs(
+        Q, GS, FQ, SHIFT, DELTA, tab, edge, row, b, lq, heads, d, dv, sqb, sqh, sql, HORIZON, CAUSAL, HAS_TABLE, acc,
+        BLOCK, BLOCK_D, BLOCK_V, BLOCK_R, DOT)
     grad_features, grad_rate = _query_state_grads(S, Z, SE, row, b, rows, nq, n_states, start0, start1, d, dv, q,
                                                   queries, gs, delta, m, rate, CAUSAL, BLOCK, BLOCK_D, BLOCK_V, DOT)
     dq = tl.zeros((BLOCK, BLOCK_D), dtype=acc)  # through the band logits
-    grad_rel = tl.zeros((BLOCK, BLOCK_R), dtype=acc)  # the band logits' gradient by table row
+    grad_rel = tl.zeros((BLOCK, BLOCK_R), dtype=acc)  # the band logits' gradient by row of the table's tile
+    grad_edge = tl.zeros((BLOCK,), dtype=acc)  # and by query through the band's last row, where it is apart
     start = b * BLOCK + offset - HORIZON
     for w0 in range(0, TILES, TILE):  # the window's tiles as `_forward` takes them
-        dq, grad_features, grad_rel, grad_rate = _query_tile(
-            K, V, MASK, row, heads, lk, start, w0, q, features_q, qr, gs, delta, m, rate, scale,
-            d, dv, skb, skh, skl, svb, svh, svl, dq, grad_features, grad_rel, grad_rate, HORIZON, CAUSAL, HAS_MASK,
-            HAS_TABLE, BLOCK, TILE, BLOCK_D, BLOCK_V, BLOCK_R, DOT)
+        dq, grad_features, grad_rel, grad_edge, grad_rate = _query_tile(
+            K, V, MASK, row, heads, lk, start, w0, q, features_q, qr, qe, gs, delta, m, rate, scale,
+            d, dv, skb, skh, skl, svb, svh, svl, dq, grad_features, grad_rel, grad_edge, grad_rate, HORIZON, CAUSAL,
+            HAS_MASK, HAS_TABLE, BLOCK, TILE, BLOCK_D, BLOCK_V, BLOCK_R, DOT)
     if TAIL > 0:
-        dq, grad_features, grad_rel, grad_rate = _query_tile(
-            K, V, MASK, row, heads, lk, start, TILES, q, features_q, qr, gs, delta, m, rate, scale,
-            d, dv, skb, skh, skl, svb, svh, svl, dq, grad_features, grad_rel, grad_rate, HORIZON, CAUSAL, HAS_MASK,
-            HAS_TABLE, BLOCK, TAIL, BLOCK_D, BLOCK_V, BLOCK_R, DOT)
-    _store_query_grads(DQ, DTAB, GRAD_RATE, tab, q, i, queries, row, heads, b, d, sdqb, sdqh, sdql, dq, grad_features,
-                       grad_rel, tl.sum(grad_rate, 0), HORIZON, CAUSAL, HAS_TABLE, BLOCK_D, BLOCK_R, DOT)
+        dq, grad_features, grad_rel, grad_edge, grad_rate = _query_tile(
+            K, V, MASK, row, heads, lk, start, TILES, q, features_q, qr, qe, gs, delta, m, rate, scale,
+            d, dv, skb, skh, skl, svb, svh, svl, dq, grad_features, grad_rel, grad_edge, grad_rate, HORIZON, CAUSAL,
+            HAS_MASK, HAS_TABLE, BLOCK, TAIL, BLOCK_D, BLOCK_V, BLOCK_R, DOT)
+    _store_query_grads(DQ, DTAB, GRAD_RATE, tab, edge, q, i, queries, row, heads, b, d, sdqb, sdqh, sdql, dq,
+                       grad_features, grad_rel, grad_edge, tl.sum(grad_rate, 0), HORIZON, CAUSAL, HAS_TABLE, BLOCK_D,
+                       BLOCK_R, DOT)
 
 
 @triton.jit
@@ -1048,8 +1071,8 @@ def _key_shares(A, AZ, NU, k, v, mk, j, keys, rate, row, rows, lq, lk, offset, n
 
 
 @triton.jit
-def _key_pairs(Q, GS, FQ, SHIFT, DELTA, tab, row, b, lq, heads, offset, j, keys, k, features_k, v, mk, rate, scale,
-               d, dv, sqb, sqh, sql, dk, grad_features, dv_, HORIZON: tl.constexpr,
+def _key_pairs(Q, GS, FQ, SHIFT, DELTA, tab, edge, row, b, lq, heads, offset, j, keys, k, features_k, v, mk, rate,
+               scale, d, dv, sqb, sqh, sql, dk, grad_features, dv_, HORIZON: tl.constexpr,
                CAUSAL: tl.constexpr, HAS_TABLE: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr,
                BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr, DOT: tl.constexpr):
     """Query block b's shares of the gradients of the keys j (where `keys`; k, phi(k) and v in the inputs' dtype,
@@ -1057,14 +1080,14 @@ def _key_pairs(Q, GS, FQ, SHIFT, DELTA, tab, row, b, lq, heads, offset, j, keys,
     dv_."""
     acc = mk.dtype
     op = k.dtype
-    _, _, q, features_q, qr, gs, delta, m = _block_backward_inputs(
-        Q, GS, FQ, SHIFT, DELTA, tab, row, b, lq, heads, d, dv, sqb, sqh, sql, HAS_TABLE, acc, BLOCK, BLOCK_D, BLOCK_V,
-        BLOCK_R, DOT)
+    _, _, q, features_q, qr, qe, gs, delta, m = _block_backward_inputs(
+        Q, GS, FQ, SHIFT, DELTA, tab, edge, row, b, lq, heads, d, dv, sqb, sqh, sql, HORIZON, CAUSAL, HAS_TABLE, acc,
+        BLOCK, BLOCK_D, BLOCK_V, BLOCK_R, DOT)
     start = b * BLOCK + offset - HORIZON
     window = (j >= start) & (j < start + BLOCK + HORIZON + HORIZON * (1 - CAUSAL)) & keys
     # query a of the block at offset a + h - (j - start) from key j
     _, _, band_weights, decay, _, kernel, _ = _pairs(q, k, features_q, features_k, tl.where(window, mk, 0.0),
-                                                     tl.arange(0, BLOCK) + HORIZON, j - start, qr, rate, scale, m,
+                                                     tl.arange(0, BLOCK) + HORIZON, j - start, qr, qe, rate, scale, m,
                                                      HORIZON, CAUSAL, HAS_TABLE, False, BLOCK_R, DOT)
     weights = band_weights + kernel
     grad_weights = tl.dot(gs, tl.trans(v), input_precision=DOT) - delta[:, None]
@@ -1098,7 +1121,7 @@ def _backward_keys(
     v = _load_rows(V, row, heads, svb, svh, svl, j, keys, dv, BLOCK_V)
     mk = _key_weights(MASK, row, heads, lk, j, keys, HAS_MASK, acc)
     features_k = _elu_features(k.to(acc), keys[:, None] & (dd[None, :] < d)).to(op)
-    tab = _table_tile(TAB, row, heads, d, HORIZON, CAUSAL, HAS_TABLE, BLOCK_R, BLOCK_D)
+    tab, edge = _table_tile(TAB, row, heads, d, HORIZON, CAUSAL, HAS_TABLE, BLOCK_R, BLOCK_D)
     dk = tl.zeros((BLOCK_K, BLOCK_D), dtype=acc)  # through the band logits
     grad_features = tl.zeros((BLOCK_K, BLOCK_D), dtype=acc)  # through phi(k)
     dv_ = tl.zeros((BLOCK_K, BLOCK_V), dtype=acc)
@@ -1108,7 +1131,7 @@ def _backward_keys(
     first = tl.maximum(_floor_div(j0 - offset + HORIZON - width, BLOCK) + 1, 0)
     last = tl.minimum(_floor_div(j0 + BLOCK_K - 1 - offset + HORIZON, BLOCK), nq - 1)
     for b in range(first, last + 1):
-        dk, grad_features, dv_ = _key_pairs(Q, GS, FQ, SHIFT, DELTA, tab, row, b, lq, heads, offset, j, keys, k,
+        dk, grad_features, dv_ = _key_pairs(Q, GS, FQ, SHIFT, DELTA, tab, edge, row, b, lq, heads, offset, j, keys, k,
                                             features_k, v, mk, rate, scale, d, dv, sqb, sqh, sql, dk, grad_features,
                                             dv_, HORIZON, CAUSAL, HAS_TABLE, BLOCK, BLOCK_D, BLOCK_V, BLOCK_R, DOT)
     grad_features, dv_, grad_rate = _key_shares(A, AZ, NU, k, v, mk, j, keys, rate, row, rows, lq, lk, offset, nq,
@@ -1148,6 +1171,13 @@ MIN_TILE = 64
 # gathers of the queries' products with them (`_pair_logits`, `_query_tile`) are half as wide (`bench_attention_gpu.py
 # --variants narrow_table`)
 MIN_TABLE_TILE = MIN_TILE
+# where the rows the band reads are a power of two plus one (2h+1 = 33 at h = 16, 65 at h = 32; h+1 = 17 causal at
+# h = 16), the tile holds all but the band's last row (offset t = h), which the window kernels read apart: one
+# product a query with it, one select a pair, one row sum a tile in backward. A tile half as wide for one row: 32
+# rows for 33 where MIN_TABLE_TILE allows 32. Compiled for sm90 (benchmarks/README.md), the window kernels' loops
+# then take 9% fewer instructions bidirectional at h = 16; causal, 16 rows and one took more than 32 rows
+# (bench_attention_gpu.py --variants narrow_table_edge: MIN_TABLE_TILE = 32 with this)
+EDGE_APART = False
 # the kernels hold whole rows of q, k and v and the relative table: h and D, Dv up to these, the sizes whose tiles
 # (64-wide D and Dv, tables of 64 and 128 rows) were checked on a GPU; larger ones take the PyTorch path (at D = 128
 # in float32, `_backward_keys` asks for more shared memory than an H100 or H200 has)
@@ -1283,10 +1313,21 @@ def _table_rows(horizon: int, causal: bool) -> tuple[int, int]:
     return (horizon, horizon + 1) if causal else (0, 2 * horizon + 1)
 
 
+def _table_tile_rows(horizon: int, causal: bool) -> int:
+    """BLOCK_R, the rows of the kernels' tile of the relative table (`_table_tile`): the power of two, at least
+    MIN_TABLE_TILE, that holds the rows the band reads, or one row fewer, where those are a power of two plus one and
+    the band's last row is read apart (`EDGE_APART`)."""
+    rows = _table_rows(horizon, causal)[1]
+    pow2 = triton.next_power_of_2
+    if EDGE_APART and rows > 2 and pow2(rows - 1) == rows - 1 >= MIN_TABLE_TILE:
+        return rows - 1
+    return max(MIN_TABLE_TILE, pow2(rows))
+
+
 def _sizes(horizon: int, d: int, dv: int, causal: bool) -> dict:
     pow2 = triton.next_power_of_2
     return dict(BLOCK=BLOCK, TILE=KEY_TILE, BLOCK_D=max(MIN_TILE, pow2(d)), BLOCK_V=max(MIN_TILE, pow2(dv)),
-                BLOCK_R=max(MIN_TABLE_TILE, pow2(_table_rows(horizon, causal)[1])))
+                BLOCK_R=_table_tile_rows(horizon, causal))
 
 
 class _Walk(NamedTuple):

@@ -375,18 +375,24 @@ def test_kept_states_give_the_recomputed_gradients(causal, decay_inputs, monkeyp
 @pytest.mark.parametrize("case", [
     dict(lq=50, lk=50, horizon=3, min_table_tile=1, rows=(4, 8)),
     dict(lq=40, lk=60, horizon=16, min_table_tile=32, rows=(32, 64), offset=5),
-], ids=["h3-exact", "h16-tiles-of-32"])
+    dict(lq=50, lk=50, horizon=4, min_table_tile=1, edge=True, rows=(4, 8)),
+    dict(lq=60, lk=40, horizon=16, min_table_tile=16, edge=True, rows=(16, 32), offset=3),
+], ids=["h3-exact", "h16-tiles-of-32", "h4-last-row-apart", "h16-last-row-apart"])
 def test_narrow_table_tiles_against_the_reference(case, causal, decay_inputs, split_case, check_decay_op, monkeypatch,
                                                   triton_paths):
     """The relative table in tiles as narrow as the rows the band reads (`MIN_TABLE_TILE` lowered; h+1 rows from row
-    h when causal, 2h+1 else): the op against the float64 reference, output and gradients (the table's included,
-    whose rows before h are 0 when causal), padded keys, Lq != Lk."""
+    h when causal, 2h+1 else), or one row narrower with the band's last row read apart (`EDGE_APART`, where those
+    rows are a power of two plus one): the op against the float64 reference, output and gradients (the table's
+    included, whose rows before h are 0 when causal), padded keys, Lq != Lk."""
     from modeling_scaleformer import ops_local_softmax_triton as kernels
 
     case = dict(case, mask="padding")
     monkeypatch.setattr(kernels, "MIN_TABLE_TILE", case.pop("min_table_tile"))
+    monkeypatch.setattr(kernels, "EDGE_APART", case.pop("edge", False))
     causal_rows, bidirectional_rows = case.pop("rows")
-    assert kernels._sizes(case["horizon"], 4, 4, causal)["BLOCK_R"] == (causal_rows if causal else bidirectional_rows)
+    tile = kernels._sizes(case["horizon"], 4, 4, causal)["BLOCK_R"]
+    assert tile == (causal_rows if causal else bidirectional_rows)
+    assert (tile == kernels._table_rows(case["horizon"], causal)[1] - 1) == kernels.EDGE_APART
     used = triton_paths(16)
     inputs, offset = split_case(decay_inputs, case)
     check_decay_op(chunk_local_softmax_decay_attention, naive_local_softmax_decay_attention, inputs, causal, offset)
@@ -905,18 +911,27 @@ def test_triton_attention_shapes_on_cuda(case):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("case", [
-    dict(lq=300, lk=300, d=64, h=16, causal=True), dict(lq=300, lk=200, d=64, h=16, causal=True),
-    dict(lq=300, lk=300, d=64, h=16, causal=True, dtype=torch.bfloat16), dict(lq=200, lk=200, d=8, h=3, causal=True),
-    dict(lq=300, lk=300, d=64, h=31, causal=True),
-], ids=["h16", "h16-lq>lk", "h16-bf16", "d8-h3", "h31"])
+    dict(lq=300, lk=300, d=64, h=16, causal=True, rows=32), dict(lq=300, lk=200, d=64, h=16, causal=True, rows=32),
+    dict(lq=300, lk=300, d=64, h=16, causal=True, dtype=torch.bfloat16, rows=32),
+    dict(lq=200, lk=200, d=8, h=3, causal=True, rows=16), dict(lq=300, lk=300, d=64, h=31, causal=True, rows=32),
+    dict(lq=300, lk=300, d=64, h=16, causal=True, edge=True, rows=16),
+    dict(lq=300, lk=300, d=64, h=16, edge=True, rows=32),
+    dict(lq=300, lk=300, d=64, h=16, edge=True, dtype=torch.bfloat16, rows=32),
+    dict(lq=300, lk=200, d=64, h=32, edge=True, rows=64), dict(lq=200, lk=200, d=32, h=8, edge=True, rows=16),
+], ids=["h16-causal", "h16-causal-lq>lk", "h16-causal-bf16", "d8-h3-causal", "h31-causal", "h16-causal-edge",
+        "h16-edge", "h16-edge-bf16", "h32-edge-lq>lk", "d32-h8-edge"])
 def test_narrow_table_tiles_on_cuda(case, monkeypatch):
-    """The causal table in tiles narrower than the 64 rows of `MIN_TILE` (`MIN_TABLE_TILE` = 16: 32 rows for the
-    h+1 the band reads at h = 16 and h = 31, 16 at h = 3): against the float64 reference on the device, output and
-    gradients, float32 unless said. Its pass is what a lower `MIN_TABLE_TILE` by default waits for."""
+    """The table in tiles narrower than the 64 rows of `MIN_TILE` (`MIN_TABLE_TILE` = 16: 32 rows for the h+1 the
+    causal band reads at h = 16 and h = 31, 16 at h = 3), and with the band's last row apart (`EDGE_APART`: 16 rows
+    and one causal at h = 16, 32 and one bidirectional, 64 and one at h = 32, 16 and one at h = 8): against the
+    float64 reference on the device, output and gradients, float32 unless said. Their passes are what those
+    settings wait for to be the default."""
     from modeling_scaleformer import ops_local_softmax_triton as kernels
 
+    case = dict(case)
     monkeypatch.setattr(kernels, "MIN_TABLE_TILE", 16)
-    assert kernels._sizes(case["h"], case["d"], case["d"], True)["BLOCK_R"] == max(16, 2 ** (case["h"]).bit_length())
+    monkeypatch.setattr(kernels, "EDGE_APART", case.pop("edge", False))
+    assert kernels._sizes(case["h"], case["d"], case["d"], case.get("causal", False))["BLOCK_R"] == case.pop("rows")
     check_against_the_reference_on_cuda(case)
 
 

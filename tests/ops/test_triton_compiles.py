@@ -130,6 +130,27 @@ def test_attention_kernels_lower(shape, options, causal, dtype, monkeypatch):
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
+@pytest.mark.parametrize("table", [dict(MIN_TABLE_TILE=32), dict(MIN_TABLE_TILE=16, EDGE_APART=True)],
+                         ids=["tiles-of-32", "last-row-apart"])
+def test_window_kernels_lower_with_narrower_table_tiles(table, causal, monkeypatch):
+    """The window kernels, bf16 at h = 16, with the relative table in the narrower tiles of `MIN_TABLE_TILE` and
+    `EDGE_APART` (32 rows causal, 64 bidirectional; 16 rows and one causal, 32 and one bidirectional)."""
+    kernels = ops_local_softmax_triton
+    for name, value in table.items():
+        monkeypatch.setattr(kernels, name, value)
+    sizes = kernels._sizes(16, 64, 64, causal)
+    assert sizes["BLOCK_R"] == {(32, False): 64, (32, True): 32, (16, False): 32, (16, True): 16}[
+        table["MIN_TABLE_TILE"], causal]
+    flags = dict(HORIZON=16, CAUSAL=causal, HAS_MASK=True, HAS_TABLE=True, DOT="tf32")
+    for name in ("_forward", "_backward_queries"):
+        lower(getattr(kernels, name), torch.float32, torch.bfloat16, operand_names=kernels.INPUT_POINTERS, **flags,
+              **sizes, **kernels._window_tiles(name, 16, causal))
+    lower(kernels._backward_keys, torch.float32, torch.bfloat16, operand_names=kernels.INPUT_POINTERS, **flags,
+          BLOCK=sizes["BLOCK"], BLOCK_K=kernels.KEY_BLOCK, BLOCK_D=sizes["BLOCK_D"], BLOCK_V=sizes["BLOCK_V"],
+          BLOCK_R=sizes["BLOCK_R"])
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
 def test_attention_kernels_assemble_for_sm90(causal, monkeypatch):
     """The default attention's kernels through every stage of Triton's compiler and ptxas for sm90, bf16, with the
     host's block sizes and launch options: stages after Triton IR reject programs the lowering accepts (layouts,
