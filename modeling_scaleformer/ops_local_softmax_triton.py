@@ -1500,8 +1500,12 @@ def _backward_body(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
     torch.sum((grad_rate_walk.flatten(2).sum(2).sum(0) + grad_rate_queries.sum(1) + grad_rate_keys.sum(1)).view(
         b, heads), 0, out=grad_rate)
     if dtable is not None:
-        grad_table[:, :first_row] = 0  # rows that the band does not read
-        torch.sum(dtable.view(b, heads, walk.nq, table_rows, d), (0, 2), out=grad_table[:, first_row:])
+        shares = dtable.view(b, heads, walk.nq, table_rows, d)
+        if first_row:  # causal: the rows before h, which the band does not read, have no gradient
+            grad_table[:, :first_row] = 0
+            torch.sum(shares, (0, 2), out=grad_table[:, first_row:])
+        else:
+            torch.sum(shares, (0, 2), out=grad_table)
     return dq, dk, dv_, grad_table, grad_rate
 
 
