@@ -125,8 +125,10 @@ print(torch.__version__, triton.__version__, transformers.__version__, torch.cud
         attention_backward) step attention_backward python3 benchmarks/bench_attention_gpu.py --variants \
             unspecialised_lengths whole_tiles tail_tiles_backward no_table "${launch[@]}" --lengths 4096 16384 65536 \
             --max-sdpa-length 16384 --json "$out/bench_attention_gpu_backward.json" ;;
-        attention_table) step attention_table bash -c 'python3 -m pytest -q -p no:cacheprovider -rfEs \
-                tests/ops/test_local_softmax_triton.py -k test_narrow_table_tiles_on_cuda
+        attention_table) step attention_table bash -c 'workers=()  # the tests compile their kernels in parallel
+            python3 -c "import xdist" 2> /dev/null && workers=(-n "${TEST_WORKERS:-8}")
+            python3 -m pytest -q -p no:cacheprovider -rfEs "${workers[@]}" tests/ops/test_local_softmax_triton.py \
+                -k test_narrow_table_tiles_on_cuda
             tests=$?
             python3 benchmarks/bench_attention_gpu.py --variants narrow_table narrow_table_edge no_table "$@" \
                 --lengths 16384 65536 --max-sdpa-length 16384 --json "$0/bench_attention_gpu_table.json" &&
