@@ -119,6 +119,8 @@ VARIANTS = {
     "narrow_table": {"MIN_TABLE_TILE": 32},
     # and bidirectional, the band's last row of the table apart from a tile of 32 rows for the other 32 (`EDGE_APART`)
     "narrow_table_edge": {"MIN_TABLE_TILE": 32, "EDGE_APART": True},
+    # `_backward_keys` reading the window's pairs that `_backward_queries` stores, instead of forming them again
+    "stored_pairs": {"STORED_PAIRS": True},
     "unspecialised_lengths": "the kernels' length arguments not specialised (see `unspecialised_kernels`)",
     # the op without its relative table (the kernels' HAS_TABLE false): what the table's products and gathers cost;
     # another computation than the default's, checked against the reference without a table

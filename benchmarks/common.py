@@ -415,10 +415,14 @@ def parse_kernel_options(texts: Sequence[str]) -> dict:
     """`--kernel-options NAME=VALUE ...` as {NAME: value}: each NAME an upper-case module option of
     `ops_local_softmax_triton`, each VALUE a Python literal of the option's type (of any type where the option is
     None). The module is imported here, so a script that runs its kernels interpreted sets TRITON_INTERPRET=1 first.
-    Raises ValueError naming the text that is not one."""
+    Raises ValueError naming the text that is not one, or saying why the module could not be imported (Triton
+    missing)."""
     if not texts:
         return {}
-    from modeling_scaleformer import ops_local_softmax_triton as kernels
+    try:
+        from modeling_scaleformer import ops_local_softmax_triton as kernels
+    except ImportError as error:
+        raise ValueError(f"--kernel-options: {error}") from None
 
     parsed = {}
     for text in texts:

@@ -96,8 +96,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     try:
         args.kernel_options = parse_kernel_options(args.kernel_options)
-    except (ImportError, ValueError) as error:
-        parser.error(str(error) if isinstance(error, ValueError) else f"--kernel-options: {error}")
+    except ValueError as error:
+        parser.error(str(error))
     return args
 
 
@@ -149,11 +149,12 @@ def constexprs(kernels, name: str, args: argparse.Namespace) -> dict:
         return {key: walk[key] for key in ("BLOCK", "BLOCK_D", "BLOCK_V")}
     if name in ("_query_sums", "_states_backward"):
         return {key: walk[key] for key in ("BLOCK", "BLOCK_D", "BLOCK_V", "DOT")}
+    pairs = {} if name == "_forward" else dict(STORED_PAIRS=kernels.STORED_PAIRS)
     if name == "_backward_keys":
         return dict(walk, CAUSAL=args.causal, HAS_TABLE=not args.no_table, BLOCK_K=kernels.KEY_BLOCK,
-                    BLOCK_R=sizes["BLOCK_R"])
+                    BLOCK_R=sizes["BLOCK_R"], **pairs)
     return dict(sizes, **kernels._window_tiles(name, args.horizon, args.causal), HORIZON=args.horizon,
-                CAUSAL=args.causal, HAS_MASK=True, HAS_TABLE=not args.no_table, DOT=dot)
+                CAUSAL=args.causal, HAS_MASK=True, HAS_TABLE=not args.no_table, DOT=dot, **pairs)
 
 
 def ptxas(arch: int):

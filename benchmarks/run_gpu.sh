@@ -4,9 +4,9 @@
 #
 #     bash benchmarks/run_gpu.sh OUT_DIR [STEP ...]
 #
-# STEP is any of env, compile, attention, attention_variants, attention_backward, attention_table, attention_scan,
-# attention_small_batch, attention_rows, attention_block32, tune, tune_registers, tune_scan, ncu, tests,
-# compile_tests, accelerate, train, train_compiled, train_graphs, train_graphs_scan, generate
+# STEP is any of env, compile, attention, attention_variants, attention_backward, attention_table, attention_pairs,
+# attention_scan, attention_small_batch, attention_rows, attention_block32, tune, tune_registers, tune_scan, ncu,
+# tests, compile_tests, accelerate, train, train_compiled, train_graphs, train_graphs_scan, generate
 # (default: env, attention, tests, compile_tests, train, generate, in that order):
 #   compile               checks, and so compiles, the default kernels and each variant's in parallel processes, so
 #                         that a later attention_variants finds them compiled;
@@ -24,6 +24,9 @@
 #                         band's last row apart from a tile of 32 rows (`narrow_table_edge`), and beside the op
 #                         without a table (`no_table`), at B=4, H=16, 16k and 64k (a variant that fails its check
 #                         against the reference is not timed);
+#   attention_pairs       the GPU tests of `_backward_keys` reading the window's pairs that `_backward_queries`
+#                         stored (`test_stored_pairs_on_cuda`), then the op beside it (`stored_pairs`) at B=4, H=16,
+#                         16k and 64k, with its peak memory (a variant that fails its check is not timed);
 #   attention_scan        the parallel passes' scan as products (`scan_products`, `scan_products_1x32`), in steps of 16
 #                         chunks (`scan_steps_of_16`), and the passes with the products where the op takes the walks
 #                         (`scan_products_everywhere`), at the small model's training shape (B=1, H=8) and at B=4,
@@ -88,6 +91,7 @@ step() {  # step NAME COMMAND...: runs COMMAND under LIMIT_<NAME> seconds, its o
     "${LIMIT_attention_small_batch:=120}" "${LIMIT_train_graphs:=360}" \
     "${LIMIT_tune:=240}" "${LIMIT_attention_rows:=120}" "${LIMIT_accelerate:=240}" \
     "${LIMIT_compile_tests:=300}" "${LIMIT_attention_backward:=200}" "${LIMIT_attention_table:=240}" \
+    "${LIMIT_attention_pairs:=240}" \
     "${LIMIT_ncu:=240}" "${LIMIT_tune_registers:=300}" "${LIMIT_attention_scan:=240}" "${LIMIT_tune_scan:=240}" \
     "${LIMIT_train_graphs_scan:=360}"
 launch=()
@@ -133,6 +137,14 @@ print(torch.__version__, triton.__version__, transformers.__version__, torch.cud
             python3 benchmarks/bench_attention_gpu.py --variants narrow_table narrow_table_edge no_table "$@" \
                 --lengths 16384 65536 --max-sdpa-length 16384 --json "$0/bench_attention_gpu_table.json" &&
             exit "$tests"' "$out" "${launch[@]}" ;;
+        attention_pairs) step attention_pairs bash -c 'workers=()  # the tests compile their kernels in parallel
+            python3 -c "import xdist" 2> /dev/null && workers=(-n "${TEST_WORKERS:-8}")
+            python3 -m pytest -q -p no:cacheprovider -rfEs "${workers[@]}" tests/ops/test_local_softmax_triton.py \
+                -k test_stored_pairs_on_cuda
+            tests=$?
+            python3 benchmarks/bench_attention_gpu.py --variants stored_pairs "$@" --lengths 16384 65536 \
+                --max-sdpa-length 16384 --json "$0/bench_attention_gpu_pairs.json" &&
+            exit "$tests"' "$out" "${launch[@]}" ;;
         attention_scan) step attention_scan bash -c 'out=$1; shift; for shape in 1x8 4x16; do
                 python3 benchmarks/bench_attention_gpu.py --batch "${shape%x*}" --heads "${shape#*x}" "$@" \
                     --variants scan_products scan_products_1x32 scan_steps_of_16 scan_products_everywhere \
@@ -176,8 +188,9 @@ print(torch.__version__, triton.__version__, transformers.__version__, torch.cud
             --positions ${POSITIONS:-128 1024 4096 8192} --models scaleformer bart \
             --json "$out/bench_generate_gpu.json" ;;
         *) echo "unknown step: $name (expected env, compile, attention, attention_variants, attention_backward," \
-                "attention_table, attention_scan, attention_small_batch, attention_rows, attention_block32, tune," \
-                "tune_registers, tune_scan, ncu, tests, compile_tests, accelerate, train, train_compiled," \
+                "attention_table, attention_pairs, attention_scan, attention_small_batch, attention_rows," \
+                "attention_block32, tune, tune_registers, tune_scan, ncu, tests, compile_tests, accelerate, train," \
+                "train_compiled," \
                 "train_graphs, train_graphs_scan, generate)" >&2
            exit 64 ;;
     esac

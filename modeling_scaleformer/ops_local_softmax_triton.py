@@ -50,7 +50,9 @@ flash-linear-attention's chunk kernels:
   query blocks whose windows hold them give dk and dv, and the keys' shares of the gradients of the states their
   chunks enter (one or two per direction) are added. Each pair of a window is computed twice in backward, by
   queries and by keys: one pass per query block giving its dq and its window's first keys' dk and dv took 1.27x to
-  1.34x the two passes' time at 16k and 64k on an H200, its tiles spilling (benchmarks/README.md).
+  1.34x the two passes' time at 16k and 64k on an H200, its tiles spilling (benchmarks/README.md). With
+  `STORED_PAIRS`, `_backward_queries` stores each pair's weight and the factor of its gradient, and
+  `_backward_keys` reads them (`_stored_key_pairs`): its pairs then take three products and no exponential.
 
 lambda's gradient is a sum of local terms (offsets within a block or a window, BLOCK for each carry), never a
 product of absolute positions. q, k, v, the table and the output stay in the inputs' dtype (read with their
@@ -916,15 +918,35 @@ def _query_state_grads(S, Z, SE, row, b, rows, nq, n_states, start0, start1, d, 
 
 
 @triton.jit
-def _query_tile(K, V, MASK, row, heads, lk, start, w0, q, features_q, qr, qe, gs, delta, m, rate, scale, d, dv,
-                skb, skh, skl, svb, svh, svl, dq, grad_features, grad_rel, grad_edge, grad_rate, HORIZON: tl.constexpr,
-                CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_TABLE: tl.constexpr, BLOCK: tl.constexpr,
-                TILE: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr,
-                DOT: tl.constexpr):
+def _pair_rows(row, b, rows, nq, HORIZON: tl.constexpr, CAUSAL: tl.constexpr, BLOCK: tl.constexpr):
+    """Where query block b of `row` keeps its window's pairs (`STORED_PAIRS`): the buffer holds two planes (rows, nq,
+    BLOCK, width), width = BLOCK + 2h (BLOCK + h when causal) the window's keys; the elements from one plane to the
+    other, and the offset of the block's rows a (BLOCK,) in the first, a width apart."""
+    width = BLOCK + HORIZON * (2 - CAUSAL)
+    plane = rows.to(tl.int64) * nq * BLOCK * width
+    return plane, ((row.to(tl.int64) * nq + b) * BLOCK + tl.arange(0, BLOCK)[:, None]) * width
+
+
+@triton.jit
+def _pair_tile(PAIRS, pairs_at, w, width):
+    """The pointers of a query block's pairs with window slots w in the first plane of `_pair_rows` (their weights;
+    the second, a plane on, holds their gradients' factors), its rows at `pairs_at`, and which of the slots the
+    window holds (w < width)."""
+    return PAIRS + pairs_at + w[None, :], w[None, :] < width
+
+
+@triton.jit
+def _query_tile(K, V, MASK, PAIRS, row, heads, lk, start, w0, q, features_q, qr, qe, gs, delta, m, rate, scale, d,
+                dv, skb, skh, skl, svb, svh, svl, plane, pairs_at, dq, grad_features, grad_rel, grad_edge, grad_rate,
+                HORIZON: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_TABLE: tl.constexpr,
+                STORED_PAIRS: tl.constexpr, BLOCK: tl.constexpr, TILE: tl.constexpr, BLOCK_D: tl.constexpr,
+                BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr, DOT: tl.constexpr):
     """Slots w0 .. w0 + TILE - 1 of query block b's window (`_window_tile`): their pairs' shares of the block's
     gradients, added to dq (through the band logits), grad_features (through phi(q) / D), grad_rel (the band logits'
     gradient by row of the table's tile), grad_edge (by query, through the band's last row where the tile leaves it
-    apart) and grad_rate (lambda's, by query)."""
+    apart) and grad_rate (lambda's, by query). STORED_PAIRS, the pairs' weights w_ij and the factors of their
+    gradients (the band logits' in the band, the kernel values' beyond it) are stored for `_backward_keys`, in the
+    inputs' dtype, as its products would take them (`_pair_tile`)."""
     op = q.dtype
     a = tl.arange(0, BLOCK)
     rr = tl.arange(0, BLOCK_R)
@@ -938,6 +960,10 @@ def _query_tile(K, V, MASK, row, heads, lk, start, w0, q, features_q, qr, qe, gs
     dq = tl.dot(grad_logits.to(op), k, dq, input_precision=DOT)
     # d/d(phi(q).phi(k) / D): the decay relative to m, 0 for the keys that are hidden or in the band
     grad_kernel = grad_weights * decay
+    if STORED_PAIRS:  # each pair's factors lie on one side of the band, 0 on the other: one plane holds both
+        ptrs, inside = _pair_tile(PAIRS, pairs_at, w0 + tl.arange(0, TILE), BLOCK + HORIZON * (2 - CAUSAL))
+        tl.store(ptrs, (band_weights + kernel).to(op), mask=inside)
+        tl.store(ptrs + plane, (grad_logits + grad_kernel).to(op), mask=inside)
     grad_features = tl.dot(grad_kernel.to(op), features_k.to(op), grad_features, input_precision=DOT)
     if HAS_TABLE:
         # the pair (a, w) reads table row a + 2h - w, column r = a + 2h - h CAUSAL - w of the table's tile: column r
@@ -979,14 +1005,15 @@ def _store_query_grads(DQ, DTAB, GRAD_RATE, tab, edge, q, i, queries, row, heads
 
 @triton.jit
 def _backward_queries(
-    Q, K, V, MASK, TAB, RATE, S, Z, SE, GS, FQ, SHIFT, DELTA, DQ, DTAB, GRAD_RATE,
+    Q, K, V, MASK, TAB, RATE, S, Z, SE, GS, FQ, SHIFT, DELTA, DQ, DTAB, GRAD_RATE, PAIRS,
     lq, lk, heads, rows, offset, nq, n_states, start0, start1, d, dv, sqb, sqh, sql, skb, skh, skl, svb, svh, svl,
     sdqb, sdqh, sdql, scale,
-    HORIZON: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_TABLE: tl.constexpr, BLOCK: tl.constexpr,
-    TILE: tl.constexpr, TILES: tl.constexpr, TAIL: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr,
-    BLOCK_R: tl.constexpr, DOT: tl.constexpr,
+    HORIZON: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_TABLE: tl.constexpr,
+    STORED_PAIRS: tl.constexpr, BLOCK: tl.constexpr, TILE: tl.constexpr, TILES: tl.constexpr, TAIL: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr, DOT: tl.constexpr,
 ):
     b, row = tl.program_id(0), tl.program_id(1)
+    plane, pairs_at = _pair_rows(row, b, rows, nq, HORIZON, CAUSAL, BLOCK)
     acc = S.dtype.element_ty
     rate = tl.load(RATE + row % heads).to(acc)
     tab, edge = _table_tile(TAB, row, heads, d, HORIZON, CAUSAL, HAS_TABLE, BLOCK_R, BLOCK_D)
@@ -1001,14 +1028,14 @@ def _backward_queries(
     start = b * BLOCK + offset - HORIZON
     for w0 in range(0, TILES, TILE):  # the window's tiles as `_forward` takes them
         dq, grad_features, grad_rel, grad_edge, grad_rate = _query_tile(
-            K, V, MASK, row, heads, lk, start, w0, q, features_q, qr, qe, gs, delta, m, rate, scale,
-            d, dv, skb, skh, skl, svb, svh, svl, dq, grad_features, grad_rel, grad_edge, grad_rate, HORIZON, CAUSAL,
-            HAS_MASK, HAS_TABLE, BLOCK, TILE, BLOCK_D, BLOCK_V, BLOCK_R, DOT)
+            K, V, MASK, PAIRS, row, heads, lk, start, w0, q, features_q, qr, qe, gs, delta, m, rate, scale,
+            d, dv, skb, skh, skl, svb, svh, svl, plane, pairs_at, dq, grad_features, grad_rel, grad_edge, grad_rate,
+            HORIZON, CAUSAL, HAS_MASK, HAS_TABLE, STORED_PAIRS, BLOCK, TILE, BLOCK_D, BLOCK_V, BLOCK_R, DOT)
     if TAIL > 0:
         dq, grad_features, grad_rel, grad_edge, grad_rate = _query_tile(
-            K, V, MASK, row, heads, lk, start, TILES, q, features_q, qr, qe, gs, delta, m, rate, scale,
-            d, dv, skb, skh, skl, svb, svh, svl, dq, grad_features, grad_rel, grad_edge, grad_rate, HORIZON, CAUSAL,
-            HAS_MASK, HAS_TABLE, BLOCK, TAIL, BLOCK_D, BLOCK_V, BLOCK_R, DOT)
+            K, V, MASK, PAIRS, row, heads, lk, start, TILES, q, features_q, qr, qe, gs, delta, m, rate, scale,
+            d, dv, skb, skh, skl, svb, svh, svl, plane, pairs_at, dq, grad_features, grad_rel, grad_edge, grad_rate,
+            HORIZON, CAUSAL, HAS_MASK, HAS_TABLE, STORED_PAIRS, BLOCK, TAIL, BLOCK_D, BLOCK_V, BLOCK_R, DOT)
     _store_query_grads(DQ, DTAB, GRAD_RATE, tab, edge, q, i, queries, row, heads, b, d, sdqb, sdqh, sdql, dq,
                        grad_features, grad_rel, grad_edge, tl.sum(grad_rate, 0), HORIZON, CAUSAL, HAS_TABLE, BLOCK_D,
                        BLOCK_R, DOT)
@@ -1099,16 +1126,49 @@ def _key_pairs(Q, GS, FQ, SHIFT, DELTA, tab, edge, row, b, lq, heads, offset, j,
 
 
 @triton.jit
+def _stored_key_pairs(Q, GS, FQ, PAIRS, row, b, lq, heads, rows, nq, offset, j, keys, d, dv, sqb, sqh, sql, dk,
+                      grad_features, dv_, HORIZON: tl.constexpr, CAUSAL: tl.constexpr, BLOCK: tl.constexpr,
+                      BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, DOT: tl.constexpr):
+    """`_key_pairs` from the pairs that `_backward_queries` stored (`STORED_PAIRS`): query block b's weights w_ij on
+    the keys j of its window and the factors of their gradients, read rather than formed again, multiplied with its
+    queries' gs = g / den (dv), q (dk, the pairs in the band) and phi(q) / D (grad_features, the pairs beyond it)."""
+    a = tl.arange(0, BLOCK)
+    i = b * BLOCK + a
+    queries = i < lq
+    q = _load_rows(Q, row, heads, sqb, sqh, sql, i, queries, d, BLOCK_D)
+    ptr, mask = _dense_rows(FQ, row, lq, d, i, queries, BLOCK_D)
+    features_q = tl.load(ptr, mask=mask, other=0.0)
+    ptr, mask = _dense_rows(GS, row, lq, dv, i, queries, BLOCK_V)
+    gs = tl.load(ptr, mask=mask, other=0.0)
+    w = j - (b * BLOCK + offset - HORIZON)  # the keys' slots in the window
+    plane, pairs_at = _pair_rows(row, b, rows, nq, HORIZON, CAUSAL, BLOCK)
+    ptrs, inside = _pair_tile(PAIRS, pairs_at, w, BLOCK + HORIZON * (2 - CAUSAL))
+    inside = inside & (w >= 0)[None, :] & keys[None, :]
+    weights = tl.load(ptrs, mask=inside, other=0.0)
+    grads = tl.load(ptrs + plane, mask=inside, other=0.0)
+    t = (a + HORIZON)[:, None] - w[None, :]  # query a sits at offset a + h - w from slot w
+    if CAUSAL:
+        in_band = t.to(tl.uint32) <= HORIZON
+    else:
+        in_band = (t + HORIZON).to(tl.uint32) <= 2 * HORIZON
+    dv_ = tl.dot(tl.trans(weights), gs, dv_, input_precision=DOT)
+    dk = tl.dot(tl.trans(tl.where(in_band, grads, 0.0)), q, dk, input_precision=DOT)
+    grad_features = tl.dot(tl.trans(tl.where(in_band, 0.0, grads)), features_q, grad_features, input_precision=DOT)
+    return dk, grad_features, dv_
+
+
+@triton.jit
 def _backward_keys(
-    Q, K, V, MASK, TAB, RATE, A, AZ, NU, GS, FQ, SHIFT, DELTA, DK, DV, GRAD_RATE,
+    Q, K, V, MASK, TAB, RATE, A, AZ, NU, GS, FQ, SHIFT, DELTA, DK, DV, GRAD_RATE, PAIRS,
     lq, lk, heads, rows, offset, nq, n_states, start0, start1, key_first, d, dv, sqb, sqh, sql, skb, skh, skl,
     svb, svh, svl, sdkb, sdkh, sdkl, sdvb, sdvh, sdvl, scale,
-    HORIZON: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_TABLE: tl.constexpr, BLOCK: tl.constexpr,
-    BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr, DOT: tl.constexpr,
+    HORIZON: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_TABLE: tl.constexpr,
+    STORED_PAIRS: tl.constexpr, BLOCK: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr, DOT: tl.constexpr,
 ):
     """dk and dv of BLOCK_K keys a program from key_first on (those of 0 .. lk - 1), and their part of lambda's
-    gradient (by program, into GRAD_RATE): the shares of the query blocks whose windows hold them (`_key_pairs`) and
-    of the states' gradients (`_key_shares`)."""
+    gradient (by program, into GRAD_RATE): the shares of the query blocks whose windows hold them (`_key_pairs`, or
+    `_stored_key_pairs` from the pairs `_backward_queries` stored) and of the states' gradients (`_key_shares`)."""
     kb, row = tl.program_id(0), tl.program_id(1)
     acc = A.dtype.element_ty
     op = Q.dtype.element_ty
@@ -1120,8 +1180,6 @@ def _backward_keys(
     k = _load_rows(K, row, heads, skb, skh, skl, j, keys, d, BLOCK_D)
     v = _load_rows(V, row, heads, svb, svh, svl, j, keys, dv, BLOCK_V)
     mk = _key_weights(MASK, row, heads, lk, j, keys, HAS_MASK, acc)
-    features_k = _elu_features(k.to(acc), keys[:, None] & (dd[None, :] < d)).to(op)
-    tab, edge = _table_tile(TAB, row, heads, d, HORIZON, CAUSAL, HAS_TABLE, BLOCK_R, BLOCK_D)
     dk = tl.zeros((BLOCK_K, BLOCK_D), dtype=acc)  # through the band logits
     grad_features = tl.zeros((BLOCK_K, BLOCK_D), dtype=acc)  # through phi(k)
     dv_ = tl.zeros((BLOCK_K, BLOCK_V), dtype=acc)
@@ -1130,10 +1188,19 @@ def _backward_keys(
     width = BLOCK + HORIZON + HORIZON * (1 - CAUSAL)
     first = tl.maximum(_floor_div(j0 - offset + HORIZON - width, BLOCK) + 1, 0)
     last = tl.minimum(_floor_div(j0 + BLOCK_K - 1 - offset + HORIZON, BLOCK), nq - 1)
-    for b in range(first, last + 1):
-        dk, grad_features, dv_ = _key_pairs(Q, GS, FQ, SHIFT, DELTA, tab, edge, row, b, lq, heads, offset, j, keys, k,
-                                            features_k, v, mk, rate, scale, d, dv, sqb, sqh, sql, dk, grad_features,
-                                            dv_, HORIZON, CAUSAL, HAS_TABLE, BLOCK, BLOCK_D, BLOCK_V, BLOCK_R, DOT)
+    if STORED_PAIRS:
+        for b in range(first, last + 1):
+            dk, grad_features, dv_ = _stored_key_pairs(Q, GS, FQ, PAIRS, row, b, lq, heads, rows, nq, offset, j, keys,
+                                                       d, dv, sqb, sqh, sql, dk, grad_features, dv_, HORIZON, CAUSAL,
+                                                       BLOCK, BLOCK_D, BLOCK_V, DOT)
+    else:
+        features_k = _elu_features(k.to(acc), keys[:, None] & (dd[None, :] < d)).to(op)
+        tab, edge = _table_tile(TAB, row, heads, d, HORIZON, CAUSAL, HAS_TABLE, BLOCK_R, BLOCK_D)
+        for b in range(first, last + 1):
+            dk, grad_features, dv_ = _key_pairs(Q, GS, FQ, SHIFT, DELTA, tab, edge, row, b, lq, heads, offset, j,
+                                                keys, k, features_k, v, mk, rate, scale, d, dv, sqb, sqh, sql, dk,
+                                                grad_features, dv_, HORIZON, CAUSAL, HAS_TABLE, BLOCK, BLOCK_D, BLOCK_V,
+                                                BLOCK_R, DOT)
     grad_features, dv_, grad_rate = _key_shares(A, AZ, NU, k, v, mk, j, keys, rate, row, rows, lq, lk, offset, nq,
                                                 n_states, start0, start1, d, dv, grad_features, dv_,
                                                 tl.zeros((BLOCK_K,), dtype=acc), HORIZON, CAUSAL, BLOCK, BLOCK_K,
@@ -1238,14 +1305,21 @@ KEEP_STATES = True
 # rather than at key 0: at h = 16, a block of 32 keys then meets one window or two, 1.5 on average, where from key 0
 # it meets two in the bidirectional case (the same 1.5 when causal)
 ALIGNED_KEY_BLOCKS = True
+# `_backward_queries` stores each window's pairs, their weights w_ij and the factors of their gradients (two
+# (B*H, Lq / BLOCK, BLOCK, BLOCK + 2h) planes in the inputs' dtype, BLOCK + h when causal), and `_backward_keys` reads
+# them instead of forming every pair again: no logits, exponentials, kernel products or masks of the pairs there, three
+# products a tile instead of six. The buffer holds 2 BLOCK (BLOCK + 2h) elements for each BLOCK queries: at B=4, H=16
+# and 16k in bf16, 335 MB causal, 403 MB bidirectional, for the time of backward (bench_attention_gpu.py --variants
+# stored_pairs)
+STORED_PAIRS = False
 # the kernels' integer arguments that follow a batch's lengths, not the model: Triton compiles a kernel again for each
 # new one that is 1, a multiple of 16 or neither (benchmarks/kernel_specialisations.py counts those compiles)
 LENGTH_ARGUMENTS = ("lq", "lk", "rows", "offset", "nq", "n_states", "start0", "start1", "key_first", "n")
 # the default attention's kernels' pointer arguments in the inputs' dtype: q, k, v, the table, the output, their
-# gradients and backward's query operands (g / den and phi(q) / D); the others point to the compute dtype (float32
-# for 16-bit inputs). What a compile without tensors declares (tests/ops/test_triton_compiles.py,
-# benchmarks/kernel_resources.py)
-INPUT_POINTERS = ("Q", "K", "V", "TAB", "OUT", "DO", "GS", "FQ", "DQ", "DK", "DV")
+# gradients, backward's query operands (g / den and phi(q) / D) and its stored pairs (`STORED_PAIRS`); the others
+# point to the compute dtype (float32 for 16-bit inputs). What a compile without tensors declares
+# (tests/ops/test_triton_compiles.py, benchmarks/kernel_resources.py)
+INPUT_POINTERS = ("Q", "K", "V", "TAB", "OUT", "DO", "GS", "FQ", "DQ", "DK", "DV", "PAIRS")
 # eager calls run the operators' bodies through `_EagerAttention`, without `torch.library`'s dispatch (else through
 # the operators, as traced calls do)
 EAGER_FUNCTION = True
@@ -1477,14 +1551,15 @@ def _backward_body(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
     dq, dk, dv_, grad_table, grad_rate = _gradient_buffers(q, k, v, table, horizon)
     scale = 1.0 / math.sqrt(d)
     tensors = (q, k, v, mask_arg, q if table is None else table, rate)
-    flags = dict(CAUSAL=causal, HAS_TABLE=table is not None, **{key: common[key] for key in ("HORIZON", "HAS_MASK",
-                                                                                              "DOT")})
+    flags = dict(CAUSAL=causal, HAS_TABLE=table is not None, STORED_PAIRS=STORED_PAIRS,
+                 **{key: common[key] for key in ("HORIZON", "HAS_MASK", "DOT")})
     first_row, table_rows = _table_rows(horizon, causal)
     dtable = None if table is None else den.new_empty(rows, walk.nq, table_rows, d)
     grad_rate_queries = den.new_empty(rows, walk.nq)
+    pairs = q.new_empty(2, rows, walk.nq, BLOCK, BLOCK + horizon * (1 if causal else 2)) if STORED_PAIRS else q
     _backward_queries[(walk.nq, rows)](
         *tensors, states, norms, scales, gs, features, shift, delta, dq, den if dtable is None else dtable,
-        grad_rate_queries, lq, lk, heads, rows, offset, walk.nq, walk.n_states, *walk.starts, d, dv,
+        grad_rate_queries, pairs, lq, lk, heads, rows, offset, walk.nq, walk.n_states, *walk.starts, d, dv,
         *_strides(q, k, v, dq), scale,
         **flags, **sizes, **_window_tiles("_backward_queries", horizon, causal),
         **_launch("_backward_queries", d, dv))
@@ -1494,7 +1569,7 @@ def _backward_body(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
     if key_blocks:
         _backward_keys[(key_blocks, rows)](
             *tensors, adjoints, adjoint_norms, adjoint_scales, gs, features, shift, delta, dk, dv_, grad_rate_keys,
-            lq, lk, heads, rows, offset, walk.nq, walk.n_states, *walk.starts, first, d, dv,
+            pairs, lq, lk, heads, rows, offset, walk.nq, walk.n_states, *walk.starts, first, d, dv,
             *_strides(q, k, v, dk, dv_), scale, BLOCK_K=KEY_BLOCK, BLOCK_R=sizes["BLOCK_R"], **flags,
             **{key: common[key] for key in ("BLOCK", "BLOCK_D", "BLOCK_V")}, **_launch("_backward_keys", d, dv))
     torch.sum((grad_rate_walk.flatten(2).sum(2).sum(0) + grad_rate_queries.sum(1) + grad_rate_keys.sum(1)).view(

@@ -60,7 +60,8 @@ def test_run_gpu_refuses_an_unknown_step(tmp_path):
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 64
     assert ("unknown step: atention (expected env, compile, attention, attention_variants, attention_backward, "
-            "attention_table, attention_scan, attention_small_batch, attention_rows, attention_block32, tune, "
+            "attention_table, attention_pairs, attention_scan, attention_small_batch, attention_rows, "
+            "attention_block32, tune, "
             "tune_registers, tune_scan, ncu, tests, compile_tests, accelerate, train, train_compiled, train_graphs, "
             "train_graphs_scan, generate)") in result.stderr
 

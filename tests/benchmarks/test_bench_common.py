@@ -203,3 +203,16 @@ def test_kernel_options_hold_within_their_block(import_benchmark):
             raise RuntimeError("inside")
     assert (kernels.SCAN_PRODUCTS, kernels.TAIL_TILES) == before
     assert common.parse_kernel_options([]) == {}
+
+
+def test_kernel_options_without_the_kernels_module(import_benchmark, monkeypatch):
+    """Where `ops_local_softmax_triton` cannot be imported (no Triton), `parse_kernel_options` raises the ValueError
+    that the scripts report as a usage error, naming the option; without options it imports nothing."""
+    import modeling_scaleformer
+
+    common = import_benchmark("common")
+    monkeypatch.setitem(sys.modules, "modeling_scaleformer.ops_local_softmax_triton", None)  # its import then fails
+    monkeypatch.delattr(modeling_scaleformer, "ops_local_softmax_triton", raising=False)  # even once imported
+    with pytest.raises(ValueError, match=r"^--kernel-options: .*ops_local_softmax_triton"):
+        common.parse_kernel_options(["SCAN_PRODUCTS=True"])
+    assert common.parse_kernel_options([]) == {}

@@ -8,6 +8,7 @@ models, and the memory subprocess builds every kind of model.
 import json
 
 import pytest
+import torch
 
 
 MODELS = ["scaleformer", "scaleformer:softmax", "bart", "t5"]
@@ -255,3 +256,19 @@ def test_bench_train_long_baselines(run_report):
     assert "max_encoder_position_embeddings 512" in stdout  # L=64 padded to one window
     assert "- longt5: " in stdout and "encoder_attention_type transient-global, local_radius 127" in stdout
     assert "global_block_size 16" in stdout
+
+
+def test_bench_train_steps_the_optimizer_trainer_builds(import_benchmark):
+    """The timed step updates the weights with the optimizer `transformers.Trainer` builds by default: AdamW with
+    fused=True (one fused update of every parameter) at the benchmark's learning rate, Trainer's betas and eps."""
+    bench_train = import_benchmark("bench_train")
+    model = torch.nn.Linear(3, 2)
+    optimizer = bench_train.build_optimizer(model)
+    assert type(optimizer) is torch.optim.AdamW
+    assert optimizer.defaults["fused"] is True
+    assert (optimizer.defaults["lr"], optimizer.defaults["betas"], optimizer.defaults["eps"]) == (
+        bench_train.LEARNING_RATE, (0.9, 0.999), 1e-8)
+    model(torch.ones(1, 3)).sum().backward()
+    before = model.weight.detach().clone()
+    optimizer.step()
+    assert not torch.equal(model.weight, before)

@@ -186,18 +186,21 @@ def test_kernels_operator_passes_opcheck(case, decay_inputs, monkeypatch, triton
         kernels._forward_op(*args[:-1], n_states + 1)
 
 
-@pytest.mark.parametrize("parallel", [False, True], ids=["walks", "parallel-passes"])
-def test_input_pointers_are_the_arguments_in_the_inputs_dtype(parallel, decay_inputs, monkeypatch, triton_paths):
+@pytest.mark.parametrize("parallel, stored", [(False, False), (True, True)],
+                         ids=["walks", "parallel-passes-stored-pairs"])
+def test_input_pointers_are_the_arguments_in_the_inputs_dtype(parallel, stored, decay_inputs, monkeypatch,
+                                                              triton_paths):
     """`INPUT_POINTERS`, what compiles without tensors declare in the inputs' dtype (test_triton_compiles.py,
     benchmarks/kernel_resources.py), names exactly the tensors that the op's launches pass in the inputs' dtype
-    (float16 here), forward and backward, both directions, with a table and padded keys; every other tensor they
-    pass is float32."""
+    (float16 here), forward and backward, both directions, with a table and padded keys, with the walks or the
+    parallel passes, the pairs formed again or stored (`STORED_PAIRS`); every other tensor they pass is float32."""
     from triton.runtime.interpreter import InterpretedFunction
 
     from modeling_scaleformer import ops_local_softmax_triton as kernels
 
     triton_paths(16)
     monkeypatch.setattr(kernels, "PARALLEL_WALKS", parallel)
+    monkeypatch.setattr(kernels, "STORED_PAIRS", stored)
     launched = {}
 
     def record(self, *args, grid, warmup, **options):  # the launch recorded, not run: only its dtypes are read
@@ -397,6 +400,53 @@ def test_narrow_table_tiles_against_the_reference(case, causal, decay_inputs, sp
     inputs, offset = split_case(decay_inputs, case)
     check_decay_op(chunk_local_softmax_decay_attention, naive_local_softmax_decay_attention, inputs, causal, offset)
     assert used == {"local_softmax_decay"}
+
+
+@CAUSAL
+@pytest.mark.parametrize("case", [
+    dict(lq=50, lk=50, horizon=3), dict(lq=60, lk=30, horizon=5, offset=3), dict(lq=30, lk=60, horizon=5),
+    dict(lq=1, lk=40, horizon=2, offset=20), dict(lq=40, lk=40, horizon=20, key_block=64),
+], ids=["h3", "lq>lk-offset", "lq<lk", "one-query", "2h-wider-than-a-block-key-blocks-of-64"])
+def test_stored_pairs_against_the_reference(case, causal, decay_inputs, split_case, check_decay_op, monkeypatch,
+                                            triton_paths):
+    """`_backward_keys` reading the pairs that `_backward_queries` stored (`STORED_PAIRS`) instead of forming them: the
+    op against the float64 reference, output and gradients, padded keys, Lq != Lk both ways, one query, windows wider
+    than a block, and programs of more keys than a block that meet several windows (blocks of 16, KEY_BLOCK = 64:
+    each of the 3 windows of 40 queries); and the same gradients, to float64's rounding, as the pairs formed again."""
+    from modeling_scaleformer import ops_local_softmax_triton as kernels
+
+    case = dict(case, mask="padding")
+    key_block = case.pop("key_block", None)
+    triton_paths(16)
+    if key_block:
+        monkeypatch.setattr(kernels, "KEY_BLOCK", key_block)
+    inputs, offset = split_case(decay_inputs, case)
+    launched = []
+    backward_keys = kernels._backward_keys
+    monkeypatch.setattr(kernels, "_backward_keys", KernelCalls(backward_keys, launched))
+    monkeypatch.setattr(kernels, "STORED_PAIRS", True)
+    check_decay_op(chunk_local_softmax_decay_attention, naive_local_softmax_decay_attention, inputs, causal, offset)
+    assert launched and all(constexprs["STORED_PAIRS"] for constexprs in launched)
+    q, k, v, rel, decay, key_mask, horizon = inputs
+    options = dict(causal=causal, key_mask=key_mask, query_offset=offset, horizon=horizon)
+    stored = output_and_gradients((q, k, v, rel, decay), **options)
+    monkeypatch.setattr(kernels, "STORED_PAIRS", False)
+    formed = output_and_gradients((q, k, v, rel, decay), **options)
+    for name, got, expected in zip("out q k v rel decay".split(), stored, formed):
+        torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-13, msg=lambda m: f"{name}: {m}")
+
+
+class KernelCalls:
+    """A Triton kernel whose launches (`kernel[grid](...)`) record their keyword arguments in `calls`, then run."""
+
+    def __init__(self, kernel, calls: list):
+        self.kernel, self.calls = kernel, calls
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.calls.append(kwargs)
+            return self.kernel[grid](*args, **kwargs)
+        return launch
 
 
 @pytest.mark.parametrize("causal", [pytest.param(False, marks=pytest.mark.slow), True], ids=["bidirectional", "causal"])
@@ -932,6 +982,27 @@ def test_narrow_table_tiles_on_cuda(case, monkeypatch):
     monkeypatch.setattr(kernels, "MIN_TABLE_TILE", 16)
     monkeypatch.setattr(kernels, "EDGE_APART", case.pop("edge", False))
     assert kernels._sizes(case["h"], case["d"], case["d"], case.get("causal", False))["BLOCK_R"] == case.pop("rows")
+    check_against_the_reference_on_cuda(case)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("case", [
+    dict(lq=300, lk=300, d=64, h=16), dict(lq=300, lk=300, d=64, h=16, causal=True),
+    dict(lq=300, lk=200, d=64, h=16, causal=True), dict(lq=200, lk=300, d=64, h=16),
+    dict(lq=300, lk=300, d=64, h=16, dtype=torch.bfloat16),
+    dict(lq=300, lk=300, d=64, h=16, causal=True, dtype=torch.bfloat16),
+    dict(lq=200, lk=200, d=128, h=16, causal=True, dtype=torch.bfloat16), dict(lq=200, lk=200, d=8, h=3),
+    dict(lq=300, lk=300, d=64, h=63, causal=True),
+], ids=["h16", "h16-causal", "h16-causal-lq>lk", "h16-lq<lk", "h16-bf16", "h16-causal-bf16", "d128-causal-bf16",
+        "d8-h3", "h63-causal"])
+def test_stored_pairs_on_cuda(case, monkeypatch):
+    """`_backward_keys` reading the window's pairs that `_backward_queries` stored (`STORED_PAIRS`): against the
+    float64 reference on the device, output and gradients, float32 unless said. Its passes are what the setting
+    waits for to be the default."""
+    from modeling_scaleformer import ops_local_softmax_triton as kernels
+
+    monkeypatch.setattr(kernels, "STORED_PAIRS", True)
     check_against_the_reference_on_cuda(case)
 
 

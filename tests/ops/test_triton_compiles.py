@@ -96,7 +96,8 @@ def test_tail_kernels_lower(shape, dtype):
 def test_attention_kernels_lower(shape, options, causal, dtype, monkeypatch):
     """The kernels of the default attention with the host's block sizes: q, k, v, the table and the outputs in the
     inputs' dtype (16-bit ones included) beside the compute dtype's states, shifts and normalisers; the window
-    kernels with and without a narrower last tile (`TAIL_TILES`)."""
+    kernels with and without a narrower last tile (`TAIL_TILES`), and the backward ones storing and reading the
+    window's pairs (`STORED_PAIRS`)."""
     horizon, d, dv = shape
     kernels = ops_local_softmax_triton
     half = dtype in (torch.bfloat16, torch.float16)
@@ -122,11 +123,17 @@ def test_attention_kernels_lower(shape, options, causal, dtype, monkeypatch):
         whole = kernels._window_tiles(name, horizon, causal)
         monkeypatch.setattr(kernels, "TAIL_TILES", (name,))
         tail = kernels._window_tiles(name, horizon, causal)
+        pairs = {} if kernel is kernels._forward else dict(STORED_PAIRS=False)
         for window in [whole] + [tail] * (tail != whole):  # and with a narrower last tile where the window has one
             lower(kernel, kernel_dtype, operands, operand_names=kernels.INPUT_POINTERS, CAUSAL=causal, **options,
-                  **sizes, **window, **{key: common[key] for key in ("HORIZON", "DOT")})
-    lower(kernels._backward_keys, kernel_dtype, operands, operand_names=kernels.INPUT_POINTERS, CAUSAL=causal,
-          HAS_TABLE=options["HAS_TABLE"], BLOCK_K=kernels.KEY_BLOCK, BLOCK_R=sizes["BLOCK_R"], **common)
+                  **sizes, **window, **pairs, **{key: common[key] for key in ("HORIZON", "DOT")})
+    for stored in (False, True):  # `_backward_keys` forming the pairs, and reading those stored (`STORED_PAIRS`)
+        lower(kernels._backward_keys, kernel_dtype, operands, operand_names=kernels.INPUT_POINTERS, CAUSAL=causal,
+              HAS_TABLE=options["HAS_TABLE"], STORED_PAIRS=stored, BLOCK_K=kernels.KEY_BLOCK,
+              BLOCK_R=sizes["BLOCK_R"], **common)
+    lower(kernels._backward_queries, kernel_dtype, operands, operand_names=kernels.INPUT_POINTERS, CAUSAL=causal,
+          STORED_PAIRS=True, **options, **sizes, **kernels._window_tiles("_backward_queries", horizon, causal),
+          **{key: common[key] for key in ("HORIZON", "DOT")})
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
@@ -144,10 +151,11 @@ def test_window_kernels_lower_with_narrower_table_tiles(table, causal, monkeypat
     flags = dict(HORIZON=16, CAUSAL=causal, HAS_MASK=True, HAS_TABLE=True, DOT="tf32")
     for name in ("_forward", "_backward_queries"):
         lower(getattr(kernels, name), torch.float32, torch.bfloat16, operand_names=kernels.INPUT_POINTERS, **flags,
-              **sizes, **kernels._window_tiles(name, 16, causal))
+              **sizes, **kernels._window_tiles(name, 16, causal), **({} if name == "_forward" else
+                                                                    dict(STORED_PAIRS=False)))
     lower(kernels._backward_keys, torch.float32, torch.bfloat16, operand_names=kernels.INPUT_POINTERS, **flags,
-          BLOCK=sizes["BLOCK"], BLOCK_K=kernels.KEY_BLOCK, BLOCK_D=sizes["BLOCK_D"], BLOCK_V=sizes["BLOCK_V"],
-          BLOCK_R=sizes["BLOCK_R"])
+          STORED_PAIRS=False, BLOCK=sizes["BLOCK"], BLOCK_K=kernels.KEY_BLOCK, BLOCK_D=sizes["BLOCK_D"],
+          BLOCK_V=sizes["BLOCK_V"], BLOCK_R=sizes["BLOCK_R"])
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
@@ -155,7 +163,8 @@ def test_attention_kernels_assemble_for_sm90(causal, monkeypatch):
     """The default attention's kernels through every stage of Triton's compiler and ptxas for sm90, bf16, with the
     host's block sizes and launch options: stages after Triton IR reject programs the lowering accepts (layouts,
     shared memory), and the kernels must fit an H100's 227 KiB of shared memory per block; causal, the window kernels
-    also with a narrower last tile (`TAIL_TILES`: 80 keys in tiles of 32, 32 and 16)."""
+    also with a narrower last tile (`TAIL_TILES`: 80 keys in tiles of 32, 32 and 16); the backward kernels also
+    storing and reading the window's pairs (`STORED_PAIRS`)."""
     import triton
     from triton.backends.compiler import GPUTarget
 
@@ -169,7 +178,8 @@ def test_attention_kernels_assemble_for_sm90(causal, monkeypatch):
     monkeypatch.setattr(kernels, "TAIL_TILES", ())
     window = {name: kernels._window_tiles(name, 16, causal) for name in ("_forward", "_backward_queries")}
     monkeypatch.setattr(kernels, "TAIL_TILES", ("_forward", "_backward_queries"))
-    tails = [(name, dict(tiles, **kernels._window_tiles(name, 16, causal))) for name in window if causal]
+    tails = [(name, dict(tiles, **kernels._window_tiles(name, 16, causal),
+                         **({} if name == "_forward" else dict(STORED_PAIRS=False)))) for name in window if causal]
     assert all(constexprs["TAIL"] == 16 for _, constexprs in tails)
     products = dict(scan, BLOCK_SD=kernels.PRODUCT_ROWS, SLOTS=kernels.PRODUCT_SLOTS, DOT="tf32x3")
     for name, constexprs in (("_states", walk), ("_chunk_sums", walk), ("_scan_sums", dict(scan, REVERSE=True)),
@@ -177,9 +187,11 @@ def test_attention_kernels_assemble_for_sm90(causal, monkeypatch):
                              ("_row_terms", dict(BLOCK=sizes["BLOCK"], BLOCK_D=sizes["BLOCK_D"], BLOCK_V=sizes["BLOCK_V"])),
                              ("_query_sums", queries), ("_states_backward", queries),
                              ("_forward", dict(tiles, **window["_forward"])),
-                             ("_backward_queries", dict(tiles, **window["_backward_queries"])), *tails,
-                             ("_backward_keys", dict(walk, CAUSAL=causal, HAS_TABLE=True, BLOCK_K=kernels.KEY_BLOCK,
-                                                     BLOCK_R=sizes["BLOCK_R"]))):
+                             *(("_backward_queries", dict(tiles, **window["_backward_queries"], STORED_PAIRS=stored))
+                               for stored in (False, True)), *tails,
+                             *(("_backward_keys", dict(walk, CAUSAL=causal, HAS_TABLE=True, STORED_PAIRS=stored,
+                                                       BLOCK_K=kernels.KEY_BLOCK, BLOCK_R=sizes["BLOCK_R"]))
+                               for stored in (False, True))):
         compiled = triton.compile(source(getattr(kernels, name), torch.float32, torch.bfloat16,
                                          kernels.INPUT_POINTERS, **constexprs),
                                   target=GPUTarget("cuda", 90, 32), options=kernels.LAUNCH[name])
