@@ -923,7 +923,7 @@ def _pair_rows(row, b, rows, nq, HORIZON: tl.constexpr, CAUSAL: tl.constexpr, BL
     BLOCK, width), width = BLOCK + 2h (BLOCK + h when causal) the window's keys; the elements from one plane to the
     other, and the offset of the block's rows a (BLOCK,) in the first, a width apart."""
     width = BLOCK + HORIZON * (2 - CAUSAL)
-    plane = rows.to(tl.int64) * nq * BLOCK * width
+    plane = tl.cast(rows, tl.int64) * nq * BLOCK * width  # rows is a constexpr where it is 1 (specialised)
     return plane, ((row.to(tl.int64) * nq + b) * BLOCK + tl.arange(0, BLOCK)[:, None]) * width
 
 

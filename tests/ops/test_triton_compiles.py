@@ -199,6 +199,28 @@ def test_attention_kernels_assemble_for_sm90(causal, monkeypatch):
         assert compiled.metadata.shared <= 227 * 1024, (name, compiled.metadata.shared)
 
 
+@pytest.mark.parametrize("stored", [False, True], ids=["pairs-formed", "pairs-stored"])
+@pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
+def test_window_kernels_lower_with_lengths_of_1(causal, stored):
+    """The window kernels with every length argument (`LENGTH_ARGUMENTS`) 1: Triton makes an integer argument that
+    is 1 a constexpr (batch 1 and one head make rows 1, one block makes nq 1), on which a kernel cannot call tensor
+    methods such as `.to`; with `_backward_keys` reading stored pairs or forming them (`STORED_PAIRS`)."""
+    kernels = ops_local_softmax_triton
+    sizes = kernels._sizes(16, 64, 64, causal)
+    flags = dict(HORIZON=16, CAUSAL=causal, HAS_MASK=True, HAS_TABLE=True, DOT="tf32")
+    for name in ("_forward", "_backward_queries", "_backward_keys"):
+        kernel = getattr(kernels, name)
+        ones = {key: 1 for key in kernels.LENGTH_ARGUMENTS if key in inspect.signature(kernel.fn).parameters}
+        assert {"lq", "rows", "nq"} <= set(ones), name
+        constexprs = (dict(sizes, **kernels._window_tiles(name, 16, causal)) if name != "_backward_keys" else
+                      dict(BLOCK=sizes["BLOCK"], BLOCK_K=kernels.KEY_BLOCK, BLOCK_D=sizes["BLOCK_D"],
+                           BLOCK_V=sizes["BLOCK_V"], BLOCK_R=sizes["BLOCK_R"]))
+        if name != "_forward":
+            constexprs["STORED_PAIRS"] = stored
+        lower(kernel, torch.float32, torch.bfloat16, operand_names=kernels.INPUT_POINTERS, **flags, **ones,
+              **constexprs)
+
+
 def test_lowering_catches_what_the_interpreter_accepts():
     """A kernel whose loop-carried pointer changes shape in the loop (the interpreter runs it) is rejected."""
     import triton.language as tl
