@@ -114,6 +114,8 @@ VARIANTS = {
     "scan_products_1x32": {"SCAN_PRODUCTS": True, "PRODUCT_ROWS": 1},
     "scan_steps_of_16": {"SCAN_SLOTS": 16},
     "scan_products_everywhere": {"SCAN_PRODUCTS": True, "PARALLEL_WALKS": True},
+    # the scan as the walks' recurrence over each step's slots, read at once (`_scan_recurrence`)
+    "scan_recurrence": {"SCAN_RECURRENCE": True},
     # the causal table in a tile of 32 rows, the 17 the band reads at h = 16 (`MIN_TABLE_TILE`): the windows' gathers
     # of the table half as wide; bidirectional, its 33 rows keep a tile of 64
     "narrow_table": {"MIN_TABLE_TILE": 32},
@@ -126,8 +128,9 @@ VARIANTS = {
     # another computation than the default's, checked against the reference without a table
     "no_table": "the op without a relative table (see `uses_table`)",
 }
-LAUNCHED_KERNELS = ("_states", "_chunk_sums", "_scan_sums", "_scan_products", "_row_terms", "_states_backward",
-                    "_query_sums", "_forward", "_backward_queries", "_backward_keys", "_decode_step", "_cross_decode")
+LAUNCHED_KERNELS = ("_states", "_chunk_sums", "_scan_sums", "_scan_products", "_scan_recurrence", "_row_terms",
+                    "_states_backward", "_query_sums", "_forward", "_backward_queries", "_backward_keys",
+                    "_decode_step", "_cross_decode")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

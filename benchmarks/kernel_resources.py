@@ -49,9 +49,10 @@ from common import kernel_options, parse_kernel_options
 
 
 TILED = ("_forward", "_backward_queries", "_backward_keys")  # those taking KEY_TILE or KEY_BLOCK
-KERNELS = ("_states", "_chunk_sums", "_scan_sums", "_scan_products", "_row_terms", "_states_backward", "_query_sums",
-           "_forward", "_backward_queries", "_backward_keys")
-SCANS = {"_scan_sums": ("SCAN_ROWS", "SCAN_SLOTS"), "_scan_products": ("PRODUCT_ROWS", "PRODUCT_SLOTS")}
+KERNELS = ("_states", "_chunk_sums", "_scan_sums", "_scan_products", "_scan_recurrence", "_row_terms",
+           "_states_backward", "_query_sums", "_forward", "_backward_queries", "_backward_keys")
+SCANS = {"_scan_sums": ("SCAN_ROWS", "SCAN_SLOTS"), "_scan_products": ("PRODUCT_ROWS", "PRODUCT_SLOTS"),
+         "_scan_recurrence": ("SCAN_ROWS", "RECURRENCE_SLOTS")}
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 POINTERS = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32"}
 
@@ -66,7 +67,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--scans", nargs="+", metavar="ROWSxSLOTS",
                         help="the scans' rows of the states per program and chunks' slots per step, e.g. 4x16 16x1 "
                              "(`_scan_sums`' SCAN_ROWS and SCAN_SLOTS, `_scan_products`' PRODUCT_ROWS and "
-                             "PRODUCT_SLOTS; default: theirs)")
+                             "PRODUCT_SLOTS, `_scan_recurrence`'s SCAN_ROWS and RECURRENCE_SLOTS; default: theirs)")
     parser.add_argument("--warps", type=int, nargs="+", default=[4, 8], help="num_warps (default: 4 8)")
     parser.add_argument("--stages", type=int, nargs="+", default=[1, 2, 3], help="num_stages (default: 1 2 3)")
     parser.add_argument("--registers", type=int, nargs="+", metavar="N",

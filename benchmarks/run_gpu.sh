@@ -6,7 +6,8 @@
 #
 # STEP is any of env, compile, attention, attention_variants, attention_backward, attention_table, attention_pairs,
 # attention_scan, attention_small_batch, attention_rows, attention_block32, tune, tune_registers, tune_scan, ncu,
-# tests, compile_tests, accelerate, train, train_compiled, train_graphs, train_graphs_scan, generate
+# tests, compile_tests, accelerate, train, train_compiled, train_graphs, train_graphs_scan, train_graphs_recurrence,
+# train_graphs_pairs, generate
 # (default: env, attention, tests, compile_tests, train, generate, in that order):
 #   compile               checks, and so compiles, the default kernels and each variant's in parallel processes, so
 #                         that a later attention_variants finds them compiled;
@@ -28,9 +29,10 @@
 #                         stored (`test_stored_pairs_on_cuda`), then the op beside it (`stored_pairs`) at B=4, H=16,
 #                         16k and 64k, with its peak memory (a variant that fails its check is not timed);
 #   attention_scan        the parallel passes' scan as products (`scan_products`, `scan_products_1x32`), in steps of 16
-#                         chunks (`scan_steps_of_16`), and the passes with the products where the op takes the walks
-#                         (`scan_products_everywhere`), at the small model's training shape (B=1, H=8) and at B=4,
-#                         H=16, with each shape's profile at 16k;
+#                         chunks (`scan_steps_of_16`), the passes with the products where the op takes the walks
+#                         (`scan_products_everywhere`), and the scan as the walks' recurrence (`scan_recurrence`), at
+#                         the small model's training shape (B=1, H=8) and at B=4, H=16, with each shape's profile
+#                         at 16k;
 #   attention_small_batch the op (its parallel passes at this shape) beside the sequential walks and the op called
 #                         through the torch.library operators' dispatch (`operators`), at the small model's training
 #                         shape (batch 1, 8 heads), and the host's time to issue the op at 4k (`--host-profile`);
@@ -55,7 +57,9 @@
 #                         against BART's eager step (its faster: 0.074 s against 0.194 under the graphs on an H200),
 #                         then one step of each profiled (`--profile`): where the device time of a replayed step goes;
 #                         train_graphs_scan, the same with the parallel passes' scan as products
-#                         (`--kernel-options SCAN_PRODUCTS=True`).
+#                         (`--kernel-options SCAN_PRODUCTS=True`), train_graphs_recurrence with the scan as the walks'
+#                         recurrence (`SCAN_RECURRENCE=True`), train_graphs_pairs with backward's pairs stored
+#                         (`STORED_PAIRS=True`).
 # Each step writes its log (and its JSON) under OUT_DIR and runs under its own time limit (seconds, e.g.
 # LIMIT_tests=300; at the limit the step gets SIGINT, so that pytest still reports what ran), so that a failing or slow
 # step leaves the others' figures; the exit status is the number of steps that failed. TEST_PATHS (default: tests/ops
@@ -93,7 +97,8 @@ step() {  # step NAME COMMAND...: runs COMMAND under LIMIT_<NAME> seconds, its o
     "${LIMIT_compile_tests:=300}" "${LIMIT_attention_backward:=200}" "${LIMIT_attention_table:=240}" \
     "${LIMIT_attention_pairs:=240}" \
     "${LIMIT_ncu:=240}" "${LIMIT_tune_registers:=300}" "${LIMIT_attention_scan:=240}" "${LIMIT_tune_scan:=240}" \
-    "${LIMIT_train_graphs_scan:=360}"
+    "${LIMIT_train_graphs_scan:=360}" \
+    "${LIMIT_train_graphs_recurrence:=360}" "${LIMIT_train_graphs_pairs:=360}"
 launch=()
 launch_from() {  # the steps' --launch option, once the tune report at LAUNCH_FROM exists
     launch=()
@@ -148,6 +153,7 @@ print(torch.__version__, triton.__version__, transformers.__version__, torch.cud
         attention_scan) step attention_scan bash -c 'out=$1; shift; for shape in 1x8 4x16; do
                 python3 benchmarks/bench_attention_gpu.py --batch "${shape%x*}" --heads "${shape#*x}" "$@" \
                     --variants scan_products scan_products_1x32 scan_steps_of_16 scan_products_everywhere \
+                    scan_recurrence \
                     --lengths 16384 65536 --max-sdpa-length 0 --profile 16384 \
                     --json "$out/bench_attention_gpu_scan_$shape.json" || exit
             done' attention_scan "$out" "${launch[@]}" ;;
@@ -182,6 +188,11 @@ print(torch.__version__, triton.__version__, transformers.__version__, torch.cud
         train_graphs_scan) step train_graphs_scan python3 benchmarks/bench_train.py --device cuda --bf16 \
             --compile reduce-overhead --eager bart --steps-only --lengths 16384 --models scaleformer bart \
             --kernel-options SCAN_PRODUCTS=True --profile 16384 --json "$out/bench_train_gpu_graphs_scan.json" ;;
+        train_graphs_recurrence|train_graphs_pairs) option=SCAN_RECURRENCE=True
+            [ "$name" = train_graphs_pairs ] && option=STORED_PAIRS=True
+            step "$name" python3 benchmarks/bench_train.py --device cuda --bf16 \
+            --compile reduce-overhead --eager bart --steps-only --lengths 16384 --models scaleformer bart \
+            --kernel-options "$option" --profile 16384 --json "$out/bench_train_gpu_${name#train_}.json" ;;
         train_compiled) step train_compiled python3 benchmarks/bench_train.py --device cuda --bf16 --compile \
             --steps-only --lengths 16384 --models scaleformer bart led --json "$out/bench_train_gpu_compiled.json" ;;
         generate) step generate python3 benchmarks/bench_generate.py --device cuda --new-tokens "${NEW_TOKENS:-8192}" \
@@ -191,7 +202,7 @@ print(torch.__version__, triton.__version__, transformers.__version__, torch.cud
                 "attention_table, attention_pairs, attention_scan, attention_small_batch, attention_rows," \
                 "attention_block32, tune, tune_registers, tune_scan, ncu, tests, compile_tests, accelerate, train," \
                 "train_compiled," \
-                "train_graphs, train_graphs_scan, generate)" >&2
+                "train_graphs, train_graphs_scan, train_graphs_recurrence, train_graphs_pairs, generate)" >&2
            exit 64 ;;
     esac
 done

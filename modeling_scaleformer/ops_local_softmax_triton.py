@@ -28,7 +28,8 @@ flash-linear-attention's chunk kernels:
   direction, reading each chunk's keys in sequence; `_chunk_sums` stores what each chunk of BLOCK keys adds, every
   chunk at once, and `_scan_sums` sums them up in place, a sequential pass of elementwise work per batch*head row,
   direction and SCAN_ROWS rows of the state, SCAN_SLOTS chunks a step (or `_scan_products`, `SCAN_PRODUCTS`: the
-  same pass with each step's sums as one product of the decays' weights with the step's slots, on the tensor cores);
+  same pass with each step's sums as one product of the decays' weights with the step's slots, on the tensor cores;
+  or `_scan_recurrence`, `SCAN_RECURRENCE`: a step's slots read at once, then walked in order as the walks do);
 - `_forward`: one program per query block and row: the window's logits and kernel weights by tiles of KEY_TILE
   keys (the band's weights exp(l) and the kernel weights beyond the band in one sum, under the running largest of
   the band logits and the decays' exponents, as flash attention sums its weights), both states, the row shift m,
@@ -473,6 +474,74 @@ def _scan_products(
         nu = after
     if REVERSE:
         tl.store(CARRIED + (direction * rows + row).to(tl.int64) * parts + part, -BLOCK * carried)
+
+
+@triton.jit
+def _scan_recurrence(
+    RATE, S, Z, MU, NU, L, LZ, LE, CARRIED, heads, rows, nq, n_states, start0, start1, d, dv, parts,
+    REVERSE: tl.constexpr, BLOCK: tl.constexpr, BLOCK_SD: tl.constexpr, BLOCK_V: tl.constexpr, SLOTS: tl.constexpr,
+):
+    """`_scan_sums` as the recurrence of the sequential walks (`SCAN_RECURRENCE`): the same arguments, sums, exponents
+    and carried gradient. A step reads its SLOTS slots (and, REVERSE, the states at them), then walks them in
+    order: each slot gets the sum carried so far, y, as it stands, and y' = exp(-lambda BLOCK) y + x_t follows
+    (`_scaled_step`, whose exponent is the largest of its terms', as `_scan_sums`' nu_t). A slot costs each thread
+    two exponentials and two multiply-adds an element, where `_scan_sums` weighs every slot of the step at every
+    slot after it, each weight an exponential that every thread takes. REVERSE, lambda's gradient through the
+    carries, sum_c exp(nu_c + LE_c - lambda BLOCK) G'_{c+1} . L'_c, is kept elementwise under a running exponent and
+    summed over the program's threads once, at the end, instead of at every step."""
+    row, direction, part = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    acc = S.dtype.element_ty
+    rate = tl.load(RATE + row % heads).to(acc)
+    carry_log = rate * BLOCK
+    dd = part * BLOCK_SD + tl.arange(0, BLOCK_SD)
+    vv = tl.arange(0, BLOCK_V)
+    at = (direction * rows + row).to(tl.int64) * n_states * d + dd
+    tile, norm = at[:, None] * dv + vv[None, :], at
+    row_slots = (direction * rows + row).to(tl.int64) * n_states
+    total = tl.zeros((BLOCK_SD, BLOCK_V), dtype=acc)  # y, the sum carried into the next slot, as exp(nu) total
+    total_norm = tl.zeros((BLOCK_SD,), dtype=acc)
+    nu = tl.max(tl.full((BLOCK_SD,), float("-inf"), dtype=acc), 0)
+    carried = tl.zeros((BLOCK_SD, BLOCK_V), dtype=acc)  # REVERSE: lambda's gradient, as exp(carried_log) carried
+    carried_norm = tl.zeros((BLOCK_SD,), dtype=acc)
+    carried_log = tl.max(tl.full((BLOCK_SD,), float("-inf"), dtype=acc), 0)
+    slots = nq - tl.where(direction == 1, start1, start0)
+    for first in range(0, slots, SLOTS):
+        # every slot of the step read before any is written: the sums are replaced in place
+        xs, x_norms, mus, states, state_norms, state_logs = (), (), (), (), (), ()
+        for u in tl.static_range(SLOTS):
+            inside = first + u < slots
+            slot = slots - 1 - first - u if REVERSE else first + u
+            present = tl.where(inside, d, 0)  # the slot's rows, none past the last slot
+            rows_in = (dd[:, None] < present) & (vv[None, :] < dv)
+            xs += (tl.load(S + tile + slot * d * dv, mask=rows_in, other=0.0),)
+            x_norms += (tl.load(Z + norm + slot * d, mask=dd < present, other=0.0),)
+            mus += (tl.load(MU + row_slots + slot, mask=inside, other=float("-inf")),)
+            if REVERSE:
+                states += (tl.load(L + tile + slot * d * dv, mask=rows_in, other=0.0),)
+                state_norms += (tl.load(LZ + norm + slot * d, mask=dd < present, other=0.0),)
+                state_logs += (tl.load(LE + row_slots + slot, mask=inside, other=float("-inf")),)
+        tl.debug_barrier()  # every thread has read the step's slots before any writes them
+        for u in tl.static_range(SLOTS):
+            inside = first + u < slots
+            slot = slots - 1 - first - u if REVERSE else first + u
+            present = tl.where(inside, d, 0)
+            tl.store(S + tile + slot * d * dv, total, mask=(dd[:, None] < present) & (vv[None, :] < dv))
+            tl.store(Z + norm + slot * d, total_norm, mask=dd < present)
+            tl.store(NU + row_slots + slot, nu, mask=inside & (part == 0))  # part 0 writes
+            if REVERSE:  # G_{c+1} . L_c, under the running exponent of the terms so far
+                term_log = tl.where(inside, nu + state_logs[u] - carry_log, float("-inf"))
+                new_log = tl.maximum(carried_log, term_log)
+                base = tl.where(new_log > float("-inf"), new_log, 0.0)
+                before, term = _exp(carried_log - base), _exp(term_log - base)
+                carried = before * carried + term * (total * states[u])
+                carried_norm = before * carried_norm + term * (total_norm * state_norms[u])
+                carried_log = new_log
+            nu, keep, add = _scaled_step(nu, mus[u], carry_log)
+            total = keep * total + add * xs[u]
+            total_norm = keep * total_norm + add * x_norms[u]
+    if REVERSE:
+        products = tl.sum(tl.sum(carried, 1), 0) + tl.sum(carried_norm, 0)
+        tl.store(CARRIED + (direction * rows + row).to(tl.int64) * parts + part, -BLOCK * _scaled(products, carried_log))
 
 
 @triton.jit
@@ -1259,6 +1328,7 @@ MAX_DIM_16BIT = 128
 # spills that ptxas reports for sm90 (benchmarks/kernel_resources.py), where the timings did not tell them apart
 LAUNCH = {"_states": dict(num_warps=8), "_chunk_sums": dict(num_warps=8), "_scan_sums": dict(num_warps=8),
           "_scan_products": dict(num_warps=8),
+          "_scan_recurrence": dict(num_warps=8, maxnreg=128),
           "_query_sums": dict(num_warps=8), "_row_terms": dict(num_warps=8),
           "_states_backward": dict(num_warps=8, num_stages=2),
           "_forward": dict(num_warps=4, num_stages=1), "_backward_queries": dict(num_warps=4, num_stages=1),
@@ -1297,6 +1367,13 @@ SCAN_SLOTS = 8
 SCAN_PRODUCTS = False
 PRODUCT_ROWS = 2
 PRODUCT_SLOTS = 32
+# the parallel passes' scan by `_scan_recurrence` (before SCAN_PRODUCTS): the walks' recurrence over a step's slots,
+# SCAN_ROWS rows of the states a program, RECURRENCE_SLOTS chunks' slots read a step. Compiled for sm90 (8 warps, at
+# most 128 registers a thread so that two programs share a multiprocessor as `_scan_sums`' 115 do; 16 slots spill
+# there), a step of 8 slots takes 591 instructions where `_scan_sums` takes 848, 4 barriers where it takes 14
+# (benchmarks/README.md). Not yet timed on a GPU (bench_attention_gpu.py's variant `scan_recurrence`)
+SCAN_RECURRENCE = False
+RECURRENCE_SLOTS = 8
 # the states L_b of forward kept for backward, (directions, B*H, Lq / BLOCK, D, Dv + 1) float32 and their exponents
 # held from one to the other, instead of recomputed there: one walk fewer, 7-13% less time on an H200 at B=4, H=16
 # (benchmarks/README.md)
@@ -1356,9 +1433,12 @@ def _parallel_walks(rows: int, directions: int) -> bool:
 
 
 def _scan(d: int, dv: int, dtype: torch.dtype) -> tuple:
-    """The parallel passes' scan for (D, Dv) states in `dtype`: its kernel (`_scan_products` where SCAN_PRODUCTS, else
-    `_scan_sums`), its number of programs per batch*head row and direction, its step's constexprs and its launch
-    options."""
+    """The parallel passes' scan for (D, Dv) states in `dtype`: its kernel (`_scan_recurrence` where SCAN_RECURRENCE,
+    `_scan_products` where SCAN_PRODUCTS, else `_scan_sums`), its number of programs per batch*head row and
+    direction, its step's constexprs and its launch options."""
+    if SCAN_RECURRENCE:
+        return (_scan_recurrence, triton.cdiv(d, SCAN_ROWS), dict(BLOCK_SD=SCAN_ROWS, SLOTS=RECURRENCE_SLOTS),
+                _launch("_scan_recurrence", d, dv))
     if SCAN_PRODUCTS:
         return (_scan_products, triton.cdiv(d, PRODUCT_ROWS),
                 dict(BLOCK_SD=PRODUCT_ROWS, SLOTS=PRODUCT_SLOTS, DOT=dot_precision(dtype, half_inputs=False)),

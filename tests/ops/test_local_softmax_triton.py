@@ -86,19 +86,24 @@ def test_triton_attention_with_tiles_128_wide(dims, causal, decay_inputs, check_
     pytest.param(dict(lq=150, lk=150, offset=0, causal=False, slots=4), marks=pytest.mark.slow),
     pytest.param(dict(lq=600, lk=600, offset=0, causal=False, slots=32), marks=pytest.mark.slow),
 ], ids=["offset-5", "queries-past-the-keys", "lq>lk", "causal", "ten-chunks", "steps-of-32"])
-@pytest.mark.parametrize("products", [False, True], ids=["scan-sums", "scan-products"])
-def test_parallel_walks_equal_the_sequential_walks(case, products, monkeypatch, triton_paths):
+@pytest.mark.parametrize("kind", ["sums", "products", "recurrence"],
+                         ids=["scan-sums", "scan-products", "scan-recurrence"])
+def test_parallel_walks_equal_the_sequential_walks(case, kind, monkeypatch, triton_paths):
     """The states of every query block by `_chunk_sums` and the scan (`PARALLEL_WALKS`; `_scan_sums`, or
-    `_scan_products` where SCAN_PRODUCTS) equal those of `_states`' sequential walk, in both directions, and the op's
-    gradients through `_query_sums` and the scan (in reverse) equal those through `_states_backward` (blocks of 16,
-    padded keys; the scan in parts of 2 of the 4 rows of the states, as the rows of a part split D = 64 on a GPU, and in
-    steps of 1 to 16 chunks: steps that the chunks fill, and a last one that they do not)."""
+    `_scan_products` where SCAN_PRODUCTS, or `_scan_recurrence` where SCAN_RECURRENCE) equal those of `_states`'
+    sequential walk, in both directions, and the op's gradients through `_query_sums` and the scan (in reverse) equal
+    those through `_states_backward` (blocks of 16, padded keys; the scan in parts of 2 of the 4 rows of the states,
+    as the rows of a part split D = 64 on a GPU, and in steps of 1 to 16 chunks: steps that the chunks fill, and a
+    last one that they do not)."""
     from modeling_scaleformer import ops_local_softmax_triton as kernels
 
     monkeypatch.setattr(kernels, "BLOCK", 16)
-    monkeypatch.setattr(kernels, "SCAN_PRODUCTS", products)
-    for name, value in (("ROWS", 2), ("SLOTS", case["slots"])):
-        monkeypatch.setattr(kernels, ("PRODUCT_" if products else "SCAN_") + name, value)
+    monkeypatch.setattr(kernels, "SCAN_PRODUCTS", kind == "products")
+    monkeypatch.setattr(kernels, "SCAN_RECURRENCE", kind == "recurrence")
+    rows_option, slots_option = {"sums": ("SCAN_ROWS", "SCAN_SLOTS"), "products": ("PRODUCT_ROWS", "PRODUCT_SLOTS"),
+                                 "recurrence": ("SCAN_ROWS", "RECURRENCE_SLOTS")}[kind]
+    monkeypatch.setattr(kernels, rows_option, 2)
+    monkeypatch.setattr(kernels, slots_option, case["slots"])
     scans, scan = [], kernels._scan
     monkeypatch.setattr(kernels, "_scan", lambda *args: scans.append(scan(*args)[0]) or scan(*args))
     gen = torch.Generator().manual_seed(0)
@@ -118,7 +123,8 @@ def test_parallel_walks_equal_the_sequential_walks(case, products, monkeypatch, 
             torch.testing.assert_close(got[direction, :, :used], expected[direction, :, :used], rtol=1e-13,
                                        atol=1e-15)
     triton_paths(16)
-    monkeypatch.setattr(kernels, "PRODUCT_SLOTS" if products else "SCAN_SLOTS", case["slots"])
+    monkeypatch.setattr(kernels, rows_option, 2)
+    monkeypatch.setattr(kernels, slots_option, case["slots"])
     q = torch.randn(2, 3, lq, 4, dtype=F64, generator=gen)
     rel = torch.randn(3, 5, 4, dtype=F64, generator=gen)
     grads = []
@@ -128,7 +134,7 @@ def test_parallel_walks_equal_the_sequential_walks(case, products, monkeypatch, 
                                           query_offset=offset)[1:])
     for name, got, expected in zip("q k v rel decay".split(), *grads):
         torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-13, msg=lambda m: f"{name}: {m}")
-    assert set(scans) == {kernels._scan_products if products else kernels._scan_sums}  # in forward and backward
+    assert set(scans) == {getattr(kernels, "_scan_" + kind)}  # in forward and backward
     assert len(scans) == 3
 
 

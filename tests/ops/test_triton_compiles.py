@@ -107,8 +107,9 @@ def test_attention_kernels_lower(shape, options, causal, dtype, monkeypatch):
                   BLOCK_V=sizes["BLOCK_V"], DOT=ops_decay_triton.dot_precision(kernel_dtype, half_inputs=half))
     lower(kernels._states, kernel_dtype, operands, operand_names=kernels.INPUT_POINTERS, **common)
     lower(kernels._chunk_sums, kernel_dtype, operands, operand_names=kernels.INPUT_POINTERS, **common)
-    for products in (False, True):  # `_scan_sums`, and `_scan_products` (SCAN_PRODUCTS)
-        monkeypatch.setattr(kernels, "SCAN_PRODUCTS", products)
+    for products, recurrence in ((False, False), (True, False), (False, True)):  # `_scan_sums`, `_scan_products`
+        monkeypatch.setattr(kernels, "SCAN_PRODUCTS", products)  # (SCAN_PRODUCTS), `_scan_recurrence`
+        monkeypatch.setattr(kernels, "SCAN_RECURRENCE", recurrence)  # (SCAN_RECURRENCE)
         scan, _, step, _ = kernels._scan(d, dv, kernel_dtype)
         for reverse in (False, True):
             lower(scan, kernel_dtype, REVERSE=reverse, BLOCK=sizes["BLOCK"], BLOCK_V=sizes["BLOCK_V"], **step)
@@ -184,6 +185,8 @@ def test_attention_kernels_assemble_for_sm90(causal, monkeypatch):
     products = dict(scan, BLOCK_SD=kernels.PRODUCT_ROWS, SLOTS=kernels.PRODUCT_SLOTS, DOT="tf32x3")
     for name, constexprs in (("_states", walk), ("_chunk_sums", walk), ("_scan_sums", dict(scan, REVERSE=True)),
                              ("_scan_products", dict(products, REVERSE=True)),
+                             *(("_scan_recurrence", dict(scan, SLOTS=kernels.RECURRENCE_SLOTS, REVERSE=reverse))
+                               for reverse in (False, True)),
                              ("_row_terms", dict(BLOCK=sizes["BLOCK"], BLOCK_D=sizes["BLOCK_D"], BLOCK_V=sizes["BLOCK_V"])),
                              ("_query_sums", queries), ("_states_backward", queries),
                              ("_forward", dict(tiles, **window["_forward"])),
