@@ -541,7 +541,8 @@ def _scan_recurrence(
             total_norm = keep * total_norm + add * x_norms[u]
     if REVERSE:
         products = tl.sum(tl.sum(carried, 1), 0) + tl.sum(carried_norm, 0)
-        tl.store(CARRIED + (direction * rows + row).to(tl.int64) * parts + part, -BLOCK * _scaled(products, carried_log))
+        carried_out = -BLOCK * _scaled(products, carried_log)
+        tl.store(CARRIED + (direction * rows + row).to(tl.int64) * parts + part, carried_out)
 
 
 @triton.jit
