@@ -1385,10 +1385,10 @@ KEEP_STATES = True
 ALIGNED_KEY_BLOCKS = True
 # `_backward_queries` stores each window's pairs, their weights w_ij and the factors of their gradients (two
 # (B*H, Lq / BLOCK, BLOCK, BLOCK + 2h) planes in the inputs' dtype, BLOCK + h when causal), and `_backward_keys` reads
-# them instead of forming every pair again: no logits, exponentials, kernel products or masks of the pairs there, three
-# products a tile instead of six. The buffer holds 2 BLOCK (BLOCK + 2h) elements for each BLOCK queries: at B=4, H=16
-# and 16k in bf16, 335 MB causal, 403 MB bidirectional, for the time of backward (bench_attention_gpu.py --variants
-# stored_pairs)
+# them instead of forming every pair again: no logits, exponentials, kernel products or masks of the pairs there,
+# three products a block of queries instead of seven (six without a table). The buffer holds 2 BLOCK (BLOCK + 2h)
+# elements for each BLOCK queries: at B=4, H=16 and 16k in bf16, 335 MB causal, 403 MB bidirectional, for the time of
+# backward (bench_attention_gpu.py --variants stored_pairs)
 STORED_PAIRS = False
 # the kernels' integer arguments that follow a batch's lengths, not the model: Triton compiles a kernel again for each
 # new one that is 1, a multiple of 16 or neither (benchmarks/kernel_specialisations.py counts those compiles)
