@@ -116,6 +116,8 @@ VARIANTS = {
     "scan_products_everywhere": {"SCAN_PRODUCTS": True, "PARALLEL_WALKS": True},
     # the scan as the walks' recurrence over each step's slots, read at once (`_scan_recurrence`)
     "scan_recurrence": {"SCAN_RECURRENCE": True},
+    # that scan and backward's pairs stored, together
+    "stored_pairs_scan_recurrence": {"STORED_PAIRS": True, "SCAN_RECURRENCE": True},
     # the causal table in a tile of 32 rows, the 17 the band reads at h = 16 (`MIN_TABLE_TILE`): the windows' gathers
     # of the table half as wide; bidirectional, its 33 rows keep a tile of 64
     "narrow_table": {"MIN_TABLE_TILE": 32},

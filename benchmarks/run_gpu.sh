@@ -7,7 +7,7 @@
 # STEP is any of env, compile, attention, attention_variants, attention_backward, attention_table, attention_pairs,
 # attention_scan, attention_small_batch, attention_rows, attention_block32, tune, tune_registers, tune_scan, ncu,
 # tests, compile_tests, accelerate, train, train_compiled, train_graphs, train_graphs_scan, train_graphs_recurrence,
-# train_graphs_pairs, generate
+# train_graphs_pairs, train_graphs_candidates, generate
 # (default: env, attention, tests, compile_tests, train, generate, in that order):
 #   compile               checks, and so compiles, the default kernels and each variant's in parallel processes, so
 #                         that a later attention_variants finds them compiled;
@@ -26,7 +26,8 @@
 #                         without a table (`no_table`), at B=4, H=16, 16k and 64k (a variant that fails its check
 #                         against the reference is not timed);
 #   attention_pairs       the GPU tests of `_backward_keys` reading the window's pairs that `_backward_queries`
-#                         stored (`test_stored_pairs_on_cuda`), then the op beside it (`stored_pairs`) at B=4, H=16,
+#                         stored (`test_stored_pairs_on_cuda`), then the op beside it (`stored_pairs`), and beside it
+#                         with the scan as the walks' recurrence too (`stored_pairs_scan_recurrence`), at B=4, H=16,
 #                         16k and 64k, with its peak memory (a variant that fails its check is not timed);
 #   attention_scan        the parallel passes' scan as products (`scan_products`, `scan_products_1x32`), in steps of 16
 #                         chunks (`scan_steps_of_16`), the passes with the products where the op takes the walks
@@ -59,7 +60,7 @@
 #                         train_graphs_scan, the same with the parallel passes' scan as products
 #                         (`--kernel-options SCAN_PRODUCTS=True`), train_graphs_recurrence with the scan as the walks'
 #                         recurrence (`SCAN_RECURRENCE=True`), train_graphs_pairs with backward's pairs stored
-#                         (`STORED_PAIRS=True`).
+#                         (`STORED_PAIRS=True`), train_graphs_candidates with both.
 # Each step writes its log (and its JSON) under OUT_DIR and runs under its own time limit (seconds, e.g.
 # LIMIT_tests=300; at the limit the step gets SIGINT, so that pytest still reports what ran), so that a failing or slow
 # step leaves the others' figures; the exit status is the number of steps that failed. TEST_PATHS (default: tests/ops
@@ -98,7 +99,7 @@ step() {  # step NAME COMMAND...: runs COMMAND under LIMIT_<NAME> seconds, its o
     "${LIMIT_attention_pairs:=240}" \
     "${LIMIT_ncu:=240}" "${LIMIT_tune_registers:=300}" "${LIMIT_attention_scan:=240}" "${LIMIT_tune_scan:=240}" \
     "${LIMIT_train_graphs_scan:=360}" \
-    "${LIMIT_train_graphs_recurrence:=360}" "${LIMIT_train_graphs_pairs:=360}"
+    "${LIMIT_train_graphs_recurrence:=360}" "${LIMIT_train_graphs_pairs:=360}" "${LIMIT_train_graphs_candidates:=360}"
 launch=()
 launch_from() {  # the steps' --launch option, once the tune report at LAUNCH_FROM exists
     launch=()
@@ -147,7 +148,8 @@ print(torch.__version__, triton.__version__, transformers.__version__, torch.cud
             python3 -m pytest -q -p no:cacheprovider -rfEs "${workers[@]}" tests/ops/test_local_softmax_triton.py \
                 -k test_stored_pairs_on_cuda
             tests=$?
-            python3 benchmarks/bench_attention_gpu.py --variants stored_pairs "$@" --lengths 16384 65536 \
+            python3 benchmarks/bench_attention_gpu.py --variants stored_pairs stored_pairs_scan_recurrence "$@" \
+                --lengths 16384 65536 \
                 --max-sdpa-length 16384 --json "$0/bench_attention_gpu_pairs.json" &&
             exit "$tests"' "$out" "${launch[@]}" ;;
         attention_scan) step attention_scan bash -c 'out=$1; shift; for shape in 1x8 4x16; do
@@ -188,11 +190,15 @@ print(torch.__version__, triton.__version__, transformers.__version__, torch.cud
         train_graphs_scan) step train_graphs_scan python3 benchmarks/bench_train.py --device cuda --bf16 \
             --compile reduce-overhead --eager bart --steps-only --lengths 16384 --models scaleformer bart \
             --kernel-options SCAN_PRODUCTS=True --profile 16384 --json "$out/bench_train_gpu_graphs_scan.json" ;;
-        train_graphs_recurrence|train_graphs_pairs) option=SCAN_RECURRENCE=True
-            [ "$name" = train_graphs_pairs ] && option=STORED_PAIRS=True
+        train_graphs_recurrence|train_graphs_pairs|train_graphs_candidates)
+            case $name in
+                train_graphs_recurrence) options=(SCAN_RECURRENCE=True) ;;
+                train_graphs_pairs) options=(STORED_PAIRS=True) ;;
+                *) options=(STORED_PAIRS=True SCAN_RECURRENCE=True) ;;
+            esac
             step "$name" python3 benchmarks/bench_train.py --device cuda --bf16 \
             --compile reduce-overhead --eager bart --steps-only --lengths 16384 --models scaleformer bart \
-            --kernel-options "$option" --profile 16384 --json "$out/bench_train_gpu_${name#train_}.json" ;;
+            --kernel-options "${options[@]}" --profile 16384 --json "$out/bench_train_gpu_${name#train_}.json" ;;
         train_compiled) step train_compiled python3 benchmarks/bench_train.py --device cuda --bf16 --compile \
             --steps-only --lengths 16384 --models scaleformer bart led --json "$out/bench_train_gpu_compiled.json" ;;
         generate) step generate python3 benchmarks/bench_generate.py --device cuda --new-tokens "${NEW_TOKENS:-8192}" \
@@ -202,7 +208,8 @@ print(torch.__version__, triton.__version__, transformers.__version__, torch.cud
                 "attention_table, attention_pairs, attention_scan, attention_small_batch, attention_rows," \
                 "attention_block32, tune, tune_registers, tune_scan, ncu, tests, compile_tests, accelerate, train," \
                 "train_compiled," \
-                "train_graphs, train_graphs_scan, train_graphs_recurrence, train_graphs_pairs, generate)" >&2
+                "train_graphs, train_graphs_scan, train_graphs_recurrence, train_graphs_pairs," \
+                "train_graphs_candidates, generate)" >&2
            exit 64 ;;
     esac
 done
