@@ -331,6 +331,20 @@ def _step_exponents(nu, mu, carry_log, SLOTS: tl.constexpr):
 
 
 @triton.jit
+def _scan_part(RATE, heads, rows, n_states, d, ACC: tl.constexpr, BLOCK: tl.constexpr, BLOCK_SD: tl.constexpr,
+               BLOCK_V: tl.constexpr):
+    """Where a program of the parallel passes' scan works (`_scan_sums`, `_scan_recurrence`): its batch*head row,
+    direction and part (its program ids), the exponent of a carry's decay lambda BLOCK, its BLOCK_SD rows dd of the
+    states and their columns vv, the offsets of those rows in its row's first slot (the normalisers'; times Dv, the
+    sums'), and the offset of its row's first slot in the (directions, rows, slots) tensors."""
+    row, direction, part = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    carry_log = tl.load(RATE + row % heads).to(ACC) * BLOCK
+    dd = part * BLOCK_SD + tl.arange(0, BLOCK_SD)
+    row_slots = (direction * rows + row).to(tl.int64) * n_states
+    return row, direction, part, carry_log, dd, tl.arange(0, BLOCK_V), row_slots * d + dd, row_slots
+
+
+@triton.jit
 def _scan_sums(
     RATE, S, Z, MU, NU, L, LZ, LE, CARRIED, heads, rows, nq, n_states, start0, start1, d, dv, parts,
     REVERSE: tl.constexpr, BLOCK: tl.constexpr, BLOCK_SD: tl.constexpr, BLOCK_V: tl.constexpr, SLOTS: tl.constexpr,
@@ -352,16 +366,11 @@ def _scan_sums(
     no factor exceeds 1. A step's slots are read, then written in place: a barrier between the two keeps the
     program's threads from writing a slot that another of them, which holds a copy of the same values (the
     normalisers), has not read yet."""
-    row, direction, part = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     acc = S.dtype.element_ty
-    rate = tl.load(RATE + row % heads).to(acc)
-    carry_log = rate * BLOCK
-    dd = part * BLOCK_SD + tl.arange(0, BLOCK_SD)
-    vv = tl.arange(0, BLOCK_V)
-    at = (direction * rows + row).to(tl.int64) * n_states * d + dd
+    row, direction, part, carry_log, dd, vv, at, row_slots = _scan_part(RATE, heads, rows, n_states, d, acc, BLOCK,
+                                                                        BLOCK_SD, BLOCK_V)
     s_ptr, z_ptr = S + at[:, None] * dv + vv[None, :], Z + at
     s_mask, z_mask = (dd[:, None] < d) & (vv[None, :] < dv), dd < d
-    row_slots = (direction * rows + row).to(tl.int64) * n_states
     t = tl.arange(0, SLOTS)
     total = tl.zeros((BLOCK_SD, BLOCK_V), dtype=acc)  # y at the step's first slot, as exp(nu) total
     total_norm = tl.zeros((BLOCK_SD,), dtype=acc)
@@ -489,15 +498,10 @@ def _scan_recurrence(
     slot after it, each weight an exponential that every thread takes. REVERSE, lambda's gradient through the
     carries, sum_c exp(nu_c + LE_c - lambda BLOCK) G'_{c+1} . L'_c, is kept elementwise under a running exponent and
     summed over the program's threads once, at the end, instead of at every step."""
-    row, direction, part = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     acc = S.dtype.element_ty
-    rate = tl.load(RATE + row % heads).to(acc)
-    carry_log = rate * BLOCK
-    dd = part * BLOCK_SD + tl.arange(0, BLOCK_SD)
-    vv = tl.arange(0, BLOCK_V)
-    at = (direction * rows + row).to(tl.int64) * n_states * d + dd
-    tile, norm = at[:, None] * dv + vv[None, :], at
-    row_slots = (direction * rows + row).to(tl.int64) * n_states
+    row, direction, part, carry_log, dd, vv, norm, row_slots = _scan_part(RATE, heads, rows, n_states, d, acc, BLOCK,
+                                                                          BLOCK_SD, BLOCK_V)
+    tile = norm[:, None] * dv + vv[None, :]
     total = tl.zeros((BLOCK_SD, BLOCK_V), dtype=acc)  # y, the sum carried into the next slot, as exp(nu) total
     total_norm = tl.zeros((BLOCK_SD,), dtype=acc)
     nu = tl.max(tl.full((BLOCK_SD,), float("-inf"), dtype=acc), 0)
