@@ -694,6 +694,23 @@ def _query_sums(
 
 
 @triton.jit
+def _in_band(t, HORIZON: tl.constexpr, CAUSAL: tl.constexpr):
+    """Whether the pairs at offsets t = p_i - j lie in the band, in one comparison: 0 <= t <= h when causal,
+    -h <= t <= h else."""
+    return (t + HORIZON * (1 - CAUSAL)).to(tl.uint32) <= HORIZON * (2 - CAUSAL)
+
+
+@triton.jit
+def _query_operands(GS, FQ, row, lq, i, queries, d, dv, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr):
+    """The backward operands `_row_terms` stored for the queries i (0 for those that do not exist): phi(q) / D and
+    gs = g / den, in the inputs' dtype."""
+    ptr, mask = _dense_rows(FQ, row, lq, d, i, queries, BLOCK_D)
+    features_q = tl.load(ptr, mask=mask, other=0.0)
+    ptr, mask = _dense_rows(GS, row, lq, dv, i, queries, BLOCK_V)
+    return features_q, tl.load(ptr, mask=mask, other=0.0)
+
+
+@triton.jit
 def _pair_logits(q, k, qr, qe, t, band, scale, HORIZON: tl.constexpr, CAUSAL: tl.constexpr,
                  HAS_TABLE: tl.constexpr, BLOCK_R: tl.constexpr, DOT: tl.constexpr):
     """l = q.(k + rel[t + h]) * scale for the pairs in the `band`, -inf elsewhere; q (M, D), k (N, D) in the inputs'
@@ -731,12 +748,11 @@ def _pairs(q, k, features_q, features_k, mk, rows, cols, qr, qe, rate, scale, sh
     t = rows[:, None] - cols[None, :]
     visible = (mk > 0)[None, :]
     offsets = rows.to(acc)[:, None] - cols.to(acc)[None, :]
+    in_band = _in_band(t, HORIZON, CAUSAL)
     if CAUSAL:
-        in_band = t.to(tl.uint32) <= HORIZON  # 0 <= t <= h in one comparison
         beyond = t > HORIZON
         distance = offsets - HORIZON
     else:
-        in_band = (t + HORIZON).to(tl.uint32) <= 2 * HORIZON  # -h <= t <= h
         beyond = ~in_band
         distance = tl.abs(offsets) - HORIZON
     band = in_band & visible
@@ -956,10 +972,7 @@ def _block_backward_inputs(Q, GS, FQ, SHIFT, DELTA, tab, edge, row, b, lq, heads
     row shift m."""
     i, queries, q, qr, qe = _block_queries(Q, tab, edge, row, b, lq, heads, d, sqb, sqh, sql, HORIZON, CAUSAL,
                                            HAS_TABLE, ACC, BLOCK, BLOCK_D, BLOCK_R, DOT)
-    ptr, mask = _dense_rows(FQ, row, lq, d, i, queries, BLOCK_D)
-    features_q = tl.load(ptr, mask=mask, other=0.0)
-    ptr, mask = _dense_rows(GS, row, lq, dv, i, queries, BLOCK_V)
-    gs = tl.load(ptr, mask=mask, other=0.0)
+    features_q, gs = _query_operands(GS, FQ, row, lq, i, queries, d, dv, BLOCK_D, BLOCK_V)
     at = row.to(tl.int64) * lq + i
     delta = tl.load(DELTA + at, mask=queries, other=0.0)
     m = tl.load(SHIFT + at, mask=queries, other=0.0)
@@ -1210,21 +1223,14 @@ def _stored_key_pairs(Q, GS, FQ, PAIRS, row, b, lq, heads, rows, nq, offset, j, 
     i = b * BLOCK + a
     queries = i < lq
     q = _load_rows(Q, row, heads, sqb, sqh, sql, i, queries, d, BLOCK_D)
-    ptr, mask = _dense_rows(FQ, row, lq, d, i, queries, BLOCK_D)
-    features_q = tl.load(ptr, mask=mask, other=0.0)
-    ptr, mask = _dense_rows(GS, row, lq, dv, i, queries, BLOCK_V)
-    gs = tl.load(ptr, mask=mask, other=0.0)
+    features_q, gs = _query_operands(GS, FQ, row, lq, i, queries, d, dv, BLOCK_D, BLOCK_V)
     w = j - (b * BLOCK + offset - HORIZON)  # the keys' slots in the window
     plane, pairs_at = _pair_rows(row, b, rows, nq, HORIZON, CAUSAL, BLOCK)
     ptrs, inside = _pair_tile(PAIRS, pairs_at, w, BLOCK + HORIZON * (2 - CAUSAL))
     inside = inside & (w >= 0)[None, :] & keys[None, :]
     weights = tl.load(ptrs, mask=inside, other=0.0)
     grads = tl.load(ptrs + plane, mask=inside, other=0.0)
-    t = (a + HORIZON)[:, None] - w[None, :]  # query a sits at offset a + h - w from slot w
-    if CAUSAL:
-        in_band = t.to(tl.uint32) <= HORIZON
-    else:
-        in_band = (t + HORIZON).to(tl.uint32) <= 2 * HORIZON
+    in_band = _in_band((a + HORIZON)[:, None] - w[None, :], HORIZON, CAUSAL)  # query a is at a + h - w from slot w
     dv_ = tl.dot(tl.trans(weights), gs, dv_, input_precision=DOT)
     dk = tl.dot(tl.trans(tl.where(in_band, grads, 0.0)), q, dk, input_precision=DOT)
     grad_features = tl.dot(tl.trans(tl.where(in_band, 0.0, grads)), features_q, grad_features, input_precision=DOT)

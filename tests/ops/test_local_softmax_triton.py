@@ -27,6 +27,20 @@ F64 = torch.float64
 CAUSAL = pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
 
 
+class KernelCalls:
+    """A Triton kernel whose launches (`kernel[grid](...)`) record the kernel's name and their keyword arguments in
+    `calls`, then run."""
+
+    def __init__(self, kernel, calls: list):
+        self.kernel, self.calls = kernel, calls
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.calls.append((self.kernel.fn.__name__, kwargs))
+            return self.kernel[grid](*args, **kwargs)
+        return launch
+
+
 def output_and_gradients(inputs, **kwargs):
     """The op's output on copies of q, k, v, the table and the decay rates (`inputs`), and their gradients under the
     upstream gradient 1 + out; `kwargs` go to the op."""
@@ -343,9 +357,7 @@ def test_few_programs_take_the_parallel_walks(decay_inputs, monkeypatch, triton_
     assert not kernels._parallel_walks(programs + 1, 1)
     launched = []
     for name in ("_states", "_states_backward", "_chunk_sums", "_query_sums"):
-        kernel = getattr(kernels, name)
-        monkeypatch.setattr(kernels, name, type(name, (), {"__getitem__": lambda self, grid, name=name, kernel=kernel:
-                                                          launched.append(name) or kernel[grid]})())
+        monkeypatch.setattr(kernels, name, KernelCalls(getattr(kernels, name), launched))
     inputs = decay_inputs(b=2, h=3, lq=40, lk=40, d=4, dv=4, mask="padding")
     passes, walks = ["_chunk_sums", "_query_sums"], ["_states", "_states_backward"]
     for causal, walk_programs, expected in ((True, 6, passes), (True, 5, walks), (False, 12, passes),
@@ -353,7 +365,7 @@ def test_few_programs_take_the_parallel_walks(decay_inputs, monkeypatch, triton_
         monkeypatch.setattr(kernels, "PARALLEL_WALK_PROGRAMS", walk_programs)
         launched.clear()
         output_and_gradients(inputs[:5], causal=causal, key_mask=inputs[5], query_offset=0)
-        assert launched == expected, (causal, walk_programs, launched)
+        assert [name for name, _ in launched] == expected, (causal, walk_programs, launched)
     for setting in (True, False):
         monkeypatch.setattr(kernels, "PARALLEL_WALKS", setting)
         assert kernels._parallel_walks(1, 1) is kernels._parallel_walks(4 * programs, 2) is setting
@@ -432,7 +444,7 @@ def test_stored_pairs_against_the_reference(case, causal, decay_inputs, split_ca
     monkeypatch.setattr(kernels, "_backward_keys", KernelCalls(backward_keys, launched))
     monkeypatch.setattr(kernels, "STORED_PAIRS", True)
     check_decay_op(chunk_local_softmax_decay_attention, naive_local_softmax_decay_attention, inputs, causal, offset)
-    assert launched and all(constexprs["STORED_PAIRS"] for constexprs in launched)
+    assert launched and all(constexprs["STORED_PAIRS"] for _, constexprs in launched)
     q, k, v, rel, decay, key_mask, horizon = inputs
     options = dict(causal=causal, key_mask=key_mask, query_offset=offset, horizon=horizon)
     stored = output_and_gradients((q, k, v, rel, decay), **options)
@@ -440,19 +452,6 @@ def test_stored_pairs_against_the_reference(case, causal, decay_inputs, split_ca
     formed = output_and_gradients((q, k, v, rel, decay), **options)
     for name, got, expected in zip("out q k v rel decay".split(), stored, formed):
         torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-13, msg=lambda m: f"{name}: {m}")
-
-
-class KernelCalls:
-    """A Triton kernel whose launches (`kernel[grid](...)`) record their keyword arguments in `calls`, then run."""
-
-    def __init__(self, kernel, calls: list):
-        self.kernel, self.calls = kernel, calls
-
-    def __getitem__(self, grid):
-        def launch(*args, **kwargs):
-            self.calls.append(kwargs)
-            return self.kernel[grid](*args, **kwargs)
-        return launch
 
 
 @pytest.mark.parametrize("causal", [pytest.param(False, marks=pytest.mark.slow), True], ids=["bidirectional", "causal"])
