@@ -693,11 +693,25 @@ def _query_sums(
         tl.store(az_ptr, block_norm, mask=az_mask)
 
 
+@triton.constexpr_function
+def _band_span(horizon, causal):
+    """2h, or h when causal: the band's offsets t run over -h (1 - causal) .. h, span + 1 of them (the table's rows
+    that the band reads), and a query block's window holds BLOCK + span keys."""
+    return horizon * (2 - causal)
+
+
+@triton.constexpr_function
+def _edge_apart(horizon, causal, block_r):
+    """Whether the table's tile of BLOCK_R rows leaves the band's last row (offset t = h) apart: where the band reads
+    one row more than the tile holds (`_table_tile_rows`)."""
+    return _band_span(horizon, causal) == block_r
+
+
 @triton.jit
 def _in_band(t, HORIZON: tl.constexpr, CAUSAL: tl.constexpr):
     """Whether the pairs at offsets t = p_i - j lie in the band, in one comparison: 0 <= t <= h when causal,
     -h <= t <= h else."""
-    return (t + HORIZON * (1 - CAUSAL)).to(tl.uint32) <= HORIZON * (2 - CAUSAL)
+    return (t + HORIZON * (1 - CAUSAL)).to(tl.uint32) <= _band_span(HORIZON, CAUSAL)
 
 
 @triton.jit
@@ -720,7 +734,7 @@ def _pair_logits(q, k, qr, qe, t, band, scale, HORIZON: tl.constexpr, CAUSAL: tl
     logits = tl.dot(q, tl.trans(k), input_precision=DOT)
     if HAS_TABLE:
         relative = tl.gather(qr, tl.minimum(tl.maximum(t + HORIZON * (1 - CAUSAL), 0), BLOCK_R - 1), axis=1)
-        if HORIZON * (2 - CAUSAL) == BLOCK_R:  # the band's last row apart (`_table_tile`)
+        if _edge_apart(HORIZON, CAUSAL, BLOCK_R):  # the band's last row apart (`_table_tile`)
             relative = tl.where(t == HORIZON, qe[:, None], relative)
         logits += relative
     return tl.where(band, logits * scale, float("-inf"))
@@ -783,9 +797,9 @@ def _table_tile(TAB, row, heads, d, HORIZON: tl.constexpr, CAUSAL: tl.constexpr,
     rr = tl.arange(0, BLOCK_R)
     dd = tl.arange(0, BLOCK_D)
     head = TAB + (row % heads) * (2 * HORIZON + 1) * d
-    mask = (rr[:, None] < HORIZON * (2 - CAUSAL) + 1) & (dd[None, :] < d) & HAS_TABLE
+    mask = (rr[:, None] < _band_span(HORIZON, CAUSAL) + 1) & (dd[None, :] < d) & HAS_TABLE
     tile = tl.load(head + (HORIZON * CAUSAL + rr[:, None]) * d + dd[None, :], mask=mask, other=0.0)
-    apart = HAS_TABLE & (HORIZON * (2 - CAUSAL) == BLOCK_R)
+    apart = HAS_TABLE & _edge_apart(HORIZON, CAUSAL, BLOCK_R)
     return tile, tl.load(head + 2 * HORIZON * d + dd, mask=(dd < d) & apart, other=0.0)
 
 
@@ -810,7 +824,7 @@ def _block_queries(Q, tab, edge, row, b, lq, heads, d, sqb, sqh, sql, HORIZON: t
     qe = tl.zeros((BLOCK,), dtype=ACC)
     if HAS_TABLE:
         qr = tl.dot(q, tl.trans(tab), input_precision=DOT).to(ACC)
-        if HORIZON * (2 - CAUSAL) == BLOCK_R:
+        if _edge_apart(HORIZON, CAUSAL, BLOCK_R):
             qe = tl.sum(q.to(ACC) * edge.to(ACC)[None, :], 1)
     return i, queries, q, qr, qe
 
@@ -828,7 +842,7 @@ def _window_tile(K, V, MASK, row, heads, lk, start, w0, q, features_q, qr, qe, r
     op = q.dtype
     w = w0 + tl.arange(0, TILE)
     j = start + w
-    exists = (w < BLOCK + HORIZON + HORIZON * (1 - CAUSAL)) & (j >= 0) & (j < lk)
+    exists = (w < BLOCK + _band_span(HORIZON, CAUSAL)) & (j >= 0) & (j < lk)
     k = _load_rows(K, row, heads, skb, skh, skl, j, exists, d, BLOCK_D)
     v = _load_rows(V, row, heads, svb, svh, svl, j, exists, dv, BLOCK_V)
     mk = _key_weights(MASK, row, heads, lk, j, exists, HAS_MASK, acc)
@@ -1009,7 +1023,7 @@ def _pair_rows(row, b, rows, nq, HORIZON: tl.constexpr, CAUSAL: tl.constexpr, BL
     """Where query block b of `row` keeps its window's pairs (`STORED_PAIRS`): the buffer holds two planes (rows, nq,
     BLOCK, width), width = BLOCK + 2h (BLOCK + h when causal) the window's keys; the elements from one plane to the
     other, and the offset of the block's rows a (BLOCK,) in the first, a width apart."""
-    width = BLOCK + HORIZON * (2 - CAUSAL)
+    width = BLOCK + _band_span(HORIZON, CAUSAL)
     plane = tl.cast(rows, tl.int64) * nq * BLOCK * width  # rows is a constexpr where it is 1 (specialised)
     return plane, ((row.to(tl.int64) * nq + b) * BLOCK + tl.arange(0, BLOCK)[:, None]) * width
 
@@ -1048,17 +1062,17 @@ def _query_tile(K, V, MASK, PAIRS, row, heads, lk, start, w0, q, features_q, qr,
     # d/d(phi(q).phi(k) / D): the decay relative to m, 0 for the keys that are hidden or in the band
     grad_kernel = grad_weights * decay
     if STORED_PAIRS:  # each pair's factors lie on one side of the band, 0 on the other: one plane holds both
-        ptrs, inside = _pair_tile(PAIRS, pairs_at, w0 + tl.arange(0, TILE), BLOCK + HORIZON * (2 - CAUSAL))
+        ptrs, inside = _pair_tile(PAIRS, pairs_at, w0 + tl.arange(0, TILE), BLOCK + _band_span(HORIZON, CAUSAL))
         tl.store(ptrs, (band_weights + kernel).to(op), mask=inside)
         tl.store(ptrs + plane, (grad_logits + grad_kernel).to(op), mask=inside)
     grad_features = tl.dot(grad_kernel.to(op), features_k.to(op), grad_features, input_precision=DOT)
     if HAS_TABLE:
         # the pair (a, w) reads table row a + 2h - w, column r = a + 2h - h CAUSAL - w of the table's tile: column r
         # of query a is window slot a + 2h - h CAUSAL - r
-        slot = a[:, None] + HORIZON * (2 - CAUSAL) - rr[None, :] - w0
-        here = (slot >= 0) & (slot < TILE) & (rr[None, :] < HORIZON * (2 - CAUSAL) + 1)
+        slot = a[:, None] + _band_span(HORIZON, CAUSAL) - rr[None, :] - w0
+        here = (slot >= 0) & (slot < TILE) & (rr[None, :] < _band_span(HORIZON, CAUSAL) + 1)
         grad_rel += tl.where(here, tl.gather(grad_logits, tl.minimum(tl.maximum(slot, 0), TILE - 1), axis=1), 0.0)
-        if HORIZON * (2 - CAUSAL) == BLOCK_R:  # the band's last row apart: the pairs at t = h, slot w = a
+        if _edge_apart(HORIZON, CAUSAL, BLOCK_R):  # the band's last row apart: the pairs at t = h, slot w = a
             grad_edge += tl.sum(tl.where(a[:, None] == w0 + tl.arange(0, TILE)[None, :], grad_logits, 0.0), 1)
     return dq, grad_features, grad_rel, grad_edge, grad_rate
 
@@ -1078,10 +1092,10 @@ def _store_query_grads(DQ, DTAB, GRAD_RATE, tab, edge, q, i, queries, row, heads
         dq += tl.dot(grad_rel.to(op), tab, input_precision=DOT)
         dtab = tl.dot(tl.trans(grad_rel.to(op)), q, input_precision=DOT)
         # this block's share, summed over blocks and batch on the host (atomic adds would contend per head)
-        table_rows = HORIZON * (2 - CAUSAL) + 1
+        table_rows = _band_span(HORIZON, CAUSAL) + 1
         share = DTAB + (row.to(tl.int64) * blocks + b) * table_rows * d
         tl.store(share + rr[:, None] * d + dd[None, :], dtab, mask=(rr[:, None] < table_rows) & (dd[None, :] < d))
-        if HORIZON * (2 - CAUSAL) == BLOCK_R:  # the band's last row apart (`_table_tile`)
+        if _edge_apart(HORIZON, CAUSAL, BLOCK_R):  # the band's last row apart (`_table_tile`)
             dq += grad_edge[:, None] * edge.to(dq.dtype)[None, :]
             tl.store(share + BLOCK_R * d + dd, tl.sum(grad_edge[:, None] * q.to(dq.dtype), 0), mask=dd < d)
     dq += grad_features * _elu_slope(q.to(dq.dtype)) * (1.0 / d.to(dq.dtype))
@@ -1198,7 +1212,7 @@ def _key_pairs(Q, GS, FQ, SHIFT, DELTA, tab, edge, row, b, lq, heads, offset, j,
         Q, GS, FQ, SHIFT, DELTA, tab, edge, row, b, lq, heads, d, dv, sqb, sqh, sql, HORIZON, CAUSAL, HAS_TABLE, acc,
         BLOCK, BLOCK_D, BLOCK_V, BLOCK_R, DOT)
     start = b * BLOCK + offset - HORIZON
-    window = (j >= start) & (j < start + BLOCK + HORIZON + HORIZON * (1 - CAUSAL)) & keys
+    window = (j >= start) & (j < start + BLOCK + _band_span(HORIZON, CAUSAL)) & keys
     # query a of the block at offset a + h - (j - start) from key j
     _, _, band_weights, decay, _, kernel, _ = _pairs(q, k, features_q, features_k, tl.where(window, mk, 0.0),
                                                      tl.arange(0, BLOCK) + HORIZON, j - start, qr, qe, rate, scale, m,
@@ -1226,7 +1240,7 @@ def _stored_key_pairs(Q, GS, FQ, PAIRS, row, b, lq, heads, rows, nq, offset, j, 
     features_q, gs = _query_operands(GS, FQ, row, lq, i, queries, d, dv, BLOCK_D, BLOCK_V)
     w = j - (b * BLOCK + offset - HORIZON)  # the keys' slots in the window
     plane, pairs_at = _pair_rows(row, b, rows, nq, HORIZON, CAUSAL, BLOCK)
-    ptrs, inside = _pair_tile(PAIRS, pairs_at, w, BLOCK + HORIZON * (2 - CAUSAL))
+    ptrs, inside = _pair_tile(PAIRS, pairs_at, w, BLOCK + _band_span(HORIZON, CAUSAL))
     inside = inside & (w >= 0)[None, :] & keys[None, :]
     weights = tl.load(ptrs, mask=inside, other=0.0)
     grads = tl.load(ptrs + plane, mask=inside, other=0.0)
@@ -1265,7 +1279,7 @@ def _backward_keys(
     dv_ = tl.zeros((BLOCK_K, BLOCK_V), dtype=acc)
     # the query blocks b whose window s_b .. s_b + width - 1 (s_b = b BLOCK + offset - h, width BLOCK + 2h, or
     # BLOCK + h when causal) meets these keys
-    width = BLOCK + HORIZON + HORIZON * (1 - CAUSAL)
+    width = BLOCK + _band_span(HORIZON, CAUSAL)
     first = tl.maximum(_floor_div(j0 - offset + HORIZON - width, BLOCK) + 1, 0)
     last = tl.minimum(_floor_div(j0 + BLOCK_K - 1 - offset + HORIZON, BLOCK), nq - 1)
     if STORED_PAIRS:
