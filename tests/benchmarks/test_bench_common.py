@@ -178,7 +178,7 @@ def test_bench_quality_model_names(import_benchmark):
             parse_model_name(bad)
 
 
-@pytest.mark.parametrize("script", ["bench_generate.py", "bench_train.py"])
+@pytest.mark.parametrize("script", [pytest.param("bench_generate.py", marks=pytest.mark.slow), "bench_train.py"])
 def test_unknown_model(run_command, script):
     result = run_command([f"benchmarks/{script}", "--quick", "--models", "scaleformer", "scaleformer:nope",
                           "--threads", "1"])

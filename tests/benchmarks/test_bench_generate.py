@@ -11,6 +11,7 @@ import pytest
 MODELS = ["scaleformer", "scaleformer:softmax", "bart", "t5"]
 
 
+@pytest.mark.slow  # test_bench_generate_models runs the script with more
 def test_bench_generate_quick(run_report):
     stdout, report = run_report(
         ["benchmarks/bench_generate.py", "--quick", "--source-length", "64", "--new-tokens", "32",
@@ -23,9 +24,9 @@ def test_bench_generate_quick(run_report):
 def test_bench_generate_models(run_report):
     stdout, report = run_report(
         ["benchmarks/bench_generate.py", "--quick", "--source-length", "32", "--new-tokens", "24",
-         "--positions", "16", "24", "--window", "4", "--models", *MODELS, "--threads", "1"]
+         "--positions", "16", "24", "--window", "4", "--models", *MODELS, "--threads", "1", "--device", "cpu"]
     )
-    assert report["settings"]["models"] == MODELS
+    assert report["settings"]["models"] == MODELS and report["settings"]["device"] == "cpu" and "device cpu" in stdout
     assert [c["model"] for c in report["verification"]] == MODELS and all(c["passed"] for c in report["verification"])
     for row in report["rows"]:
         for name in MODELS:

@@ -67,6 +67,7 @@ def test_default_config_model_is_the_default_configuration(import_benchmark):
         assert getattr(built, field) == getattr(default, field), field
 
 
+@pytest.mark.slow  # the other task's data and metrics: `pytest -m slow`
 def test_bench_quality_docstrings_quick(run_report):
     stdout, report = run_report(
         ["benchmarks/bench_quality.py", "--quick", "--task", "docstrings", "--models", "scaleformer", "bart"]
@@ -83,6 +84,7 @@ def test_bench_quality_docstrings_quick(run_report):
     assert "| ROUGE-1 | ROUGE-2 | ROUGE-L |" in stdout and "- none for docstrings" in stdout
 
 
+@pytest.mark.slow  # a process for one message of the parser
 def test_bench_quality_rejects_data_dir_for_docstrings(run_command, tmp_path):
     result = run_command(["benchmarks/bench_quality.py", "--task", "docstrings", "--data_dir", str(tmp_path)],
                          timeout=120)

@@ -41,6 +41,7 @@ def test_bench_train_profile(run_report):
     assert "## Profile: scaleformer, one training step at source length 64" in stdout
 
 
+@pytest.mark.slow  # options beyond the quick run
 def test_bench_train_steps_only(run_report):
     """`--steps-only`: training steps timed, no forward pass (no forward table, slopes or figures in the JSON)."""
     stdout, report = run_report(["benchmarks/bench_train.py", "--quick", "--lengths", "64", "128", "--repeats", "1",

@@ -66,6 +66,7 @@ def test_kernel_resources_counts_instructions(run_command, import_benchmark):
     assert counted(unaligned.stdout)[-2] > total
 
 
+@pytest.mark.slow  # the default run compiles with the script's other options
 def test_kernel_resources_caps_registers(run_command):
     """`--registers N`: the kernels compiled with Triton's maxnreg, at most N registers a thread, the rest spilled."""
     pytest.importorskip("triton")
@@ -77,6 +78,7 @@ def test_kernel_resources_caps_registers(run_command):
     assert cap == "128" and int(registers) <= 128 and int(spills.split(" / ")[0]) > 0
 
 
+@pytest.mark.slow  # four compiles of the window kernels, about a minute
 def test_kernel_resources_tail_tiles(run_command):
     """`--tail-tiles` and `--whole-tiles`: causal at h = 16, `_forward`'s window of 80 keys in tiles of 32, 32 and 16
     (the module's default), whose code the kernel then holds beside the loop's, takes more instructions than in three
@@ -99,6 +101,7 @@ def test_kernel_resources_tail_tiles(run_command):
     assert tails > whole and "narrower last tile in: _backward_queries" in stdout
 
 
+@pytest.mark.slow  # two compiles of `_backward_queries`
 def test_kernel_resources_without_a_table(run_command):
     """`--no-table`: the window kernels as a configuration without a relative table takes them, without the table's
     products and gathers: fewer instructions and warp shuffles than with the table."""

@@ -46,7 +46,8 @@ def test_main_job_smoke(tmp_path, task, extra, expected):
 
 
 @pytest.mark.parametrize(
-    "overrides", ["layer_norm_position=middle", "no_such_field=1", "rpe_horizon=wide", "encoder_attention_heads=3"]
+    "overrides", ["no_such_field=1", *(pytest.param(overrides, marks=pytest.mark.slow) for overrides in (
+        "layer_norm_position=middle", "rpe_horizon=wide", "encoder_attention_heads=3"))],  # a process each
 )
 def test_main_job_rejects_bad_config_overrides(tmp_path, overrides):
     result = subprocess.run(

@@ -1,6 +1,9 @@
 """The Triton kernels of the default attention and of its decoding steps: run through Triton's interpreter on CPU
 at small shapes (float64, against the quadratic reference and the PyTorch paths, forward and gradients), and on
-CUDA at real shapes (`gpu` marker, skipped without a device)."""
+CUDA at real shapes (`gpu` marker, skipped without a device). Through the interpreter, the default run takes every
+kernel and every option of the kernels' module at least once, against the float64 reference or the path it replaces,
+and the whole op over the edge cases in both directions; `-m slow` adds the other pairings of options, cases and
+directions."""
 
 import os
 import sys
@@ -25,6 +28,18 @@ from modeling_scaleformer.ops_naive import naive_local_softmax_decay_attention  
 
 F64 = torch.float64
 CAUSAL = pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
+# both directions, bidirectional only with `-m slow`: for options whose kernels the default run checks in both
+# directions elsewhere
+CAUSAL_BY_DEFAULT = pytest.mark.parametrize("causal", [pytest.param(False, marks=pytest.mark.slow), True],
+                                            ids=["bidirectional", "causal"])
+
+
+def directed(cases: dict, default: set) -> list:
+    """Parameters (case, causal) of `cases` (id -> case) in both directions, with ids "{id}-{direction}": those in
+    `default` (ids with their direction) in the default run, the others with `-m slow`."""
+    return [pytest.param(case, causal, id=f"{name}-{direction}",
+                         marks=() if f"{name}-{direction}" in default else pytest.mark.slow)
+            for name, case in cases.items() for causal, direction in ((False, "bidirectional"), (True, "causal"))]
 
 
 class KernelCalls:
@@ -59,12 +74,12 @@ def test_triton_paths_in_the_op(decay_case, causal, decay_inputs, split_case, ch
     assert used == {"local_softmax_decay"}
 
 
-@CAUSAL
-@pytest.mark.parametrize("case", [
-    dict(lq=50, lk=50, horizon=20), dict(lq=70, lk=30, horizon=2), dict(lq=30, lk=70, horizon=2),
-    dict(lq=40, lk=23, horizon=3, offset=5), dict(lq=5, lk=40, horizon=3, offset=100),
-    dict(lq=70, lk=70, horizon=16, block=64),
-], ids=["2h-wider-than-a-block", "lq>lk", "lq<lk", "offset-5", "queries-past-the-keys", "blocks-of-64"])
+@pytest.mark.parametrize("case, causal", directed({
+    "2h-wider-than-a-block": dict(lq=50, lk=50, horizon=20), "lq>lk": dict(lq=70, lk=30, horizon=2),
+    "lq<lk": dict(lq=30, lk=70, horizon=2), "offset-5": dict(lq=40, lk=23, horizon=3, offset=5),
+    "queries-past-the-keys": dict(lq=5, lk=40, horizon=3, offset=100),
+    "blocks-of-64": dict(lq=70, lk=70, horizon=16, block=64),
+}, {"2h-wider-than-a-block-causal", "lq<lk-bidirectional", "blocks-of-64-causal"}))
 def test_triton_attention_over_blocks(case, causal, decay_inputs, split_case, check_decay_op, triton_paths):
     """Inputs spanning several blocks (of 16 unless said) in ways the decay cases do not: windows (16 + 2h keys) that
     meet three or more key blocks, blocks and chunks cut at other places in the two directions (Lq != Lk, offsets),
@@ -94,14 +109,24 @@ def test_triton_attention_with_tiles_128_wide(dims, causal, decay_inputs, check_
     assert kernels._launch("_forward", 64, 64) == kernels.LAUNCH["_forward"]
 
 
-@pytest.mark.parametrize("case", [
-    dict(lq=40, lk=23, offset=5, causal=False, slots=2), dict(lq=5, lk=40, offset=100, causal=False, slots=16),
-    dict(lq=70, lk=30, offset=0, causal=False, slots=4), dict(lq=37, lk=37, offset=0, causal=True, slots=1),
-    pytest.param(dict(lq=150, lk=150, offset=0, causal=False, slots=4), marks=pytest.mark.slow),
-    pytest.param(dict(lq=600, lk=600, offset=0, causal=False, slots=32), marks=pytest.mark.slow),
-], ids=["offset-5", "queries-past-the-keys", "lq>lk", "causal", "ten-chunks", "steps-of-32"])
-@pytest.mark.parametrize("kind", ["sums", "products", "recurrence"],
-                         ids=["scan-sums", "scan-products", "scan-recurrence"])
+WALK_CASES = {
+    "offset-5": dict(lq=40, lk=23, offset=5, causal=False, slots=2),
+    "queries-past-the-keys": dict(lq=5, lk=40, offset=100, causal=False, slots=16),
+    "lq>lk": dict(lq=70, lk=30, offset=0, causal=False, slots=4),
+    "causal": dict(lq=37, lk=37, offset=0, causal=True, slots=1),
+    "ten-chunks": dict(lq=150, lk=150, offset=0, causal=False, slots=4),
+    "steps-of-32": dict(lq=600, lk=600, offset=0, causal=False, slots=32),
+}
+# the default run: the default scan (sums) in both directions, the other two in one, in steps of 1, 2 and 16 chunks
+# (steps that the chunks fill, and a last one that they do not); every other pair with `-m slow`
+DEFAULT_WALKS = {("sums", "offset-5"), ("sums", "causal"), ("products", "causal"),
+                 ("recurrence", "queries-past-the-keys")}
+
+
+@pytest.mark.parametrize("kind, case", [
+    pytest.param(kind, case, id=f"scan-{kind}-{name}", marks=() if (kind, name) in DEFAULT_WALKS else pytest.mark.slow)
+    for kind in ("sums", "products", "recurrence") for name, case in WALK_CASES.items()
+])
 def test_parallel_walks_equal_the_sequential_walks(case, kind, monkeypatch, triton_paths):
     """The states of every query block by `_chunk_sums` and the scan (`PARALLEL_WALKS`; `_scan_sums`, or
     `_scan_products` where SCAN_PRODUCTS, or `_scan_recurrence` where SCAN_RECURRENCE) equal those of `_states`'
@@ -152,8 +177,11 @@ def test_parallel_walks_equal_the_sequential_walks(case, kind, monkeypatch, trit
     assert len(scans) == 3
 
 
-@pytest.mark.parametrize("parallel", [False, True], ids=["sequential-walks", "parallel-walks"])
-@CAUSAL
+@pytest.mark.parametrize("parallel, causal", [
+    (False, False), pytest.param(False, True, marks=pytest.mark.slow),
+    pytest.param(True, False, marks=pytest.mark.slow), (True, True),
+], ids=["sequential-walks-bidirectional", "sequential-walks-causal", "parallel-walks-bidirectional",
+        "parallel-walks-causal"])
 def test_rows_without_upstream_gradient(parallel, causal, monkeypatch, triton_paths):
     """Rows whose upstream gradient is zero, whose weight in the states' gradient `_row_terms` makes -inf, beside
     queries past the keys of a padded row (den = 0, the same -inf) and rows with both: the gradients against the
@@ -194,7 +222,7 @@ def test_kernels_operator_passes_opcheck(case, decay_inputs, monkeypatch, triton
 
     triton_paths(16)
     monkeypatch.setattr(kernels, "KEEP_STATES", case["keep"])
-    *inputs, key_mask, horizon = decay_inputs(b=2, h=3, lq=40, lk=50, d=4, dv=5, no_rel=not case["table"],
+    *inputs, key_mask, horizon = decay_inputs(b=1, h=2, lq=40, lk=50, d=4, dv=5, no_rel=not case["table"],
                                               mask="padding" if case["mask"] else None)
     inputs = [x.requires_grad_() if x is not None else None for x in inputs]
     n_states = kernels._Walk.of(40, 50, 5, horizon, case["causal"]).n_states
@@ -240,7 +268,7 @@ def test_input_pointers_are_the_arguments_in_the_inputs_dtype(parallel, stored, 
     assert {name for _, name in launched} >= set(kernels.INPUT_POINTERS)
 
 
-@pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
+@CAUSAL_BY_DEFAULT
 def test_eager_calls_skip_the_operators_dispatch(causal, decay_inputs, triton_paths, monkeypatch):
     """Eager calls run the operators' bodies through `_EagerAttention`, not the operators: the same output and
     gradients, bit for bit; only where the call is traced (`_traced`) does the entry call the forward operator."""
@@ -345,7 +373,7 @@ def test_cuda_without_triton_says_it_runs_the_pytorch_path(monkeypatch):
 def test_few_programs_take_the_parallel_walks(decay_inputs, monkeypatch, triton_paths):
     """`PARALLEL_WALKS = None` (the default): the parallel passes where the walks would have at most
     PARALLEL_WALK_PROGRAMS programs (batch*head rows times directions), the sequential walks beyond, in forward and in
-    backward alike (the kernels the op launches, at 6 rows: 6 programs causal, 12 bidirectional); True and False take
+    backward alike (the kernels the op launches, at 3 rows: 3 programs causal, 6 bidirectional); True and False take
     one path at every size."""
     from modeling_scaleformer import ops_local_softmax_triton as kernels
 
@@ -358,10 +386,10 @@ def test_few_programs_take_the_parallel_walks(decay_inputs, monkeypatch, triton_
     launched = []
     for name in ("_states", "_states_backward", "_chunk_sums", "_query_sums"):
         monkeypatch.setattr(kernels, name, KernelCalls(getattr(kernels, name), launched))
-    inputs = decay_inputs(b=2, h=3, lq=40, lk=40, d=4, dv=4, mask="padding")
+    inputs = decay_inputs(b=1, h=3, lq=40, lk=40, d=4, dv=4, mask="padding")
     passes, walks = ["_chunk_sums", "_query_sums"], ["_states", "_states_backward"]
-    for causal, walk_programs, expected in ((True, 6, passes), (True, 5, walks), (False, 12, passes),
-                                            (False, 11, walks), (False, 6, walks)):
+    for causal, walk_programs, expected in ((True, 3, passes), (True, 2, walks), (False, 6, passes),
+                                            (False, 5, walks)):
         monkeypatch.setattr(kernels, "PARALLEL_WALK_PROGRAMS", walk_programs)
         launched.clear()
         output_and_gradients(inputs[:5], causal=causal, key_mask=inputs[5], query_offset=0)
@@ -371,7 +399,7 @@ def test_few_programs_take_the_parallel_walks(decay_inputs, monkeypatch, triton_
         assert kernels._parallel_walks(1, 1) is kernels._parallel_walks(4 * programs, 2) is setting
 
 
-@CAUSAL
+@CAUSAL_BY_DEFAULT
 def test_kept_states_give_the_recomputed_gradients(causal, decay_inputs, monkeypatch, triton_paths):
     """`KEEP_STATES`: backward takes forward's states instead of walking the keys again (one walk per call instead of
     two), with the same gradients to the last bit (blocks of 16, padded keys, Lq != Lk)."""
@@ -392,13 +420,12 @@ def test_kept_states_give_the_recomputed_gradients(causal, decay_inputs, monkeyp
         assert torch.equal(got, expected), name
 
 
-@CAUSAL
-@pytest.mark.parametrize("case", [
-    dict(lq=50, lk=50, horizon=3, min_table_tile=1, rows=(4, 8)),
-    dict(lq=40, lk=60, horizon=16, min_table_tile=32, rows=(32, 64), offset=5),
-    dict(lq=50, lk=50, horizon=4, min_table_tile=1, edge=True, rows=(4, 8)),
-    dict(lq=60, lk=40, horizon=16, min_table_tile=16, edge=True, rows=(16, 32), offset=3),
-], ids=["h3-exact", "h16-tiles-of-32", "h4-last-row-apart", "h16-last-row-apart"])
+@pytest.mark.parametrize("case, causal", directed({
+    "h3-exact": dict(lq=50, lk=50, horizon=3, min_table_tile=1, rows=(4, 8)),
+    "h16-tiles-of-32": dict(lq=40, lk=60, horizon=16, min_table_tile=32, rows=(32, 64), offset=5),
+    "h4-last-row-apart": dict(lq=50, lk=50, horizon=4, min_table_tile=1, edge=True, rows=(4, 8)),
+    "h16-last-row-apart": dict(lq=60, lk=40, horizon=16, min_table_tile=16, edge=True, rows=(16, 32), offset=3),
+}, {"h4-last-row-apart-bidirectional", "h16-last-row-apart-causal"}))
 def test_narrow_table_tiles_against_the_reference(case, causal, decay_inputs, split_case, check_decay_op, monkeypatch,
                                                   triton_paths):
     """The relative table in tiles as narrow as the rows the band reads (`MIN_TABLE_TILE` lowered; h+1 rows from row
@@ -420,11 +447,11 @@ def test_narrow_table_tiles_against_the_reference(case, causal, decay_inputs, sp
     assert used == {"local_softmax_decay"}
 
 
-@CAUSAL
-@pytest.mark.parametrize("case", [
-    dict(lq=50, lk=50, horizon=3), dict(lq=60, lk=30, horizon=5, offset=3), dict(lq=30, lk=60, horizon=5),
-    dict(lq=1, lk=40, horizon=2, offset=20), dict(lq=40, lk=40, horizon=20, key_block=64),
-], ids=["h3", "lq>lk-offset", "lq<lk", "one-query", "2h-wider-than-a-block-key-blocks-of-64"])
+@pytest.mark.parametrize("case, causal", directed({
+    "h3": dict(lq=50, lk=50, horizon=3), "lq>lk-offset": dict(lq=60, lk=30, horizon=5, offset=3),
+    "lq<lk": dict(lq=30, lk=60, horizon=5), "one-query": dict(lq=1, lk=40, horizon=2, offset=20),
+    "2h-wider-than-a-block-key-blocks-of-64": dict(lq=40, lk=40, horizon=20, key_block=64),
+}, {"one-query-causal", "2h-wider-than-a-block-key-blocks-of-64-bidirectional"}))
 def test_stored_pairs_against_the_reference(case, causal, decay_inputs, split_case, check_decay_op, monkeypatch,
                                             triton_paths):
     """`_backward_keys` reading the pairs that `_backward_queries` stored (`STORED_PAIRS`) instead of forming them: the
@@ -454,7 +481,7 @@ def test_stored_pairs_against_the_reference(case, causal, decay_inputs, split_ca
         torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-13, msg=lambda m: f"{name}: {m}")
 
 
-@pytest.mark.parametrize("causal", [pytest.param(False, marks=pytest.mark.slow), True], ids=["bidirectional", "causal"])
+@CAUSAL_BY_DEFAULT
 def test_key_tiles_do_not_change_the_result(causal, decay_inputs, monkeypatch, triton_paths):
     """Windows read in one tile (KEY_TILE as wide as the window, KEY_BLOCK = BLOCK, the layout that
     `bench_attention_gpu.py --key-tile 128 --key-block 64` times), and backward programs over more keys than a chunk
@@ -462,7 +489,7 @@ def test_key_tiles_do_not_change_the_result(causal, decay_inputs, monkeypatch, t
     (blocks of 16, h = 5: windows of 26 keys, 21 when causal, padded keys)."""
     from modeling_scaleformer import ops_local_softmax_triton as kernels
 
-    inputs = decay_inputs(b=2, h=3, lq=70, lk=70, horizon=5, mask="padding")
+    inputs = decay_inputs(b=2, h=1, lq=70, lk=70, horizon=5, mask="padding")
     key_mask = inputs[5]
     results = []
     for tile, block in ((8, 8), (32, 16), (16, 32)):
@@ -477,9 +504,9 @@ def test_key_tiles_do_not_change_the_result(causal, decay_inputs, monkeypatch, t
 
 @pytest.mark.parametrize("case", [
     dict(causal=True, lq=150, lk=150, horizon=16, block=64),
-    dict(causal=False, lq=150, lk=150, horizon=8, block=64),
-    dict(causal=True, lq=100, lk=130, horizon=2, block=64, offset=3),
-    dict(causal=True, lq=45, lk=30, horizon=5, block=16, min_tile=4, offset=2),
+    pytest.param(dict(causal=False, lq=150, lk=150, horizon=8, block=64), marks=pytest.mark.slow),
+    pytest.param(dict(causal=True, lq=100, lk=130, horizon=2, block=64, offset=3), marks=pytest.mark.slow),
+    pytest.param(dict(causal=True, lq=45, lk=30, horizon=5, block=16, min_tile=4, offset=2), marks=pytest.mark.slow),
     dict(causal=False, lq=30, lk=45, horizon=3, block=16, min_tile=4),
 ], ids=["causal-h16-tail-16", "bidirectional-h8-tail-16", "causal-h2-tail-16-for-2-keys", "causal-lq>lk-tail-8",
         "bidirectional-lq<lk-tail-8"])
@@ -487,8 +514,8 @@ def test_tail_tiles_against_the_reference(case, decay_inputs, split_case, check_
     """Windows that end in a narrower tile (`TAIL_TILES`, both kernels; at blocks of 64 in tiles of 32, a window of
     80 keys, h = 16 causal or h = 8 bidirectional, ends in a tile of 16, and one of 66 keys, h = 2 causal, in a tile
     of 16 that holds 2; at blocks of 16 in tiles of 16, with tails of 4 keys or more allowed, windows of 21 keys
-    (h = 5 causal) and 22 (h = 3 bidirectional) end in tiles of 8): the op against the float64 reference, output and gradients, padded keys, offsets,
-    Lq != Lk both ways."""
+    (h = 5 causal) and 22 (h = 3 bidirectional) end in tiles of 8): the op against the float64 reference, output and
+    gradients, padded keys, offsets, Lq != Lk both ways."""
     from modeling_scaleformer import ops_local_softmax_triton as kernels
 
     case = dict(case, mask="padding")
@@ -527,13 +554,13 @@ def test_window_tiles():
     assert kernels._window_tiles("_backward_queries", 16, True) == dict(TILES=96, TAIL=0)
 
 
-@CAUSAL
-@pytest.mark.parametrize("case", [
-    dict(lq=40, lk=23, horizon=3, offset=5), dict(lq=23, lk=60, horizon=3, offset=7), dict(lq=37, lk=37, horizon=8),
-    dict(lq=1, lk=1, horizon=3), dict(lq=50, lk=50, horizon=5, tile=8), dict(lq=50, lk=50, horizon=5, tile=32),
-    dict(lq=40, lk=40, horizon=10),
-], ids=["lq>lk-offset-keys-before-the-windows", "keys-past-the-windows", "overlap-of-a-block", "length-1",
-        "tiles-of-8", "tiles-of-32", "overlap-beyond-a-block"])
+@pytest.mark.parametrize("case, causal", directed({
+    "lq>lk-offset-keys-before-the-windows": dict(lq=40, lk=23, horizon=3, offset=5),
+    "keys-past-the-windows": dict(lq=23, lk=60, horizon=3, offset=7),
+    "overlap-of-a-block": dict(lq=37, lk=37, horizon=8),
+    "length-1": dict(lq=1, lk=1, horizon=3), "tiles-of-8": dict(lq=50, lk=50, horizon=5, tile=8),
+    "tiles-of-32": dict(lq=50, lk=50, horizon=5, tile=32), "overlap-beyond-a-block": dict(lq=40, lk=40, horizon=10),
+}, {"length-1-causal", "tiles-of-8-causal", "overlap-beyond-a-block-bidirectional"}))
 def test_key_blocks_from_key_0_give_the_same_gradients(case, causal, decay_inputs, monkeypatch, triton_paths):
     """`_backward_keys`' blocks from key 0 (not `ALIGNED_KEY_BLOCKS`, the default, which the other tests hold to the
     reference) give the gradients of the blocks from where two windows' overlap ends, to rounding (blocks of 16,
@@ -589,7 +616,7 @@ def test_triton_attention_extreme_logits(decay_inputs, triton_paths):
                                rtol=1e-9, atol=1e-12)
 
 
-@pytest.mark.parametrize("lk", [300, 60], ids=["keys-hidden-after-60", "60-keys"])
+@pytest.mark.parametrize("lk", [pytest.param(300, marks=pytest.mark.slow), 60], ids=["keys-hidden-after-60", "60-keys"])
 def test_triton_attention_rows_far_from_their_keys(lk, monkeypatch, triton_paths):
     """float32 rows whose visible keys all lie 80 to 240 positions back (rate 0.5: total weights from e^-40 to
     e^-120, below float32's smallest normal number from 175 positions; exp(-m) / den, their weight in the states'
@@ -620,14 +647,17 @@ def test_triton_attention_rows_far_from_their_keys(lk, monkeypatch, triton_paths
                                        msg=lambda m: f"{'kernels' if kernels else 'pytorch'}, grad {name}: {m}")
 
 
-# (case, dtype, walks): float32 on the cases that reach every kind of row and float64 on two, in the default run
+# (case, dtype, walks): in the default run, float32 on the gaps between paddings, a batch row without keys and a
+# padded row of one query (test_triton_attention_rows_inside_a_gap and test_rows_without_upstream_gradient take such
+# rows through the sequential walks)
 ROWS_BEYOND_THE_KEYS = [
-    *((name, "float32", "parallel") for name in ("past_the_keys", "right_padding_causal", "left_padding",
-                                                  "both_paddings", "a_batch_row_without_keys",
+    *((name, "float32", "parallel") for name in ("gaps_and_paddings", "a_batch_row_without_keys",
                                                   "length_1_right_padding")),
-    ("right_padding", "float64", "sequential"), ("length_1", "float64", "parallel"),
-    ("gaps_and_paddings", "float32", "parallel"),
     *(pytest.param(name, dtype, walks, marks=pytest.mark.slow) for name, dtype, walks in (
+        ("right_padding", "float64", "sequential"),
+        ("past_the_keys", "float32", "parallel"), ("right_padding_causal", "float32", "parallel"),
+        ("left_padding", "float32", "parallel"), ("both_paddings", "float32", "parallel"),
+        ("length_1", "float64", "parallel"),
         ("past_the_keys_causal", "float32", "sequential"), ("offset", "float32", "parallel"),
         ("last_keys_hidden", "float32", "parallel"), ("last_keys_hidden_causal", "float64", "sequential"),
         ("right_padding", "float64", "parallel"), ("left_padding_causal", "float64", "sequential"),
@@ -666,7 +696,7 @@ def test_triton_attention_rows_beyond_the_keys(name, dtype, walks, beyond_the_ke
 
 
 @pytest.mark.parametrize("gap, causal, block", [
-    ((30, 170), False, 16), ((5, 60), True, 16),
+    pytest.param((30, 170), False, 16, marks=pytest.mark.slow), ((5, 60), True, 16),
     *(pytest.param(*case, marks=pytest.mark.slow) for case in (((30, 170), True, 64), ((5, 60), False, 64),
                                                                ((100, 250), False, 16), ((100, 250), True, 64))),
 ], ids=["gap-bidirectional", "gap-near-the-start-causal", "gap-causal-block-64", "gap-near-the-start-block-64",
@@ -697,7 +727,7 @@ def test_triton_attention_rows_inside_a_gap(gap, causal, block, triton_paths):
         torch.testing.assert_close(g.double(), e, rtol=1e-3, atol=atol, msg=lambda m: f"grad {name}: {m}")
 
 
-@CAUSAL
+@CAUSAL_BY_DEFAULT
 def test_triton_attention_inputs_in_other_layouts(causal, triton_paths):
     """Queries sliced from a fused projection (B, L, 3 H D), keys expanded over the heads (stride 0) and values
     transposed from (B, L, H, D): the kernels write their gradients in layouts of their own, so that the gradients of

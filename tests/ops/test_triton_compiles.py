@@ -86,13 +86,28 @@ def test_tail_kernels_lower(shape, dtype):
     lower(ops_decay_triton._grad_v, kernel_dtype, operands, BE=be, **common)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16],
-                         ids=["float32", "float64", "bfloat16", "float16"])
-@pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
-@pytest.mark.parametrize("options", [dict(HAS_TABLE=True, HAS_MASK=True), dict(HAS_TABLE=False, HAS_MASK=False)],
-                         ids=["table-and-mask", "neither"])
-@pytest.mark.parametrize("shape", [(16, 64, 64), (3, 8, 8), (0, 64, 64), (31, 64, 50), (32, 128, 128)],
-                         ids=["h16-d64", "h3-d8", "h0", "h31-dv50", "h32-d128"])
+ATTENTION_SHAPES = {"h16-d64": (16, 64, 64), "h3-d8": (3, 8, 8), "h0": (0, 64, 64), "h31-dv50": (31, 64, 50),
+                    "h32-d128": (32, 128, 128)}
+ATTENTION_OPTIONS = {"table-and-mask": dict(HAS_TABLE=True, HAS_MASK=True),
+                     "neither": dict(HAS_TABLE=False, HAS_MASK=False)}
+ATTENTION_DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
+                    "float16": torch.float16}
+# the default run: each shape with the table and the mask in one direction and with neither in the other, the dtypes
+# in turn (every shape, option set, direction and dtype, in 10 of their 80 combinations); all 80 with `-m slow`
+DEFAULT_LOWERINGS = {"h16-d64-table-and-mask-causal-bfloat16", "h16-d64-neither-bidirectional-float32",
+                     "h3-d8-table-and-mask-bidirectional-float64", "h3-d8-neither-causal-float16",
+                     "h0-table-and-mask-causal-float32", "h0-neither-bidirectional-bfloat16",
+                     "h31-dv50-table-and-mask-bidirectional-float16", "h31-dv50-neither-causal-float64",
+                     "h32-d128-table-and-mask-causal-float16", "h32-d128-neither-bidirectional-bfloat16"}
+
+
+@pytest.mark.parametrize("shape, options, causal, dtype", [
+    pytest.param(shape, options, causal, dtype, id=name, marks=() if name in DEFAULT_LOWERINGS else pytest.mark.slow)
+    for shape_name, shape in ATTENTION_SHAPES.items() for options_name, options in ATTENTION_OPTIONS.items()
+    for causal, direction in ((False, "bidirectional"), (True, "causal"))
+    for dtype_name, dtype in ATTENTION_DTYPES.items()
+    for name in [f"{shape_name}-{options_name}-{direction}-{dtype_name}"]
+])
 def test_attention_kernels_lower(shape, options, causal, dtype, monkeypatch):
     """The kernels of the default attention with the host's block sizes: q, k, v, the table and the outputs in the
     inputs' dtype (16-bit ones included) beside the compute dtype's states, shifts and normalisers; the window
