@@ -120,6 +120,7 @@ def test_kernel_resources_without_a_table(run_command):
     assert fewer_shuffles < shuffles and fewer < total and "without a relative table" in stdout
 
 
+@pytest.mark.slow  # the options' parsing (common.py) and setting are checked in the default run elsewhere
 def test_kernel_resources_kernel_options(run_command):
     """`--kernel-options`: module options of ops_local_softmax_triton for the compiles, named in the header; a name
     that is not one is refused."""

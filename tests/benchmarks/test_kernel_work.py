@@ -6,24 +6,24 @@ import json
 import pytest
 
 
+def kernel_work(run_command, tmp_path, *extra):
+    """kernel_work.py's JSON report and its output at L = 256, with the options `extra`."""
+    pytest.importorskip("triton")
+    pytest.importorskip("numpy")
+    path = tmp_path / f"work{len(extra)}.json"
+    result = run_command(["benchmarks/kernel_work.py", "--length", "256", "--json", str(path), *extra])
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    return json.loads(path.read_text()), result.stdout
+
+
 def test_kernel_work_counts_the_products_of_each_kernel(run_command, tmp_path):
     """`_forward`'s products per query block of 64, as its code takes them: the queries against the table (64 x 64
     table rows x D), then for each key of the window the logits, the kernel features and the values (3 x 64 x D), and
     one product with each direction's state (64 x D x Dv). Causal, the window's 80 keys in tiles of 32, 32 and 16
-    (`TAIL_TILES`, the default); in whole tiles (`--kernel-options "TAIL_TILES=()"`) 96; bidirectional 96 keys and
-    two states. `_chunk_sums` takes one (D, 64) x (64, Dv) product a chunk and direction. The scan takes no product;
-    fla's figures are those of its source."""
-    pytest.importorskip("triton")
-    pytest.importorskip("numpy")
-
-    def work(*extra):
-        path = tmp_path / f"work{len(extra)}.json"
-        result = run_command(["benchmarks/kernel_work.py", "--length", "256", "--json", str(path), *extra])
-        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-        return json.loads(path.read_text()), result.stdout
-
+    (`TAIL_TILES`, the default); bidirectional 96 keys and two states. `_chunk_sums` takes one (D, 64) x (64, Dv)
+    product a chunk and direction. The scan takes no product; fla's figures are those of its source."""
     d = 64
-    report, stdout = work()
+    report, stdout = kernel_work(run_command, tmp_path)
     causal, bidirectional = report["causal"]["kernels"], report["bidirectional"]["kernels"]
     assert causal["_forward"]["forward_macs"] == 64 * 64 * d + 3 * 64 * d * 80 + 64 * d * d
     assert bidirectional["_forward"]["forward_macs"] == 64 * 64 * d + 3 * 64 * d * 96 + 2 * 64 * d * d
@@ -39,7 +39,14 @@ def test_kernel_work_counts_the_products_of_each_kernel(run_command, tmp_path):
     assert report["causal"]["against_fla"] == pytest.approx(
         (totals["forward_macs"] + totals["backward_macs"]) / (14 * 64 ** 3))
     assert "| _forward | 1 | 1,507,328 | 0 |" in stdout and "x fla's chunk linear attention" in stdout
-    whole, stdout = work("--kernel-options", "TAIL_TILES=()")
+
+
+@pytest.mark.slow  # a second count through the interpreter
+def test_kernel_work_takes_kernel_options(run_command, tmp_path):
+    """`--kernel-options`: the kernels counted with the module's options set, named in the header and the JSON; in
+    whole tiles (`TAIL_TILES=()`) `_forward`'s causal window of 80 keys takes three tiles of 32, 96 keys."""
+    d = 64
+    whole, stdout = kernel_work(run_command, tmp_path, "--kernel-options", "TAIL_TILES=()")
     assert whole["causal"]["kernels"]["_forward"]["forward_macs"] == 64 * 64 * d + 3 * 64 * d * 96 + 64 * d * d
     assert whole["kernel_options"] == {"TAIL_TILES": "()"} and "TAIL_TILES = ()" in stdout
 
