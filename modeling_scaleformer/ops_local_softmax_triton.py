@@ -486,6 +486,14 @@ def _scan_products(
 
 
 @triton.jit
+def _recurrence_slot(first, u: tl.constexpr, slots, d, REVERSE: tl.constexpr):
+    """Slot u of the step from slot `first` of `_scan_recurrence` (the slots from the last back, REVERSE): whether it
+    exists, its index, and its rows of the state (d, none past the last slot)."""
+    inside = first + u < slots
+    return inside, slots - 1 - first - u if REVERSE else first + u, tl.where(inside, d, 0)
+
+
+@triton.jit
 def _scan_recurrence(
     RATE, S, Z, MU, NU, L, LZ, LE, CARRIED, heads, rows, nq, n_states, start0, start1, d, dv, parts,
     REVERSE: tl.constexpr, BLOCK: tl.constexpr, BLOCK_SD: tl.constexpr, BLOCK_V: tl.constexpr, SLOTS: tl.constexpr,
@@ -513,9 +521,7 @@ def _scan_recurrence(
         # every slot of the step read before any is written: the sums are replaced in place
         xs, x_norms, mus, states, state_norms, state_logs = (), (), (), (), (), ()
         for u in tl.static_range(SLOTS):
-            inside = first + u < slots
-            slot = slots - 1 - first - u if REVERSE else first + u
-            present = tl.where(inside, d, 0)  # the slot's rows, none past the last slot
+            inside, slot, present = _recurrence_slot(first, u, slots, d, REVERSE)
             rows_in = (dd[:, None] < present) & (vv[None, :] < dv)
             xs += (tl.load(S + tile + slot * d * dv, mask=rows_in, other=0.0),)
             x_norms += (tl.load(Z + norm + slot * d, mask=dd < present, other=0.0),)
@@ -526,9 +532,7 @@ def _scan_recurrence(
                 state_logs += (tl.load(LE + row_slots + slot, mask=inside, other=float("-inf")),)
         tl.debug_barrier()  # every thread has read the step's slots before any writes them
         for u in tl.static_range(SLOTS):
-            inside = first + u < slots
-            slot = slots - 1 - first - u if REVERSE else first + u
-            present = tl.where(inside, d, 0)
+            inside, slot, present = _recurrence_slot(first, u, slots, d, REVERSE)
             tl.store(S + tile + slot * d * dv, total, mask=(dd[:, None] < present) & (vv[None, :] < dv))
             tl.store(Z + norm + slot * d, total_norm, mask=dd < present)
             tl.store(NU + row_slots + slot, nu, mask=inside & (part == 0))  # part 0 writes
