@@ -149,6 +149,7 @@ def test_bench_train_kernel_options_reach_the_memory_subprocess(import_benchmark
         "SCAN_PRODUCTS": True, "TAIL_TILES": ("_forward", "_backward_queries")}
 
 
+@pytest.mark.slow  # every model beside the quick run's two
 def test_bench_train_models(run_report):
     stdout, report = run_report(
         ["benchmarks/bench_train.py", "--quick", "--lengths", "32", "64", "--repeats", "1", "--no-memory",

@@ -24,7 +24,6 @@ from modeling_scaleformer.ops_naive import naive_kernelized_decay_attention  # n
 
 
 F64 = torch.float64
-CAUSAL = pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
 
 
 def tail_inputs(b, heads, lq, lk, e, dv, seed):
@@ -47,8 +46,16 @@ TAIL_CASES = [  # (lq, lk, horizon, offset, E, Dv)
 ]
 
 
-@pytest.mark.parametrize("reverse", [False, True], ids=["causal", "reversed"])
-@pytest.mark.parametrize("case", TAIL_CASES + [pytest.param((150, 150, 3, 0, 8, 9, 64), id="chunks-of-64")])
+# read reversed in the default run: keys before the span, Lq != Lk and several blocks of the state kernels
+REVERSED_TAILS = {"cross-keys-before-the-span", "lq>lk", "state-blocks"}
+
+
+@pytest.mark.parametrize("case, reverse", [
+    pytest.param(*case.values, reverse, id=f"{case.id}-{direction}",
+                 marks=() if not reverse or case.id in REVERSED_TAILS else pytest.mark.slow)
+    for case in TAIL_CASES + [pytest.param((150, 150, 3, 0, 8, 9, 64), id="chunks-of-64")]
+    for reverse, direction in ((False, "causal"), (True, "reversed"))
+])
 def test_tail_against_pytorch(case, reverse, triton_paths):
     """`decayed_tail` on the Triton kernels against its PyTorch path (float64): the output and the gradients of the
     queries and keys, the values and the rates, over queries that see no key, spans shorter and longer than a
@@ -162,12 +169,20 @@ def test_dot_precision():
         torch.set_float32_matmul_precision(previous)
 
 
-@CAUSAL
-@pytest.mark.parametrize("normalise", [False, True], ids=["sum", "normalised"])
-@pytest.mark.parametrize("case", [
-    dict(lq=40, lk=40, horizon=2, mask="padding"), dict(lq=9, lk=33, horizon=2, offset=11),
-    dict(lq=5, lk=6, horizon=2, offset=20),
-], ids=["long-tails", "cross-offset-both-tails", "queries-past-the-keys"])
+KERNELIZED_DECAY_CASES = {"long-tails": dict(lq=40, lk=40, horizon=2, mask="padding"),
+                          "cross-offset-both-tails": dict(lq=9, lk=33, horizon=2, offset=11),
+                          "queries-past-the-keys": dict(lq=5, lk=6, horizon=2, offset=20)}
+# the default run: each case, both row sums and both directions, in 4 of their 12 pairings
+DEFAULT_KERNELIZED_DECAY = {"long-tails-sum-bidirectional", "long-tails-normalised-causal",
+                            "cross-offset-both-tails-normalised-bidirectional", "queries-past-the-keys-sum-causal"}
+
+
+@pytest.mark.parametrize("case, normalise, causal", [
+    pytest.param(case, normalise, causal, id=name, marks=() if name in DEFAULT_KERNELIZED_DECAY else pytest.mark.slow)
+    for case_name, case in KERNELIZED_DECAY_CASES.items() for normalise, sums in ((False, "sum"), (True, "normalised"))
+    for causal, direction in ((False, "bidirectional"), (True, "causal"))
+    for name in [f"{case_name}-{sums}-{direction}"]
+])
 def test_kernelized_decay_on_triton(case, causal, normalise, decay_inputs, split_case, check_decay_op, triton_paths):
     """`kernelized_decay`, whose tails use the same scan, against its float64 reference (the cases that reach
     the tails; the default attention above runs them all)."""
