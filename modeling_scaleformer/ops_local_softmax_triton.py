@@ -87,6 +87,9 @@ try:
     import triton.language as tl
 except ImportError as error:  # optional (the `gpu` extra): `ops_local_softmax` falls back to PyTorch without it
     raise ImportError("the Triton kernels of the default attention need `pip install triton`") from error
+if not hasattr(triton, "constexpr_function"):  # an older Triton: the PyTorch path, as without one
+    raise ImportError(f"the Triton kernels of the default attention need a Triton with `triton.constexpr_function` "
+                      f"(3.6 has it), got {triton.__version__}")
 
 from .ops_common import compute_dtype
 from .ops_decay_triton import dot_precision

@@ -272,3 +272,19 @@ def test_cross_decode_lowers(shape, has_table, dtype):
     lower(ops_local_softmax_triton._cross_decode, dtype, HORIZON=horizon, HAS_TABLE=has_table,
           BLOCK_N=ops_local_softmax_triton.CROSS_BLOCK_N, **blocks)
 
+
+def test_an_older_triton_is_refused_at_import(monkeypatch):
+    """A Triton without `triton.constexpr_function` fails the kernels' module's import with an ImportError that says
+    so, which `ops_local_softmax` takes as no Triton at all (its PyTorch path), rather than failing in a kernel."""
+    import importlib
+    import sys
+    import types
+    from pathlib import Path
+
+    monkeypatch.delattr(triton, "constexpr_function")
+    folder = types.ModuleType("scaleformer_with_an_older_triton")
+    folder.__path__ = [str(Path(ops_local_softmax_triton.__file__).parent)]
+    monkeypatch.setitem(sys.modules, folder.__name__, folder)
+    with pytest.raises(ImportError, match=r"need a Triton with `triton.constexpr_function` \(3.6 has it\), got "):
+        importlib.import_module(f"{folder.__name__}.ops_local_softmax_triton")
+    assert f"{folder.__name__}.ops_local_softmax_triton" not in sys.modules
