@@ -117,7 +117,7 @@ WALK_CASES = {
     "ten-chunks": dict(lq=150, lk=150, offset=0, causal=False, slots=4),
     "steps-of-32": dict(lq=600, lk=600, offset=0, causal=False, slots=32),
 }
-# the default run: each scan once, the default (sums) and the products' in the two directions, in steps of 1, 2
+# the default run: each scan once (sums bidirectional, products causal, the recurrence bidirectional), in steps of 2, 1
 # and 16 chunks (steps that the chunks fill, and a last one that they do not); every other pair with `-m slow`
 DEFAULT_WALKS = {("sums", "offset-5"), ("products", "causal"), ("recurrence", "queries-past-the-keys")}
 
