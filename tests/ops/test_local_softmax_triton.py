@@ -5,6 +5,7 @@ kernel and every option of the kernels' module at least once, against the float6
 and the whole op over the edge cases in both directions; `-m slow` adds the other pairings of options, cases and
 directions."""
 
+import itertools
 import os
 import sys
 import warnings
@@ -34,12 +35,15 @@ CAUSAL_BY_DEFAULT = pytest.mark.parametrize("causal", [pytest.param(False, marks
                                             ids=["bidirectional", "causal"])
 
 
-def directed(cases: dict, default: set) -> list:
-    """Parameters (case, causal) of `cases` (id -> case) in both directions, with ids "{id}-{direction}": those in
-    `default` (ids with their direction) in the default run, the others with `-m slow`."""
-    return [pytest.param(case, causal, id=f"{name}-{direction}",
-                         marks=() if f"{name}-{direction}" in default else pytest.mark.slow)
-            for name, case in cases.items() for causal, direction in ((False, "bidirectional"), (True, "causal"))]
+DIRECTIONS = {"bidirectional": False, "causal": True}
+
+
+def pairings(*axes: dict, default: set) -> list:
+    """Parameters over the product of `axes` (each id -> value), a value from each, their ids joined by "-": those
+    whose id is in `default` in the default run, the others with `-m slow`."""
+    return [pytest.param(*(value for _, value in picked), id=name, marks=() if name in default else pytest.mark.slow)
+            for picked in itertools.product(*(axis.items() for axis in axes))
+            for name in ["-".join(key for key, _ in picked)]]
 
 
 class KernelCalls:
@@ -74,12 +78,12 @@ def test_triton_paths_in_the_op(decay_case, causal, decay_inputs, split_case, ch
     assert used == {"local_softmax_decay"}
 
 
-@pytest.mark.parametrize("case, causal", directed({
+@pytest.mark.parametrize("case, causal", pairings({
     "2h-wider-than-a-block": dict(lq=50, lk=50, horizon=20), "lq>lk": dict(lq=70, lk=30, horizon=2),
     "lq<lk": dict(lq=30, lk=70, horizon=2), "offset-5": dict(lq=40, lk=23, horizon=3, offset=5),
     "queries-past-the-keys": dict(lq=5, lk=40, horizon=3, offset=100),
     "blocks-of-64": dict(lq=70, lk=70, horizon=16, block=64),
-}, {"2h-wider-than-a-block-causal", "lq<lk-bidirectional", "blocks-of-64-causal"}))
+}, DIRECTIONS, default={"2h-wider-than-a-block-causal", "lq<lk-bidirectional", "blocks-of-64-causal"}))
 def test_triton_attention_over_blocks(case, causal, decay_inputs, split_case, check_decay_op, triton_paths):
     """Inputs spanning several blocks (of 16 unless said) in ways the decay cases do not: windows (16 + 2h keys) that
     meet three or more key blocks, blocks and chunks cut at other places in the two directions (Lq != Lk, offsets),
@@ -117,15 +121,13 @@ WALK_CASES = {
     "ten-chunks": dict(lq=150, lk=150, offset=0, causal=False, slots=4),
     "steps-of-32": dict(lq=600, lk=600, offset=0, causal=False, slots=32),
 }
+
+
 # the default run: each scan once (sums bidirectional, products causal, the recurrence bidirectional), in steps of 2, 1
 # and 16 chunks (steps that the chunks fill, and a last one that they do not); every other pair with `-m slow`
-DEFAULT_WALKS = {("sums", "offset-5"), ("products", "causal"), ("recurrence", "queries-past-the-keys")}
-
-
-@pytest.mark.parametrize("kind, case", [
-    pytest.param(kind, case, id=f"scan-{kind}-{name}", marks=() if (kind, name) in DEFAULT_WALKS else pytest.mark.slow)
-    for kind in ("sums", "products", "recurrence") for name, case in WALK_CASES.items()
-])
+@pytest.mark.parametrize("kind, case", pairings(
+    {"scan-sums": "sums", "scan-products": "products", "scan-recurrence": "recurrence"}, WALK_CASES,
+    default={"scan-sums-offset-5", "scan-products-causal", "scan-recurrence-queries-past-the-keys"}))
 def test_parallel_walks_equal_the_sequential_walks(case, kind, monkeypatch, triton_paths):
     """The states of every query block by `_chunk_sums` and the scan (`PARALLEL_WALKS`; `_scan_sums`, or
     `_scan_products` where SCAN_PRODUCTS, or `_scan_recurrence` where SCAN_RECURRENCE) equal those of `_states`'
@@ -176,11 +178,9 @@ def test_parallel_walks_equal_the_sequential_walks(case, kind, monkeypatch, trit
     assert len(scans) == 3
 
 
-@pytest.mark.parametrize("parallel, causal", [
-    (False, False), pytest.param(False, True, marks=pytest.mark.slow),
-    pytest.param(True, False, marks=pytest.mark.slow), (True, True),
-], ids=["sequential-walks-bidirectional", "sequential-walks-causal", "parallel-walks-bidirectional",
-        "parallel-walks-causal"])
+@pytest.mark.parametrize("parallel, causal", pairings(
+    {"sequential-walks": False, "parallel-walks": True}, DIRECTIONS,
+    default={"sequential-walks-bidirectional", "parallel-walks-causal"}))
 def test_rows_without_upstream_gradient(parallel, causal, monkeypatch, triton_paths):
     """Rows whose upstream gradient is zero, whose weight in the states' gradient `_row_terms` makes -inf, beside
     queries past the keys of a padded row (den = 0, the same -inf) and rows with both: the gradients against the
@@ -419,12 +419,12 @@ def test_kept_states_give_the_recomputed_gradients(causal, decay_inputs, monkeyp
         assert torch.equal(got, expected), name
 
 
-@pytest.mark.parametrize("case, causal", directed({
+@pytest.mark.parametrize("case, causal", pairings({
     "h3-exact": dict(lq=50, lk=50, horizon=3, min_table_tile=1, rows=(4, 8)),
     "h16-tiles-of-32": dict(lq=40, lk=60, horizon=16, min_table_tile=32, rows=(32, 64), offset=5),
     "h4-last-row-apart": dict(lq=50, lk=50, horizon=4, min_table_tile=1, edge=True, rows=(4, 8)),
     "h16-last-row-apart": dict(lq=60, lk=40, horizon=16, min_table_tile=16, edge=True, rows=(16, 32), offset=3),
-}, {"h4-last-row-apart-bidirectional", "h16-last-row-apart-causal"}))
+}, DIRECTIONS, default={"h4-last-row-apart-bidirectional", "h16-last-row-apart-causal"}))
 def test_narrow_table_tiles_against_the_reference(case, causal, decay_inputs, split_case, check_decay_op, monkeypatch,
                                                   triton_paths):
     """The relative table in tiles as narrow as the rows the band reads (`MIN_TABLE_TILE` lowered; h+1 rows from row
@@ -446,11 +446,11 @@ def test_narrow_table_tiles_against_the_reference(case, causal, decay_inputs, sp
     assert used == {"local_softmax_decay"}
 
 
-@pytest.mark.parametrize("case, causal", directed({
+@pytest.mark.parametrize("case, causal", pairings({
     "h3": dict(lq=50, lk=50, horizon=3), "lq>lk-offset": dict(lq=60, lk=30, horizon=5, offset=3),
     "lq<lk": dict(lq=30, lk=60, horizon=5), "one-query": dict(lq=1, lk=40, horizon=2, offset=20),
     "2h-wider-than-a-block-key-blocks-of-64": dict(lq=40, lk=40, horizon=20, key_block=64),
-}, {"one-query-causal", "2h-wider-than-a-block-key-blocks-of-64-bidirectional"}))
+}, DIRECTIONS, default={"one-query-causal", "2h-wider-than-a-block-key-blocks-of-64-bidirectional"}))
 def test_stored_pairs_against_the_reference(case, causal, decay_inputs, split_case, check_decay_op, monkeypatch,
                                             triton_paths):
     """`_backward_keys` reading the pairs that `_backward_queries` stored (`STORED_PAIRS`) instead of forming them: the
@@ -553,13 +553,13 @@ def test_window_tiles():
     assert kernels._window_tiles("_backward_queries", 16, True) == dict(TILES=96, TAIL=0)
 
 
-@pytest.mark.parametrize("case, causal", directed({
+@pytest.mark.parametrize("case, causal", pairings({
     "lq>lk-offset-keys-before-the-windows": dict(lq=40, lk=23, horizon=3, offset=5),
     "keys-past-the-windows": dict(lq=23, lk=60, horizon=3, offset=7),
     "overlap-of-a-block": dict(lq=37, lk=37, horizon=8),
     "length-1": dict(lq=1, lk=1, horizon=3), "tiles-of-8": dict(lq=50, lk=50, horizon=5, tile=8),
     "tiles-of-32": dict(lq=50, lk=50, horizon=5, tile=32), "overlap-beyond-a-block": dict(lq=40, lk=40, horizon=10),
-}, {"length-1-causal", "tiles-of-8-causal", "overlap-beyond-a-block-bidirectional"}))
+}, DIRECTIONS, default={"length-1-causal", "tiles-of-8-causal", "overlap-beyond-a-block-bidirectional"}))
 def test_key_blocks_from_key_0_give_the_same_gradients(case, causal, decay_inputs, monkeypatch, triton_paths):
     """`_backward_keys`' blocks from key 0 (not `ALIGNED_KEY_BLOCKS`, the default, which the other tests hold to the
     reference) give the gradients of the blocks from where two windows' overlap ends, to rounding (blocks of 16,
