@@ -107,6 +107,9 @@ VARIANTS = {
     # a window that would end in a tile mostly past its end (80 keys, causal at h = 16) in whole tiles of 32 keys in
     # both kernels, or in a tile of 16 keys in `_backward_queries` too, beside `_forward` (the default)
     "whole_tiles": {"TAIL_TILES": ()},
+    # the windows' last tiles in the band only (causal) with the kernel's products, as every other tile: the op before
+    # `ONE_SIDED_TILES`
+    "two_sided_tiles": {"ONE_SIDED_TILES": False},
     "tail_tiles_backward": {"TAIL_TILES": ("_forward", "_backward_queries")},
     # the parallel passes' scan as products (2 rows of the states a program, 32 chunks a step; or 1 row), in steps of
     # 16 chunks by `_scan_sums`, and the passes with the products where the op takes the walks (128 programs or more)

@@ -33,7 +33,9 @@ flash-linear-attention's chunk kernels:
 - `_forward`: one program per query block and row: the window's logits and kernel weights by tiles of KEY_TILE
   keys (the band's weights exp(l) and the kernel weights beyond the band in one sum, under the running largest of
   the band logits and the decays' exponents, as flash attention sums its weights), both states, the row shift m,
-  out, and m and the normaliser for backward;
+  out, and m and the normaliser for backward. A window's last tile whose pairs all lie in the band (causal: its
+  slots from BLOCK - 1 on, `_beyond_band`) is taken apart, without the kernel's products and features, here and in
+  `_backward_queries`;
 - `_states_backward`, or `_query_sums` then `_scan_sums` (`PARALLEL_WALKS`): the states' gradient G_b = dL/dL_b
   (the block's queries add theirs, exp(-m_i) exp(-lambda a) phi(q_i) / D [gs_i, -delta_i], and
   G_b = exp(-lambda BLOCK) G_{b+1} + that), in the states' layout, with delta_i = g_i . out_i / den_i:
@@ -714,6 +716,26 @@ def _edge_apart(horizon, causal, block_r):
     return _band_span(horizon, causal) == block_r
 
 
+@triton.constexpr_function
+def _beyond_band(first_slot, slots, horizon, causal, block):
+    """Whether the window's slots first_slot .. first_slot + slots - 1 (of its BLOCK + span) hold a pair beyond the
+    band of some query of the block: a slot before query a's band (slots a .. a + span), or after it unless causal.
+    Causal, no slot from BLOCK - 1 on (where the last query's band starts) holds one: a tile of them is in the band
+    only, or past the window."""
+    last_slot = min(first_slot + slots, block + _band_span(horizon, causal)) - 1
+    return first_slot <= last_slot and (first_slot < block - 1 or not causal and last_slot > 2 * horizon)
+
+
+@triton.constexpr_function
+def _two_sided_tiles(tiles, tile, horizon, causal, block, one_sided):
+    """Where the window's tiles of `tile` slots that hold pairs on both sides of the band end, up to slot `tiles`:
+    before the last one if that is in the band only (causal at h = 16 in whole tiles of 32, slots 64-95: 64-79 hold
+    only the band's pairs, the others none), which the window kernels then take apart without the kernel's products
+    (`_pairs`' BEYOND), where `one_sided` (`ONE_SIDED_TILES`)."""
+    last = tiles - tile
+    return last if one_sided and last >= 0 and not _beyond_band(last, tile, horizon, causal, block) else tiles
+
+
 @triton.jit
 def _in_band(t, HORIZON: tl.constexpr, CAUSAL: tl.constexpr):
     """Whether the pairs at offsets t = p_i - j lie in the band, in one comparison: 0 <= t <= h when causal,
@@ -750,7 +772,7 @@ def _pair_logits(q, k, qr, qe, t, band, scale, HORIZON: tl.constexpr, CAUSAL: tl
 @triton.jit
 def _pairs(q, k, features_q, features_k, mk, rows, cols, qr, qe, rate, scale, shift, HORIZON: tl.constexpr,
            CAUSAL: tl.constexpr, HAS_TABLE: tl.constexpr, ONLINE: tl.constexpr, BLOCK_R: tl.constexpr,
-           DOT: tl.constexpr):
+           DOT: tl.constexpr, BEYOND: tl.constexpr = True):
     """The pairs of queries (M,) and keys (N,) at offsets t = p_i - j = rows_i - cols_j (small integers, relative to
     the window), with m_j in `mk` (0 for a key that is not in the query block's window or does not exist): the band
     (|t| <= h, t >= 0 when causal, m_j > 0) with its logits (-inf off the band), and the pairs beyond it (t > h, or
@@ -764,13 +786,17 @@ def _pairs(q, k, features_q, features_k, mk, rows, cols, qr, qe, rate, scale, sh
     band, -lambda (|t| - h) beyond it if the key is visible, -inf elsewhere. A query that does not exist pairs like
     the others: its row is not stored, and backward's gradients of the keys take it with g / den = 0. Returns the
     band, its logits, the band's weights, the decays, the distances |t| - h (of use beyond the band), the kernel
-    weights and s_i."""
+    weights and s_i. Where none of the pairs lies beyond the band (not BEYOND: `_beyond_band`), the kernel's product
+    and the decays are left out (the kernel weights and decays are 0)."""
     acc = rate.dtype
     t = rows[:, None] - cols[None, :]
     visible = (mk > 0)[None, :]
     offsets = rows.to(acc)[:, None] - cols.to(acc)[None, :]
     in_band = _in_band(t, HORIZON, CAUSAL)
-    if CAUSAL:
+    if not BEYOND:
+        beyond = tl.zeros(t.shape, dtype=tl.int1)
+        distance = tl.zeros(t.shape, dtype=acc)
+    elif CAUSAL:
         beyond = t > HORIZON
         distance = offsets - HORIZON
     else:
@@ -789,7 +815,10 @@ def _pairs(q, k, features_q, features_k, mk, rows, cols, qr, qe, rate, scale, sh
     weights = weights * mk[None, :]
     band_weights = tl.where(band, weights, 0.0)
     decay = tl.where(band, 0.0, weights)  # 0 in the band, and for the pairs in neither (their exponent is -inf)
-    kernel = tl.dot(features_q, tl.trans(features_k), input_precision=DOT) * decay
+    if BEYOND:
+        kernel = tl.dot(features_q, tl.trans(features_k), input_precision=DOT) * decay
+    else:
+        kernel = tl.zeros(t.shape, dtype=acc)
     return band, logits, band_weights, decay, distance, kernel, shift
 
 
@@ -840,11 +869,12 @@ def _block_queries(Q, tab, edge, row, b, lq, heads, d, sqb, sqh, sql, HORIZON: t
 def _window_tile(K, V, MASK, row, heads, lk, start, w0, q, features_q, qr, qe, rate, scale, shift, d, dv, skb, skh,
                  skl, svb, svh, svl, HORIZON: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,
                  HAS_TABLE: tl.constexpr, ONLINE: tl.constexpr, BLOCK: tl.constexpr, TILE: tl.constexpr,
-                 BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr, DOT: tl.constexpr):
+                 BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr, DOT: tl.constexpr,
+                 BEYOND: tl.constexpr = True):
     """Slots w = w0 .. w0 + TILE - 1 of a query block's window, the keys j = start + w (start = s_b) among its first
-    BLOCK + 2h (BLOCK + h when causal: no query of the block reads a key after its last query): k, phi(k) (ACC), v,
-    m_j and their pairs with the block's queries relative to `shift` (`_pairs`; query a sits at offset t = a + h - w
-    from slot w)."""
+    BLOCK + 2h (BLOCK + h when causal: no query of the block reads a key after its last query): k, phi(k) (ACC; 0
+    where no pair of the tile lies beyond the band, not BEYOND), v, m_j and their pairs with the block's queries
+    relative to `shift` (`_pairs`; query a sits at offset t = a + h - w from slot w)."""
     acc = qr.dtype
     op = q.dtype
     w = w0 + tl.arange(0, TILE)
@@ -853,10 +883,13 @@ def _window_tile(K, V, MASK, row, heads, lk, start, w0, q, features_q, qr, qe, r
     k = _load_rows(K, row, heads, skb, skh, skl, j, exists, d, BLOCK_D)
     v = _load_rows(V, row, heads, svb, svh, svl, j, exists, dv, BLOCK_V)
     mk = _key_weights(MASK, row, heads, lk, j, exists, HAS_MASK, acc)
-    features_k = _elu_features(k.to(acc), exists[:, None] & (tl.arange(0, BLOCK_D)[None, :] < d))
+    if BEYOND:
+        features_k = _elu_features(k.to(acc), exists[:, None] & (tl.arange(0, BLOCK_D)[None, :] < d))
+    else:
+        features_k = tl.zeros(k.shape, dtype=acc)
     band, logits, band_weights, decay, distance, kernel, shift = _pairs(
         q, k, features_q, features_k.to(op), mk, tl.arange(0, BLOCK) + HORIZON, w, qr, qe, rate, scale, shift, HORIZON,
-        CAUSAL, HAS_TABLE, ONLINE, BLOCK_R, DOT)
+        CAUSAL, HAS_TABLE, ONLINE, BLOCK_R, DOT, BEYOND)
     return k, features_k, v, mk, band, logits, band_weights, decay, distance, kernel, shift
 
 
@@ -903,19 +936,21 @@ def _forward_tile(K, V, MASK, row, heads, lk, start, w0, q, features_q, qr, qe, 
                   window_sums, band_den, far_den, d, dv, skb, skh, skl, svb, svh, svl, HORIZON: tl.constexpr,
                   CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_TABLE: tl.constexpr, BLOCK: tl.constexpr,
                   TILE: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr,
-                  DOT: tl.constexpr):
+                  DOT: tl.constexpr, BEYOND: tl.constexpr = True):
     """Slots w0 .. w0 + TILE - 1 of a query block's window (`_window_tile`) added to `_forward`'s running sums: the
     band's weights exp(l) and the kernel weights beyond the band under the running largest of the band logits and
-    the decays' exponents, one product with the values."""
+    the decays' exponents, one product with the values (the band's weights alone where no pair of the tile lies
+    beyond the band, not BEYOND)."""
     op = q.dtype
     _, _, v, _, _, logits, band_weights, _, _, kernel, new_max = _window_tile(
         K, V, MASK, row, heads, lk, start, w0, q, features_q, qr, qe, rate, scale, run_max, d, dv, skb, skh, skl, svb,
-        svh, svl, HORIZON, CAUSAL, HAS_MASK, HAS_TABLE, True, BLOCK, TILE, BLOCK_D, BLOCK_V, BLOCK_R, DOT)
+        svh, svl, HORIZON, CAUSAL, HAS_MASK, HAS_TABLE, True, BLOCK, TILE, BLOCK_D, BLOCK_V, BLOCK_R, DOT, BEYOND)
     shift = tl.where(new_max > float("-inf"), new_max, 0.0)
     rescale = _exp(run_max - shift)
-    window_sums = tl.dot((band_weights + kernel).to(op), v, window_sums * rescale[:, None], input_precision=DOT)
+    weights = band_weights + kernel if BEYOND else band_weights
+    window_sums = tl.dot(weights.to(op), v, window_sums * rescale[:, None], input_precision=DOT)
     band_den = band_den * rescale + tl.sum(band_weights, 1)
-    far_den = far_den * rescale + tl.sum(kernel, 1)
+    far_den = far_den * rescale + tl.sum(kernel, 1) if BEYOND else far_den * rescale
     return new_max, tl.maximum(band_max, tl.max(logits, 1)), window_sums, band_den, far_den
 
 
@@ -925,10 +960,11 @@ def _forward(
     lq, lk, heads, rows, offset, nq, n_states, start0, start1, d, dv, sqb, sqh, sql, skb, skh, skl, svb, svh, svl,
     sob, soh, sol, scale,
     HORIZON: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_TABLE: tl.constexpr, BLOCK: tl.constexpr,
-    TILE: tl.constexpr, TILES: tl.constexpr, TAIL: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr,
-    BLOCK_R: tl.constexpr, DOT: tl.constexpr,
+    TILE: tl.constexpr, TILES: tl.constexpr, TAIL: tl.constexpr, ONE_SIDED: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr, DOT: tl.constexpr,
 ):
     b, row = tl.program_id(0), tl.program_id(1)
+    two_sided = _two_sided_tiles(TILES, TILE, HORIZON, CAUSAL, BLOCK, ONE_SIDED)
     acc = S.dtype.element_ty
     op = Q.dtype.element_ty
     rate = tl.load(RATE + row % heads).to(acc)
@@ -938,23 +974,30 @@ def _forward(
     features_q = _query_features(q, queries, d, acc, BLOCK_D).to(q.dtype)  # phi(q) / D, the window's operand
     # the window by tiles of keys (TILE wide up to TILES, then one of TAIL: `_window_tiles`): the band's weights exp(l)
     # and the kernel weights beyond the band in one running sum, under the running largest of the band logits and the
-    # decays' exponents (as flash attention does with its logits): one product with the values per tile
+    # decays' exponents (as flash attention does with its logits): one product with the values per tile. A last tile
+    # in the band only (`_two_sided_tiles`, `_beyond_band`) is taken apart, without the kernel's products
     run_max = tl.full((BLOCK,), float("-inf"), dtype=acc)
     band_max = tl.full((BLOCK,), float("-inf"), dtype=acc)  # the largest band logit, for the row shift
     window_sums = tl.zeros((BLOCK, BLOCK_V), dtype=acc)
     band_den = tl.zeros((BLOCK,), dtype=acc)  # under run_max
     far_den = tl.zeros((BLOCK,), dtype=acc)  # under run_max
     start = b * BLOCK + offset - HORIZON
-    for w0 in range(0, TILES, TILE):
+    for w0 in range(0, two_sided, TILE):
         run_max, band_max, window_sums, band_den, far_den = _forward_tile(
             K, V, MASK, row, heads, lk, start, w0, q, features_q, qr, qe, rate, scale, run_max, band_max,
             window_sums, band_den, far_den, d, dv, skb, skh, skl, svb, svh, svl, HORIZON, CAUSAL, HAS_MASK, HAS_TABLE,
             BLOCK, TILE, BLOCK_D, BLOCK_V, BLOCK_R, DOT)
+    if two_sided < TILES:
+        run_max, band_max, window_sums, band_den, far_den = _forward_tile(
+            K, V, MASK, row, heads, lk, start, two_sided, q, features_q, qr, qe, rate, scale, run_max, band_max,
+            window_sums, band_den, far_den, d, dv, skb, skh, skl, svb, svh, svl, HORIZON, CAUSAL, HAS_MASK, HAS_TABLE,
+            BLOCK, TILE, BLOCK_D, BLOCK_V, BLOCK_R, DOT, False)
     if TAIL > 0:
         run_max, band_max, window_sums, band_den, far_den = _forward_tile(
             K, V, MASK, row, heads, lk, start, TILES, q, features_q, qr, qe, rate, scale, run_max, band_max,
             window_sums, band_den, far_den, d, dv, skb, skh, skl, svb, svh, svl, HORIZON, CAUSAL, HAS_MASK, HAS_TABLE,
-            BLOCK, TAIL, BLOCK_D, BLOCK_V, BLOCK_R, DOT)
+            BLOCK, TAIL, BLOCK_D, BLOCK_V, BLOCK_R, DOT, not ONE_SIDED or _beyond_band(TILES, TAIL, HORIZON, CAUSAL,
+                                                                                   BLOCK))
     from_before, before, before_norm, _, _, from_after, after, after_norm, _, _ = _block_states(
         S, Z, SE, row, b, rows, nq, n_states, start0, start1, d, dv, _query_features(q, queries, d, acc, BLOCK_D),
         rate, CAUSAL, op, BLOCK, BLOCK_D, BLOCK_V, DOT)
@@ -1048,31 +1091,34 @@ def _query_tile(K, V, MASK, PAIRS, row, heads, lk, start, w0, q, features_q, qr,
                 dv, skb, skh, skl, svb, svh, svl, plane, pairs_at, dq, grad_features, grad_rel, grad_edge, grad_rate,
                 HORIZON: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_TABLE: tl.constexpr,
                 STORED_PAIRS: tl.constexpr, BLOCK: tl.constexpr, TILE: tl.constexpr, BLOCK_D: tl.constexpr,
-                BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr, DOT: tl.constexpr):
+                BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr, DOT: tl.constexpr, BEYOND: tl.constexpr = True):
     """Slots w0 .. w0 + TILE - 1 of query block b's window (`_window_tile`): their pairs' shares of the block's
     gradients, added to dq (through the band logits), grad_features (through phi(q) / D), grad_rel (the band logits'
     gradient by row of the table's tile), grad_edge (by query, through the band's last row where the tile leaves it
-    apart) and grad_rate (lambda's, by query). STORED_PAIRS, the pairs' weights w_ij and the factors of their
-    gradients (the band logits' in the band, the kernel values' beyond it) are stored for `_backward_keys`, in the
-    inputs' dtype, as its products would take them (`_pair_tile`)."""
+    apart) and grad_rate (lambda's, by query); the band's shares only where no pair of the tile lies beyond it (not
+    BEYOND). STORED_PAIRS, the pairs' weights w_ij and the factors of their gradients (the band logits' in the band,
+    the kernel values' beyond it) are stored for `_backward_keys`, in the inputs' dtype, as its products would take
+    them (`_pair_tile`)."""
     op = q.dtype
     a = tl.arange(0, BLOCK)
     rr = tl.arange(0, BLOCK_R)
     k, features_k, v, _, _, _, band_weights, decay, distance, kernel, _ = _window_tile(
         K, V, MASK, row, heads, lk, start, w0, q, features_q, qr, qe, rate, scale, m, d, dv, skb, skh, skl, svb, svh,
-        svl, HORIZON, CAUSAL, HAS_MASK, HAS_TABLE, False, BLOCK, TILE, BLOCK_D, BLOCK_V, BLOCK_R, DOT)
+        svl, HORIZON, CAUSAL, HAS_MASK, HAS_TABLE, False, BLOCK, TILE, BLOCK_D, BLOCK_V, BLOCK_R, DOT, BEYOND)
     # out = sums / den: a weight w_ij gets gs_i . v_j - delta_i
     grad_weights = tl.dot(gs, tl.trans(v), input_precision=DOT) - delta[:, None]
     grad_logits = band_weights * grad_weights * scale
-    grad_rate -= tl.sum(distance * kernel * grad_weights, 1)
+    if BEYOND:
+        grad_rate -= tl.sum(distance * kernel * grad_weights, 1)
     dq = tl.dot(grad_logits.to(op), k, dq, input_precision=DOT)
     # d/d(phi(q).phi(k) / D): the decay relative to m, 0 for the keys that are hidden or in the band
-    grad_kernel = grad_weights * decay
+    grad_kernel = grad_weights * decay if BEYOND else tl.zeros_like(grad_weights)
     if STORED_PAIRS:  # each pair's factors lie on one side of the band, 0 on the other: one plane holds both
         ptrs, inside = _pair_tile(PAIRS, pairs_at, w0 + tl.arange(0, TILE), BLOCK + _band_span(HORIZON, CAUSAL))
-        tl.store(ptrs, (band_weights + kernel).to(op), mask=inside)
+        tl.store(ptrs, (band_weights + kernel).to(op) if BEYOND else band_weights.to(op), mask=inside)
         tl.store(ptrs + plane, (grad_logits + grad_kernel).to(op), mask=inside)
-    grad_features = tl.dot(grad_kernel.to(op), features_k.to(op), grad_features, input_precision=DOT)
+    if BEYOND:
+        grad_features = tl.dot(grad_kernel.to(op), features_k.to(op), grad_features, input_precision=DOT)
     if HAS_TABLE:
         # the pair (a, w) reads table row a + 2h - w, column r = a + 2h - h CAUSAL - w of the table's tile: column r
         # of query a is window slot a + 2h - h CAUSAL - r
@@ -1118,9 +1164,10 @@ def _backward_queries(
     sdqb, sdqh, sdql, scale,
     HORIZON: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_TABLE: tl.constexpr,
     STORED_PAIRS: tl.constexpr, BLOCK: tl.constexpr, TILE: tl.constexpr, TILES: tl.constexpr, TAIL: tl.constexpr,
-    BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr, DOT: tl.constexpr,
+    ONE_SIDED: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr, DOT: tl.constexpr,
 ):
     b, row = tl.program_id(0), tl.program_id(1)
+    two_sided = _two_sided_tiles(TILES, TILE, HORIZON, CAUSAL, BLOCK, ONE_SIDED)
     plane, pairs_at = _pair_rows(row, b, rows, nq, HORIZON, CAUSAL, BLOCK)
     acc = S.dtype.element_ty
     rate = tl.load(RATE + row % heads).to(acc)
@@ -1134,16 +1181,22 @@ def _backward_queries(
     grad_rel = tl.zeros((BLOCK, BLOCK_R), dtype=acc)  # the band logits' gradient by row of the table's tile
     grad_edge = tl.zeros((BLOCK,), dtype=acc)  # and by query through the band's last row, where it is apart
     start = b * BLOCK + offset - HORIZON
-    for w0 in range(0, TILES, TILE):  # the window's tiles as `_forward` takes them
+    for w0 in range(0, two_sided, TILE):  # the window's tiles as `_forward` takes them
         dq, grad_features, grad_rel, grad_edge, grad_rate = _query_tile(
             K, V, MASK, PAIRS, row, heads, lk, start, w0, q, features_q, qr, qe, gs, delta, m, rate, scale,
             d, dv, skb, skh, skl, svb, svh, svl, plane, pairs_at, dq, grad_features, grad_rel, grad_edge, grad_rate,
             HORIZON, CAUSAL, HAS_MASK, HAS_TABLE, STORED_PAIRS, BLOCK, TILE, BLOCK_D, BLOCK_V, BLOCK_R, DOT)
+    if two_sided < TILES:
+        dq, grad_features, grad_rel, grad_edge, grad_rate = _query_tile(
+            K, V, MASK, PAIRS, row, heads, lk, start, two_sided, q, features_q, qr, qe, gs, delta, m, rate, scale,
+            d, dv, skb, skh, skl, svb, svh, svl, plane, pairs_at, dq, grad_features, grad_rel, grad_edge, grad_rate,
+            HORIZON, CAUSAL, HAS_MASK, HAS_TABLE, STORED_PAIRS, BLOCK, TILE, BLOCK_D, BLOCK_V, BLOCK_R, DOT, False)
     if TAIL > 0:
         dq, grad_features, grad_rel, grad_edge, grad_rate = _query_tile(
             K, V, MASK, PAIRS, row, heads, lk, start, TILES, q, features_q, qr, qe, gs, delta, m, rate, scale,
             d, dv, skb, skh, skl, svb, svh, svl, plane, pairs_at, dq, grad_features, grad_rel, grad_edge, grad_rate,
-            HORIZON, CAUSAL, HAS_MASK, HAS_TABLE, STORED_PAIRS, BLOCK, TAIL, BLOCK_D, BLOCK_V, BLOCK_R, DOT)
+            HORIZON, CAUSAL, HAS_MASK, HAS_TABLE, STORED_PAIRS, BLOCK, TAIL, BLOCK_D, BLOCK_V, BLOCK_R, DOT,
+            not ONE_SIDED or _beyond_band(TILES, TAIL, HORIZON, CAUSAL, BLOCK))
     _store_query_grads(DQ, DTAB, GRAD_RATE, tab, edge, q, i, queries, row, heads, b, d, sdqb, sdqh, sdql, dq,
                        grad_features, grad_rel, grad_edge, tl.sum(grad_rate, 0), HORIZON, CAUSAL, HAS_TABLE, BLOCK_D,
                        BLOCK_R, DOT)
@@ -1330,6 +1383,15 @@ KEY_BLOCK = 32
 # in `_backward_queries` too (0.97x, 0.97x); bidirectional windows (96 keys) fill their tiles
 TAIL_TILES: tuple[str, ...] = ("_forward",)
 MIN_KEY_TILE = 16
+# `_forward` and `_backward_queries` take a window's last tile apart where none of its pairs lies beyond the band
+# (`_beyond_band`), without the kernel's products, features and decays: causal at h = 16, `_forward`'s last tile of
+# 16 keys and `_backward_queries`' last of 32 (slots 64-95, the window's last 16 keys and 16 past its end), whose
+# pairs are the band's or none. Compiled for sm90 (bf16, causal, h = 16; benchmarks/kernel_resources.py --instructions),
+# the instructions a program of `_forward` runs fell from 3,873 to 3,742 and `_backward_queries`' from 6,110 to 5,037,
+# with its spills from 56 to 28 bytes a thread (Triton 3.6, the H200's: 4,354 to 4,228 and 5,370 to 4,529, 68 to
+# 32 bytes); bidirectional windows have no such tile at h = 16 (their machine code is unchanged). Not yet timed on a
+# GPU (bench_attention_gpu.py's variant `two_sided_tiles` times the windows without it)
+ONE_SIDED_TILES = True
 # the narrowest tile of the head dimensions and of the relative table: narrower ones (16 or 32 wide, for D < 64 or
 # h < 16) compiled by Triton 3.6 for sm90 gave wrong outputs or an invalid shared-memory read in
 # `_backward_queries` (the table's gather and the products with it) on an H200; the padding is masked
@@ -1482,15 +1544,16 @@ def _scan(d: int, dv: int, dtype: torch.dtype) -> tuple:
 def _window_tiles(kernel: str, horizon: int, causal: bool) -> dict:
     """How `kernel` (`_forward` or `_backward_queries`) reads a query block's window of BLOCK + 2h keys (BLOCK + h when
     causal): tiles of KEY_TILE keys up to slot TILES, then one tile of TAIL keys (0: none), the power of two at least
-    MIN_KEY_TILE that holds the keys left, where the kernel is one of TAIL_TILES and that is narrower than KEY_TILE."""
+    MIN_KEY_TILE that holds the keys left, where the kernel is one of TAIL_TILES and that is narrower than KEY_TILE;
+    a last tile in the band only taken apart where ONE_SIDED (`ONE_SIDED_TILES`)."""
     window = BLOCK + horizon * (1 if causal else 2)
     rest = window % KEY_TILE
     tail = KEY_TILE
     if rest and kernel in TAIL_TILES:
         tail = min(KEY_TILE, max(MIN_KEY_TILE, triton.next_power_of_2(rest)))
     if tail == KEY_TILE:
-        return dict(TILES=triton.cdiv(window, KEY_TILE) * KEY_TILE, TAIL=0)
-    return dict(TILES=window - rest, TAIL=tail)
+        return dict(TILES=triton.cdiv(window, KEY_TILE) * KEY_TILE, TAIL=0, ONE_SIDED=ONE_SIDED_TILES)
+    return dict(TILES=window - rest, TAIL=tail, ONE_SIDED=ONE_SIDED_TILES)
 
 
 def _table_rows(horizon: int, causal: bool) -> tuple[int, int]:

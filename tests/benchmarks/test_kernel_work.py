@@ -20,12 +20,13 @@ def test_kernel_work_counts_the_products_of_each_kernel(run_command, tmp_path):
     """`_forward`'s products per query block of 64, as its code takes them: the queries against the table (64 x 64
     table rows x D), then for each key of the window the logits, the kernel features and the values (3 x 64 x D), and
     one product with each direction's state (64 x D x Dv). Causal, the window's 80 keys in tiles of 32, 32 and 16
-    (`TAIL_TILES`, the default); bidirectional 96 keys and two states. `_chunk_sums` takes one (D, 64) x (64, Dv)
+    (`TAIL_TILES`, the default), the last in the band only without the kernel features (`ONE_SIDED_TILES`, 2 x 64 x D
+    a key); bidirectional 96 keys and two states. `_chunk_sums` takes one (D, 64) x (64, Dv)
     product a chunk and direction. The scan takes no product; fla's figures are those of its source."""
     d = 64
     report, stdout = kernel_work(run_command, tmp_path)
     causal, bidirectional = report["causal"]["kernels"], report["bidirectional"]["kernels"]
-    assert causal["_forward"]["forward_macs"] == 64 * 64 * d + 3 * 64 * d * 80 + 64 * d * d
+    assert causal["_forward"]["forward_macs"] == 64 * 64 * d + 3 * 64 * d * 64 + 2 * 64 * d * 16 + 64 * d * d
     assert bidirectional["_forward"]["forward_macs"] == 64 * 64 * d + 3 * 64 * d * 96 + 2 * 64 * d * d
     assert causal["_chunk_sums"]["forward_macs"] == d * 64 * d
     assert bidirectional["_chunk_sums"]["forward_macs"] == 2 * d * 64 * d
@@ -38,17 +39,21 @@ def test_kernel_work_counts_the_products_of_each_kernel(run_command, tmp_path):
     totals = report["causal"]["totals"]
     assert report["causal"]["against_fla"] == pytest.approx(
         (totals["forward_macs"] + totals["backward_macs"]) / (14 * 64 ** 3))
-    assert "| _forward | 1 | 1,507,328 | 0 |" in stdout and "x fla's chunk linear attention" in stdout
+    assert "| _forward | 1 | 1,441,792 | 0 |" in stdout and "x fla's chunk linear attention" in stdout
 
 
 @pytest.mark.slow  # a second count through the interpreter
 def test_kernel_work_takes_kernel_options(run_command, tmp_path):
     """`--kernel-options`: the kernels counted with the module's options set, named in the header and the JSON; in
-    whole tiles (`TAIL_TILES=()`) `_forward`'s causal window of 80 keys takes three tiles of 32, 96 keys."""
+    whole tiles (`TAIL_TILES=()`) `_forward`'s causal window of 80 keys takes three tiles of 32, 96 keys, the last in
+    the band only (2 products a key, 3 with `ONE_SIDED_TILES=False`)."""
     d = 64
     whole, stdout = kernel_work(run_command, tmp_path, "--kernel-options", "TAIL_TILES=()")
-    assert whole["causal"]["kernels"]["_forward"]["forward_macs"] == 64 * 64 * d + 3 * 64 * d * 96 + 64 * d * d
+    assert whole["causal"]["kernels"]["_forward"]["forward_macs"] == (
+        64 * 64 * d + 3 * 64 * d * 64 + 2 * 64 * d * 32 + 64 * d * d)
     assert whole["kernel_options"] == {"TAIL_TILES": "()"} and "TAIL_TILES = ()" in stdout
+    two_sided, _ = kernel_work(run_command, tmp_path, "--kernel-options", "TAIL_TILES=()", "ONE_SIDED_TILES=False")
+    assert two_sided["causal"]["kernels"]["_forward"]["forward_macs"] == 64 * 64 * d + 3 * 64 * d * 96 + 64 * d * d
 
 
 @pytest.mark.parametrize("option, message", [

@@ -543,14 +543,63 @@ def test_window_tiles():
     assert kernels.BLOCK == 64 and kernels.KEY_TILE == 32 and kernels.MIN_KEY_TILE == 16
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(kernels, "TAIL_TILES", ("_forward",))
-        assert kernels._window_tiles("_forward", 16, True) == dict(TILES=64, TAIL=16)
-        assert kernels._window_tiles("_backward_queries", 16, True) == dict(TILES=96, TAIL=0)
-        assert kernels._window_tiles("_forward", 16, False) == dict(TILES=96, TAIL=0)
-        assert kernels._window_tiles("_forward", 1, False) == dict(TILES=64, TAIL=16)
-        assert kernels._window_tiles("_forward", 63, True) == dict(TILES=128, TAIL=0)
+        assert kernels._window_tiles("_forward", 16, True) == dict(TILES=64, TAIL=16, ONE_SIDED=True)
+        assert kernels._window_tiles("_backward_queries", 16, True) == dict(TILES=96, TAIL=0, ONE_SIDED=True)
+        assert kernels._window_tiles("_forward", 16, False) == dict(TILES=96, TAIL=0, ONE_SIDED=True)
+        assert kernels._window_tiles("_forward", 1, False) == dict(TILES=64, TAIL=16, ONE_SIDED=True)
+        assert kernels._window_tiles("_forward", 63, True) == dict(TILES=128, TAIL=0, ONE_SIDED=True)
     assert kernels.TAIL_TILES == ("_forward",)  # the default, as an H200 timed it (benchmarks/README.md)
-    assert kernels._window_tiles("_forward", 16, True) == dict(TILES=64, TAIL=16)
-    assert kernels._window_tiles("_backward_queries", 16, True) == dict(TILES=96, TAIL=0)
+    assert kernels._window_tiles("_forward", 16, True) == dict(TILES=64, TAIL=16, ONE_SIDED=True)
+    assert kernels._window_tiles("_backward_queries", 16, True) == dict(TILES=96, TAIL=0, ONE_SIDED=True)
+
+
+def test_tiles_beyond_the_band():
+    """`_beyond_band` against every pair of a block's window (query a at offset t = a + h - w from slot w, beyond the
+    band where t > h, or |t| > h unless causal; the window's BLOCK + 2h slots, BLOCK + h when causal), for blocks of 16
+    and 64, h from 1 to past a block, tiles of several widths from every slot, those past the window's end among
+    them; and `_two_sided_tiles`, where the window kernels' loop over tiles ends: before a last tile in the band only.
+    Causal at h = 16 in tiles of 32, slots 64-95 are in the band only, and so are the narrower last tile of 16 and the
+    interpreted tests' last tiles (blocks and tiles of 16, h < 16: slots 16-31), which the kernels then take apart."""
+    from modeling_scaleformer import ops_local_softmax_triton as kernels
+
+    for block, horizon, causal in itertools.product((16, 64), (1, 3, 16, 20, 63), (False, True)):
+        span = horizon * (1 if causal else 2)
+        for slots in (8, 16, 32):
+            for first in range(0, block + span + slots):
+                window = range(first, min(first + slots, block + span))
+                offsets = [a + horizon - w for a in range(block) for w in window]
+                beyond = any(t > horizon if causal else abs(t) > horizon for t in offsets)
+                assert kernels._beyond_band(first, slots, horizon, causal, block) == beyond, (block, horizon, first)
+            tiles = -(-(block + span) // slots) * slots
+            last = tiles - slots
+            split = last if not kernels._beyond_band(last, slots, horizon, causal, block) else tiles
+            assert kernels._two_sided_tiles(tiles, slots, horizon, causal, block, True) == split
+    assert not kernels._beyond_band(64, 32, 16, True, 64) and kernels._beyond_band(32, 32, 16, True, 64)
+    assert kernels._two_sided_tiles(96, 32, 16, True, 64, True) == 64 and not kernels._beyond_band(64, 16, 16, True, 64)
+    assert kernels._two_sided_tiles(96, 32, 16, False, 64, True) == 96
+    assert kernels._two_sided_tiles(96, 32, 16, True, 64, False) == 96  # not ONE_SIDED_TILES
+    assert all(kernels._two_sided_tiles(32, 16, horizon, True, 16, True) == 16 for horizon in range(1, 16))
+
+
+def test_one_sided_tiles_do_not_change_the_result(decay_inputs, monkeypatch, triton_paths):
+    """The windows' last tiles in the band only taken apart without the kernel's products (`ONE_SIDED_TILES`, the
+    default; the op's tests hold it to the float64 reference) and with them, as every other tile: the same output and
+    gradients to float64's rounding, causal (blocks of 16, h = 3: the last whole tile in both kernels, and narrower
+    last tiles of 4 in both), padded keys, with a table."""
+    from modeling_scaleformer import ops_local_softmax_triton as kernels
+
+    inputs = decay_inputs(b=1, h=2, lq=40, lk=40, horizon=3, mask="padding")
+    key_mask = inputs[5]
+    for tails in ((), ("_forward", "_backward_queries")):
+        triton_paths(16)
+        monkeypatch.setattr(kernels, "MIN_KEY_TILE", 4)
+        monkeypatch.setattr(kernels, "TAIL_TILES", tails)
+        results = []
+        for one_sided in (True, False):
+            monkeypatch.setattr(kernels, "ONE_SIDED_TILES", one_sided)
+            results.append(output_and_gradients(inputs[:5], causal=True, key_mask=key_mask, horizon=3))
+        for name, got, expected in zip("out q k v rel decay".split(), *results):
+            torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-13, msg=lambda m: f"{name}: {m}")
 
 
 @pytest.mark.parametrize("case, causal", pairings({
