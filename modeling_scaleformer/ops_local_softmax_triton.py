@@ -710,6 +710,13 @@ def _band_span(horizon, causal):
 
 
 @triton.constexpr_function
+def _keys_ahead(horizon, causal):
+    """h, or 0 when causal: how many keys after its query the band holds; its offsets t run over -that .. h, and the
+    pair at offset t reads column t + that of the table's tile (`_table_tile`)."""
+    return horizon * (1 - causal)
+
+
+@triton.constexpr_function
 def _edge_apart(horizon, causal, block_r):
     """Whether the table's tile of BLOCK_R rows leaves the band's last row (offset t = h) apart: where the band reads
     one row more than the tile holds (`_table_tile_rows`)."""
@@ -740,7 +747,7 @@ def _two_sided_tiles(tiles, tile, horizon, causal, block, one_sided):
 def _in_band(t, HORIZON: tl.constexpr, CAUSAL: tl.constexpr):
     """Whether the pairs at offsets t = p_i - j lie in the band, in one comparison: 0 <= t <= h when causal,
     -h <= t <= h else."""
-    return (t + HORIZON * (1 - CAUSAL)).to(tl.uint32) <= _band_span(HORIZON, CAUSAL)
+    return (t + _keys_ahead(HORIZON, CAUSAL)).to(tl.uint32) <= _band_span(HORIZON, CAUSAL)
 
 
 @triton.jit
@@ -762,7 +769,7 @@ def _pair_logits(q, k, qr, qe, t, band, scale, HORIZON: tl.constexpr, CAUSAL: tl
     where the tile leaves the band's last row apart, qe (M,), the queries' products with that row."""
     logits = tl.dot(q, tl.trans(k), input_precision=DOT)
     if HAS_TABLE:
-        relative = tl.gather(qr, tl.minimum(tl.maximum(t + HORIZON * (1 - CAUSAL), 0), BLOCK_R - 1), axis=1)
+        relative = tl.gather(qr, tl.minimum(tl.maximum(t + _keys_ahead(HORIZON, CAUSAL), 0), BLOCK_R - 1), axis=1)
         if _edge_apart(HORIZON, CAUSAL, BLOCK_R):  # the band's last row apart (`_table_tile`)
             relative = tl.where(t == HORIZON, qe[:, None], relative)
         logits += relative
@@ -1517,7 +1524,7 @@ def _key_origin(offset: int, horizon: int, causal: bool) -> int:
     key 0."""
     if not ALIGNED_KEY_BLOCKS:
         return 0
-    return -((KEY_BLOCK - (offset + (0 if causal else horizon)) % KEY_BLOCK) % KEY_BLOCK)
+    return -((KEY_BLOCK - (offset + _keys_ahead(horizon, causal)) % KEY_BLOCK) % KEY_BLOCK)
 
 
 def _parallel_walks(rows: int, directions: int) -> bool:
@@ -1546,7 +1553,7 @@ def _window_tiles(kernel: str, horizon: int, causal: bool) -> dict:
     causal): tiles of KEY_TILE keys up to slot TILES, then one tile of TAIL keys (0: none), the power of two at least
     MIN_KEY_TILE that holds the keys left, where the kernel is one of TAIL_TILES and that is narrower than KEY_TILE;
     a last tile in the band only taken apart where ONE_SIDED (`ONE_SIDED_TILES`)."""
-    window = BLOCK + horizon * (1 if causal else 2)
+    window = BLOCK + _band_span(horizon, causal)
     rest = window % KEY_TILE
     tail = KEY_TILE
     if rest and kernel in TAIL_TILES:
@@ -1731,7 +1738,7 @@ def _backward_body(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
     first_row, table_rows = _table_rows(horizon, causal)
     dtable = None if table is None else den.new_empty(rows, walk.nq, table_rows, d)
     grad_rate_queries = den.new_empty(rows, walk.nq)
-    pairs = q.new_empty(2, rows, walk.nq, BLOCK, BLOCK + horizon * (1 if causal else 2)) if STORED_PAIRS else q
+    pairs = q.new_empty(2, rows, walk.nq, BLOCK, BLOCK + _band_span(horizon, causal)) if STORED_PAIRS else q
     _backward_queries[(walk.nq, rows)](
         *tensors, states, norms, scales, gs, features, shift, delta, dq, den if dtable is None else dtable,
         grad_rate_queries, pairs, lq, lk, heads, rows, offset, walk.nq, walk.n_states, *walk.starts, d, dv,
