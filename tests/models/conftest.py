@@ -40,6 +40,35 @@ def batch():
     return make_batch
 
 
+def decode_in_pieces(model, padding: str):
+    """Checks that `model` (a seq2seq model in float64) decodes a padded batch of 9 target tokens with its cache, one
+    token at a time and in pieces of 4, 1, 3 and 1, to the logits of one forward over the whole target (teacher
+    forcing), to 1e-9. Returns the last cache."""
+    src, src_mask = make_batch(padding=padding)
+    tgt, tgt_mask = make_batch(ls=9, padding=padding, seed=1)
+    full = model(input_ids=src, attention_mask=src_mask, decoder_input_ids=tgt, decoder_attention_mask=tgt_mask).logits
+    encoder_outputs = model.get_encoder()(input_ids=src, attention_mask=src_mask)
+    for pieces in ([1] * 9, [4, 1, 3, 1]):
+        cache, logits, start = None, [], 0
+        for n in pieces:
+            out = model(
+                encoder_outputs=encoder_outputs, attention_mask=src_mask,
+                decoder_input_ids=tgt[:, start : start + n], decoder_attention_mask=tgt_mask[:, : start + n],
+                past_key_values=cache, use_cache=True,
+            )
+            cache, start = out.past_key_values, start + n
+            logits.append(out.logits)
+        torch.testing.assert_close(torch.cat(logits, 1), full, rtol=0, atol=1e-9, msg=lambda m: f"{pieces}: {m}")
+    return cache
+
+
+@pytest.fixture
+def cached_decoding():
+    """`cached_decoding(model, padding)`: cached decoding in pieces held to teacher forcing (`decode_in_pieces`);
+    returns the last cache."""
+    return decode_in_pieces
+
+
 @pytest.fixture
 def attention_outside_the_graph(monkeypatch):
     """The list that collects the attention type of every call `ScaleformerAttention` keeps from torch.compile

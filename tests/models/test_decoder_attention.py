@@ -201,24 +201,10 @@ def test_joint_decoder_layer_has_one_set_of_queries_norm_gate_and_output(tiny_co
 
 @pytest.mark.parametrize("padding", ["left", "right"])
 @pytest.mark.parametrize("overrides", CONFIGS)
-def test_cached_decoding_equals_teacher_forcing(overrides, padding, tiny_config, batch):
+def test_cached_decoding_equals_teacher_forcing(overrides, padding, tiny_config, cached_decoding):
     torch.manual_seed(0)
     model = randomised(ScaleformerForConditionalGeneration(tiny_config(**overrides)).double().eval())
-    src, src_mask = batch(padding=padding)
-    tgt, tgt_mask = batch(ls=9, padding=padding, seed=1)
-    full = model(input_ids=src, attention_mask=src_mask, decoder_input_ids=tgt, decoder_attention_mask=tgt_mask).logits
-    encoder_outputs = model.get_encoder()(input_ids=src, attention_mask=src_mask)
-    for pieces in ([1] * 9, [4, 1, 3, 1]):
-        cache, logits, start = None, [], 0
-        for n in pieces:
-            out = model(
-                encoder_outputs=encoder_outputs, attention_mask=src_mask,
-                decoder_input_ids=tgt[:, start : start + n], decoder_attention_mask=tgt_mask[:, : start + n],
-                past_key_values=cache, use_cache=True,
-            )
-            cache, start = out.past_key_values, start + n
-            logits.append(out.logits)
-        torch.testing.assert_close(torch.cat(logits, 1), full, rtol=0, atol=1e-9)
+    cached_decoding(model, padding)
 
 
 @pytest.mark.parametrize(

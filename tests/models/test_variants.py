@@ -51,26 +51,11 @@ def test_registry_covers_the_config_literal():
 
 @pytest.mark.parametrize("padding", ["left", "right"])
 @pytest.mark.parametrize("attention_type", TYPES)
-def test_seq2seq_cached_decoding_equals_teacher_forcing(attention_type, padding, tiny_config, batch):
+def test_seq2seq_cached_decoding_equals_teacher_forcing(attention_type, padding, tiny_config, cached_decoding):
     torch.manual_seed(0)
     model = ScaleformerForConditionalGeneration(tiny_config(attention_type)).double().eval()
     randomise_variant_parameters(model)
-    src, src_mask = batch(padding=padding)
-    tgt, tgt_mask = batch(ls=9, padding=padding, seed=1)
-    full = model(input_ids=src, attention_mask=src_mask, decoder_input_ids=tgt, decoder_attention_mask=tgt_mask).logits
-    encoder_outputs = model.get_encoder()(input_ids=src, attention_mask=src_mask)
-    for pieces in ([1] * 9, [4, 1, 3, 1]):
-        cache, logits, start = None, [], 0
-        for n in pieces:
-            out = model(
-                encoder_outputs=encoder_outputs, attention_mask=src_mask,
-                decoder_input_ids=tgt[:, start : start + n], decoder_attention_mask=tgt_mask[:, : start + n],
-                past_key_values=cache, use_cache=True,
-            )
-            cache, start = out.past_key_values, start + n
-            logits.append(out.logits)
-        assert cache.get_seq_length() == 9
-        torch.testing.assert_close(torch.cat(logits, 1), full, rtol=0, atol=1e-9)
+    assert cached_decoding(model, padding).get_seq_length() == 9
 
 
 CROSS_RPE_TYPES = [pytest.param(t, id=t) for t, v in ATTENTION_VARIANTS.items() if v.cross_attention_rpe]
