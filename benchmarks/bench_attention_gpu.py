@@ -103,7 +103,9 @@ VARIANTS = {
     "block32": {"BLOCK": 32},
     "scan_by_slot": {"SCAN_ROWS": 16, "SCAN_SLOTS": 1},  # the parallel passes' scan one chunk a step, 16 rows a program
     "operators": {"EAGER_FUNCTION": False},  # eager calls through the torch.library operators' dispatch
-    "key_blocks_from_0": {"ALIGNED_KEY_BLOCKS": False},  # `_backward_keys`' blocks from key 0, not an overlap's end
+    # `_backward_keys`' blocks from key 0, not in step with the windows and the walks' chunks (`_key_origin`): at h = 16
+    # and offset 0, causal, the op before its blocks started at the windows' first keys
+    "key_blocks_from_0": {"ALIGNED_KEY_BLOCKS": False},
     # a window that would end in a tile mostly past its end (80 keys, causal at h = 16) in whole tiles of 32 keys in
     # both kernels, or in a tile of 16 keys in `_backward_queries` too, beside `_forward` (the default)
     "whole_tiles": {"TAIL_TILES": ()},
@@ -128,6 +130,8 @@ VARIANTS = {
     "narrow_table_edge": {"MIN_TABLE_TILE": 32, "EDGE_APART": True},
     # `_backward_keys` reading the window's pairs that `_backward_queries` stores, instead of forming them again
     "stored_pairs": {"STORED_PAIRS": True},
+    # and `_backward_keys` by 16 keys a program: 146-152 registers a thread against 252, three programs an SM
+    "stored_pairs_key_block_16": {"STORED_PAIRS": True, "KEY_BLOCK": 16},
     "unspecialised_lengths": "the kernels' length arguments not specialised (see `unspecialised_kernels`)",
     # the op without its relative table (the kernels' HAS_TABLE false): what the table's products and gathers cost;
     # another computation than the default's, checked against the reference without a table

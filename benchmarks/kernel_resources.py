@@ -152,7 +152,7 @@ def constexprs(kernels, name: str, args: argparse.Namespace) -> dict:
         return {key: walk[key] for key in ("BLOCK", "BLOCK_D", "BLOCK_V", "DOT")}
     pairs = {} if name == "_forward" else dict(STORED_PAIRS=kernels.STORED_PAIRS)
     if name == "_backward_keys":
-        return dict(walk, CAUSAL=args.causal, HAS_TABLE=not args.no_table, BLOCK_K=kernels.KEY_BLOCK,
+        return dict(walk, CAUSAL=args.causal, HAS_TABLE=not args.no_table, **kernels._key_blocks(),
                     BLOCK_R=sizes["BLOCK_R"], **pairs)
     return dict(sizes, **kernels._window_tiles(name, args.horizon, args.causal), HORIZON=args.horizon,
                 CAUSAL=args.causal, HAS_MASK=True, HAS_TABLE=not args.no_table, DOT=dot, **pairs)

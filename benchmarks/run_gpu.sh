@@ -27,10 +27,13 @@
 #                         against the reference is not timed);
 #   attention_pairs       the GPU tests of `_backward_keys` reading the window's pairs that `_backward_queries`
 #                         stored (`test_stored_pairs_on_cuda`), then the op beside it (`stored_pairs`), beside it
-#                         with the scan as the walks' recurrence too (`stored_pairs_scan_recurrence`), and beside the
+#                         by 16 keys a program of `_backward_keys` (`stored_pairs_key_block_16`), beside it with the
+#                         scan as the walks' recurrence too (`stored_pairs_scan_recurrence`), and beside the
 #                         windows' last tiles in the band only taken with the kernel's products as the others
-#                         (`two_sided_tiles`, the op before `ONE_SIDED_TILES`), at B=4, H=16, 16k and 64k, with its
-#                         peak memory (a variant that fails its check is not timed);
+#                         (`two_sided_tiles`, the op before `ONE_SIDED_TILES`), and beside `_backward_keys`' blocks
+#                         from key 0 (`key_blocks_from_0`, causal the op before its blocks started at the windows'
+#                         first keys), at B=4, H=16, 16k and 64k, with its peak memory (a variant that fails its
+#                         check is not timed);
 #   attention_scan        the parallel passes' scan as products (`scan_products`, `scan_products_1x32`), in steps of 16
 #                         chunks (`scan_steps_of_16`), the passes with the products where the op takes the walks
 #                         (`scan_products_everywhere`), and the scan as the walks' recurrence (`scan_recurrence`), at
@@ -150,8 +153,8 @@ print(torch.__version__, triton.__version__, transformers.__version__, torch.cud
             python3 -m pytest -q -p no:cacheprovider -rfEs "${workers[@]}" tests/ops/test_local_softmax_triton.py \
                 -k test_stored_pairs_on_cuda
             tests=$?
-            python3 benchmarks/bench_attention_gpu.py --variants stored_pairs stored_pairs_scan_recurrence \
-                two_sided_tiles "$@" \
+            python3 benchmarks/bench_attention_gpu.py --variants stored_pairs stored_pairs_key_block_16 \
+                stored_pairs_scan_recurrence two_sided_tiles key_blocks_from_0 "$@" \
                 --lengths 16384 65536 \
                 --max-sdpa-length 16384 --json "$0/bench_attention_gpu_pairs.json" &&
             exit "$tests"' "$out" "${launch[@]}" ;;

@@ -49,7 +49,7 @@ flash-linear-attention's chunk kernels:
   positions from its keys at lambda = 0.5, while its keys' gradients, that weight times their decay, stay finite;
 - `_backward_queries`: by query blocks, like `_forward` (the same tiles, m and the normaliser known): dq, each
   block's share of the table's gradient and lambda's;
-- `_backward_keys`: by blocks of KEY_BLOCK keys (from where two windows' overlap ends, `ALIGNED_KEY_BLOCKS`): the
+- `_backward_keys`: by blocks of KEY_BLOCK keys (in step with the windows and the walks' chunks, `_key_origin`): the
   query blocks whose windows hold them give dk and dv, and the keys' shares of the gradients of the states their
   chunks enter (one or two per direction) are added. Each pair of a window is computed twice in backward, by
   queries and by keys: one pass per query block giving its dq and its window's first keys' dk and dv took 1.27x to
@@ -743,6 +743,19 @@ def _two_sided_tiles(tiles, tile, horizon, causal, block, one_sided):
     return last if one_sided and last >= 0 and not _beyond_band(last, tile, horizon, causal, block) else tiles
 
 
+@triton.constexpr_function
+def _walk_chunks(block_k, block, horizon, causal, aligned, direction):
+    """How many chunks of the walk in `direction` a program's block of `block_k` keys in `_backward_keys` can meet:
+    one more than it covers (a chunk's edge anywhere in it), or the chunks it covers where the blocks start in step
+    with the walk's chunks. The forward walk's chunks start at keys s_c = c BLOCK + offset - h, the backward walk's at
+    s_c + 2h, whatever the lengths; `aligned` (`ALIGNED_KEY_BLOCKS`, `_key_origin`), the blocks start at s_b causal,
+    in step with the forward walk, and at s_b + 2h bidirectional, in step with the backward walk, and with the
+    forward one too where 2h is a multiple of the smaller of block_k and BLOCK."""
+    if aligned and (causal or direction == 1 or 2 * horizon % min(block_k, block) == 0):
+        return max(1, block_k // block)
+    return (block_k + block - 2) // block + 1
+
+
 @triton.jit
 def _in_band(t, HORIZON: tl.constexpr, CAUSAL: tl.constexpr):
     """Whether the pairs at offsets t = p_i - j lie in the band, in one comparison: 0 <= t <= h when causal,
@@ -1228,12 +1241,14 @@ def _walk_share(A, AZ, direction, row, rows, slot, n_states, d, dv, v, features,
 @triton.jit
 def _key_shares(A, AZ, NU, k, v, mk, j, keys, rate, row, rows, lq, lk, offset, nq, n_states, start0, start1, d, dv,
                 grad_features, dv_, grad_rate, HORIZON: tl.constexpr, CAUSAL: tl.constexpr, BLOCK: tl.constexpr,
-                BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, DOT: tl.constexpr):
+                BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, DOT: tl.constexpr,
+                ALIGNED: tl.constexpr):
     """The BLOCK_K keys j's (where `keys`; k and v in the inputs' dtype, their mask m_j) shares of the gradients
     G_{c+1} = exp(nu) G' of the states their chunks enter (`_scan_sums` or `_states_backward`), added to
     grad_features (through phi(k)), dv_ and grad_rate (lambda's, by key). In each direction, key y (j, or lk - 1 - j
     backwards) at place t of chunk c, its walk's coordinates, enters L_{c+1} with weight exp(-lambda (BLOCK - t)) m_j
-    if c < nq - 1; the keys lie in one chunk or two (more if BLOCK_K > BLOCK)."""
+    if c < nq - 1; the keys lie in one chunk or two (more if BLOCK_K > BLOCK), in one (BLOCK_K / BLOCK) of the
+    forward walk's where the blocks start in step with its chunks (`_walk_chunks`)."""
     acc = mk.dtype
     op = k.dtype
     features = _elu_features(k.to(acc), keys[:, None] & (tl.arange(0, BLOCK_D)[None, :] < d)) * mk[:, None]
@@ -1248,7 +1263,7 @@ def _key_shares(A, AZ, NU, k, v, mk, j, keys, rate, row, rows, lq, lk, offset, n
             t = place - c * BLOCK
             reached = keys & (c < nq - 1)
             first_chunk = tl.min(tl.where(reached, c, nq), 0)
-            for chunk in tl.static_range((BLOCK_K + BLOCK - 2) // BLOCK + 1):
+            for chunk in tl.static_range(_walk_chunks(BLOCK_K, BLOCK, HORIZON, CAUSAL, ALIGNED, direction)):
                 mine = reached & (c == first_chunk + chunk)
                 if tl.max(mine.to(tl.int32), 0) > 0:
                     slot = first_chunk + chunk - start
@@ -1325,7 +1340,7 @@ def _backward_keys(
     svb, svh, svl, sdkb, sdkh, sdkl, sdvb, sdvh, sdvl, scale,
     HORIZON: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_TABLE: tl.constexpr,
     STORED_PAIRS: tl.constexpr, BLOCK: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr, DOT: tl.constexpr,
+    BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr, DOT: tl.constexpr, ALIGNED: tl.constexpr,
 ):
     """dk and dv of BLOCK_K keys a program from key_first on (those of 0 .. lk - 1), and their part of lambda's
     gradient (by program, into GRAD_RATE): the shares of the query blocks whose windows hold them (`_key_pairs`, or
@@ -1365,7 +1380,7 @@ def _backward_keys(
     grad_features, dv_, grad_rate = _key_shares(A, AZ, NU, k, v, mk, j, keys, rate, row, rows, lq, lk, offset, nq,
                                                 n_states, start0, start1, d, dv, grad_features, dv_,
                                                 tl.zeros((BLOCK_K,), dtype=acc), HORIZON, CAUSAL, BLOCK, BLOCK_K,
-                                                BLOCK_D, BLOCK_V, DOT)
+                                                BLOCK_D, BLOCK_V, DOT, ALIGNED)
     tl.store(GRAD_RATE + row.to(tl.int64) * tl.num_programs(0) + kb, tl.sum(grad_rate, 0))
     dk += grad_features * _elu_slope(k.to(acc))
     ptr, mask = _row_ptrs(DK, row, heads, sdkb, sdkh, sdkl, j, keys, d, BLOCK_D)
@@ -1479,9 +1494,12 @@ RECURRENCE_SLOTS = 8
 # held from one to the other, instead of recomputed there: one walk fewer, 7-13% less time on an H200 at B=4, H=16
 # (benchmarks/README.md)
 KEEP_STATES = True
-# `_backward_keys`' blocks of keys start where two windows' overlap ends (s_b + 2h, s_b + h when causal; `_key_origin`)
-# rather than at key 0: at h = 16, a block of 32 keys then meets one window or two, 1.5 on average, where from key 0
-# it meets two in the bidirectional case (the same 1.5 when causal)
+# `_backward_keys`' blocks of keys start at a window's first key s_b causal and where two windows' overlap ends
+# bidirectional (s_b + 2h; `_key_origin`) rather than at key 0: at h = 16, a block of 32 keys then meets one window or
+# two, 1.5 on average, where from key 0 it meets two in the bidirectional case (the same 1.5 when causal); and it lies
+# in one chunk of each walk (of the forward walk causal, whose chunks start at s_b; of both at h = 16 bidirectional),
+# which `_key_shares` then takes alone (`_walk_chunks`), where from key 0 (or from s_b + h causal) half the blocks
+# meet two
 ALIGNED_KEY_BLOCKS = True
 # `_backward_queries` stores each window's pairs, their weights w_ij and the factors of their gradients (two
 # (B*H, Lq / BLOCK, BLOCK, BLOCK + 2h) planes in the inputs' dtype, BLOCK + h when causal), and `_backward_keys` reads
@@ -1519,12 +1537,18 @@ def fits(horizon: int, dim: int, value_dim: int, dtype: torch.dtype) -> bool:
 
 
 def _key_origin(offset: int, horizon: int, causal: bool) -> int:
-    """Where `_backward_keys`' first block of KEY_BLOCK keys starts (at most 0; `ALIGNED_KEY_BLOCKS`): at a key where
-    two windows' overlap ends (s_b + 2h, s_b + h when causal; s_b = b BLOCK + offset - h, window b's first key), or at
-    key 0."""
+    """Where `_backward_keys`' first block of KEY_BLOCK keys starts (at most 0; `ALIGNED_KEY_BLOCKS`): causal, at a
+    window's first key s_b = b BLOCK + offset - h, where the forward walk's chunks start; bidirectional, where two
+    windows' overlap ends (s_b + 2h), where the backward walk's start (`_walk_chunks`); or at key 0."""
     if not ALIGNED_KEY_BLOCKS:
         return 0
-    return -((KEY_BLOCK - (offset + _keys_ahead(horizon, causal)) % KEY_BLOCK) % KEY_BLOCK)
+    return -((KEY_BLOCK - (offset - horizon + 2 * _keys_ahead(horizon, causal)) % KEY_BLOCK) % KEY_BLOCK)
+
+
+def _key_blocks() -> dict:
+    """How `_backward_keys` takes the keys: BLOCK_K (KEY_BLOCK) a program, from where `_key_origin` starts them
+    (ALIGNED, `ALIGNED_KEY_BLOCKS`: in step with the forward walk's chunks, `_walk_chunks`)."""
+    return dict(BLOCK_K=KEY_BLOCK, ALIGNED=ALIGNED_KEY_BLOCKS)
 
 
 def _parallel_walks(rows: int, directions: int) -> bool:
@@ -1752,7 +1776,7 @@ def _backward_body(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
         _backward_keys[(key_blocks, rows)](
             *tensors, adjoints, adjoint_norms, adjoint_scales, gs, features, shift, delta, dk, dv_, grad_rate_keys,
             pairs, lq, lk, heads, rows, offset, walk.nq, walk.n_states, *walk.starts, first, d, dv,
-            *_strides(q, k, v, dk, dv_), scale, BLOCK_K=KEY_BLOCK, BLOCK_R=sizes["BLOCK_R"], **flags,
+            *_strides(q, k, v, dk, dv_), scale, BLOCK_R=sizes["BLOCK_R"], **flags, **_key_blocks(),
             **{key: common[key] for key in ("BLOCK", "BLOCK_D", "BLOCK_V")}, **_launch("_backward_keys", d, dv))
     torch.sum((grad_rate_walk.flatten(2).sum(2).sum(0) + grad_rate_queries.sum(1) + grad_rate_keys.sum(1)).view(
         b, heads), 0, out=grad_rate)

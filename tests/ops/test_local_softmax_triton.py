@@ -450,18 +450,22 @@ def test_narrow_table_tiles_against_the_reference(case, causal, decay_inputs, sp
     "h3": dict(lq=50, lk=50, horizon=3), "lq>lk-offset": dict(lq=60, lk=30, horizon=5, offset=3),
     "lq<lk": dict(lq=30, lk=60, horizon=5), "one-query": dict(lq=1, lk=40, horizon=2, offset=20),
     "2h-wider-than-a-block-key-blocks-of-64": dict(lq=40, lk=40, horizon=20, key_block=64),
-}, DIRECTIONS, default={"one-query-causal", "2h-wider-than-a-block-key-blocks-of-64-bidirectional"}))
+    "key-blocks-of-half-a-block": dict(lq=70, lk=70, horizon=5, block=32, key_block=16),
+}, DIRECTIONS, default={"one-query-causal", "2h-wider-than-a-block-key-blocks-of-64-bidirectional",
+                        "key-blocks-of-half-a-block-causal"}))
 def test_stored_pairs_against_the_reference(case, causal, decay_inputs, split_case, check_decay_op, monkeypatch,
                                             triton_paths):
     """`_backward_keys` reading the pairs that `_backward_queries` stored (`STORED_PAIRS`) instead of forming them: the
     op against the float64 reference, output and gradients, padded keys, Lq != Lk both ways, one query, windows wider
-    than a block, and programs of more keys than a block that meet several windows (blocks of 16, KEY_BLOCK = 64:
-    each of the 3 windows of 40 queries); and the same gradients, to float64's rounding, as the pairs formed again."""
+    than a block, programs of more keys than a block that meet several windows (blocks of 16, KEY_BLOCK = 64:
+    each of the 3 windows of 40 queries), and of half a block's keys (blocks of 32, KEY_BLOCK = 16: a chunk's keys in
+    two programs, as 16 keys a program at blocks of 64 would take them); and the same gradients, to float64's
+    rounding, as the pairs formed again."""
     from modeling_scaleformer import ops_local_softmax_triton as kernels
 
     case = dict(case, mask="padding")
     key_block = case.pop("key_block", None)
-    triton_paths(16)
+    triton_paths(case.pop("block", 16))
     if key_block:
         monkeypatch.setattr(kernels, "KEY_BLOCK", key_block)
     inputs, offset = split_case(decay_inputs, case)
@@ -611,9 +615,9 @@ def test_one_sided_tiles_do_not_change_the_result(decay_inputs, monkeypatch, tri
 }, DIRECTIONS, default={"length-1-causal", "tiles-of-8-causal", "overlap-beyond-a-block-bidirectional"}))
 def test_key_blocks_from_key_0_give_the_same_gradients(case, causal, decay_inputs, monkeypatch, triton_paths):
     """`_backward_keys`' blocks from key 0 (not `ALIGNED_KEY_BLOCKS`, the default, which the other tests hold to the
-    reference) give the gradients of the blocks from where two windows' overlap ends, to rounding (blocks of 16,
-    padded keys; windows in tiles of 8 keys, several in an overlap, and of 32, wider than a block; overlaps of less
-    and more than a block)."""
+    reference) give the gradients of the blocks from where `_key_origin` starts them (a window's first key causal,
+    where two windows' overlap ends bidirectional), to rounding (blocks of 16, padded keys; windows in tiles of 8
+    keys, several in an overlap, and of 32, wider than a block; overlaps of less and more than a block)."""
     from modeling_scaleformer import ops_local_softmax_triton as kernels
 
     case = dict(case)
@@ -625,11 +629,44 @@ def test_key_blocks_from_key_0_give_the_same_gradients(case, causal, decay_input
         monkeypatch.setattr(kernels, "KEY_TILE", tile)
         monkeypatch.setattr(kernels, "ALIGNED_KEY_BLOCKS", aligned)
         results.append(output_and_gradients(inputs[:5], causal=causal, key_mask=inputs[5], query_offset=offset))
-    monkeypatch.setattr(kernels, "KEY_BLOCK", 32)  # at h = 16: from s_b + 32 = 16 mod 32, and s_b + 16 = 0 causal
-    assert kernels._key_origin(0, 16, False) == -16 and kernels._key_origin(0, 16, True) == 0
-    assert kernels._key_origin(5, 16, False) == -11 and kernels._key_origin(5, 16, True) == -27
+    monkeypatch.setattr(kernels, "KEY_BLOCK", 32)  # at h = 16, s_b = offset - 16 mod 32: from s_b + 32, and s_b causal
+    assert kernels._key_origin(0, 16, False) == -16 and kernels._key_origin(0, 16, True) == -16
+    assert kernels._key_origin(5, 16, False) == -11 and kernels._key_origin(5, 16, True) == -11
+    assert kernels._key_origin(0, 5, False) == -27 and kernels._key_origin(0, 5, True) == -5
     for name, got, expected in zip("out q k v rel decay".split(), *results):
         torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-13, msg=lambda m: f"{name}: {m}")
+
+
+def test_key_blocks_meet_the_chunks_that_walk_chunks_says(monkeypatch):
+    """`_walk_chunks`, the chunks of each walk that `_backward_keys`' programs unroll, against the chunks that their
+    blocks of keys meet (each key's chunk as `_key_shares` places it: c = (y + qshift - off_w + h) // BLOCK), for
+    blocks from where `_key_origin` starts them and from key 0, blocks of 16 to 64 keys, chunks of 16 and 64, h from 1
+    to 63, offsets, Lq != Lk: never fewer; and one chunk for blocks of at most a chunk's keys where they start in
+    step with the walk (causal, the forward walk; bidirectional, the backward walk, and the forward one at h = 16)."""
+    from modeling_scaleformer import ops_local_softmax_triton as kernels
+
+    for block, key_block, horizon, causal, aligned in itertools.product(
+            (16, 64), (16, 32, 64), (1, 5, 8, 16, 63), (False, True), (False, True)):
+        monkeypatch.setattr(kernels, "KEY_BLOCK", key_block)
+        monkeypatch.setattr(kernels, "ALIGNED_KEY_BLOCKS", aligned)
+        for lq, lk, offset in ((300, 300, 0), (301, 301, 0), (130, 300, 7), (300, 130, 0), (200, 200, 3),
+                               (270, 259, 0)):
+            nq = -(-lq // block)
+            origin = kernels._key_origin(offset, horizon, causal)
+            most = [0, 0]
+            shift_back = nq * block - lq - (lk - lq - offset)
+            for j0 in range(origin, lk, key_block):
+                keys = range(max(j0, 0), min(j0 + key_block, lk))
+                for direction, (shift, ys) in enumerate(((-offset, keys), (shift_back, [lk - 1 - j for j in keys]))):
+                    chunks = {(y + shift + horizon) // block for y in ys}
+                    most[direction] = max(most[direction], len({c for c in chunks if c < nq - 1}))
+            for direction in range(1 if causal else 2):
+                unrolled = kernels._walk_chunks(key_block, block, horizon, causal, aligned, direction)
+                assert most[direction] <= unrolled, (block, key_block, horizon, causal, aligned, direction)
+    for causal, horizon, direction in ((True, 5, 0), (True, 16, 0), (False, 16, 0), (False, 5, 1), (False, 16, 1)):
+        assert kernels._walk_chunks(32, 64, horizon, causal, True, direction) == 1
+        assert kernels._walk_chunks(32, 64, horizon, causal, False, direction) == 2
+    assert kernels._walk_chunks(32, 64, 5, False, True, 0) == 2 and kernels._walk_chunks(64, 16, 5, True, True, 0) == 4
 
 
 def test_triton_attention_reads_strided_inputs(decay_inputs, triton_paths):
@@ -1077,15 +1114,17 @@ def test_narrow_table_tiles_on_cuda(case, monkeypatch):
     dict(lq=300, lk=300, d=64, h=16, causal=True, dtype=torch.bfloat16),
     dict(lq=200, lk=200, d=128, h=16, causal=True, dtype=torch.bfloat16), dict(lq=200, lk=200, d=8, h=3),
     dict(lq=300, lk=300, d=64, h=63, causal=True),
+    dict(lq=300, lk=300, d=64, h=16, key_block=16), dict(lq=300, lk=200, d=64, h=16, causal=True, key_block=16),
 ], ids=["h16", "h16-causal", "h16-causal-lq>lk", "h16-lq<lk", "h16-bf16", "h16-causal-bf16", "d128-causal-bf16",
-        "d8-h3", "h63-causal"])
+        "d8-h3", "h63-causal", "h16-key-blocks-of-16", "h16-causal-lq>lk-key-blocks-of-16"])
 def test_stored_pairs_on_cuda(case, monkeypatch):
     """`_backward_keys` reading the window's pairs that `_backward_queries` stored (`STORED_PAIRS`): against the
-    float64 reference on the device, output and gradients, float32 unless said. Its passes are what the setting
-    waits for to be the default."""
+    float64 reference on the device, output and gradients, float32 unless said, and with 16 keys a program of
+    `_backward_keys` (KEY_BLOCK). Its passes are what the setting waits for to be the default."""
     from modeling_scaleformer import ops_local_softmax_triton as kernels
 
     monkeypatch.setattr(kernels, "STORED_PAIRS", True)
+    monkeypatch.setattr(kernels, "KEY_BLOCK", case.pop("key_block", kernels.KEY_BLOCK))
     check_against_the_reference_on_cuda(case)
 
 

@@ -145,7 +145,7 @@ def test_attention_kernels_lower(shape, options, causal, dtype, monkeypatch):
                   **sizes, **window, **pairs, **{key: common[key] for key in ("HORIZON", "DOT")})
     for stored in (False, True):  # `_backward_keys` forming the pairs, and reading those stored (`STORED_PAIRS`)
         lower(kernels._backward_keys, kernel_dtype, operands, operand_names=kernels.INPUT_POINTERS, CAUSAL=causal,
-              HAS_TABLE=options["HAS_TABLE"], STORED_PAIRS=stored, BLOCK_K=kernels.KEY_BLOCK,
+              HAS_TABLE=options["HAS_TABLE"], STORED_PAIRS=stored, **kernels._key_blocks(),
               BLOCK_R=sizes["BLOCK_R"], **common)
     lower(kernels._backward_queries, kernel_dtype, operands, operand_names=kernels.INPUT_POINTERS, CAUSAL=causal,
           STORED_PAIRS=True, **options, **sizes, **kernels._window_tiles("_backward_queries", horizon, causal),
@@ -170,7 +170,7 @@ def test_window_kernels_lower_with_narrower_table_tiles(table, causal, monkeypat
               **sizes, **kernels._window_tiles(name, 16, causal), **({} if name == "_forward" else
                                                                     dict(STORED_PAIRS=False)))
     lower(kernels._backward_keys, torch.float32, torch.bfloat16, operand_names=kernels.INPUT_POINTERS, **flags,
-          STORED_PAIRS=False, BLOCK=sizes["BLOCK"], BLOCK_K=kernels.KEY_BLOCK, BLOCK_D=sizes["BLOCK_D"],
+          STORED_PAIRS=False, BLOCK=sizes["BLOCK"], **kernels._key_blocks(), BLOCK_D=sizes["BLOCK_D"],
           BLOCK_V=sizes["BLOCK_V"], BLOCK_R=sizes["BLOCK_R"])
 
 
@@ -208,7 +208,7 @@ def test_attention_kernels_assemble_for_sm90(causal, monkeypatch):
                              *(("_backward_queries", dict(tiles, **window["_backward_queries"], STORED_PAIRS=stored))
                                for stored in (False, True)), *tails,
                              *(("_backward_keys", dict(walk, CAUSAL=causal, HAS_TABLE=True, STORED_PAIRS=stored,
-                                                       BLOCK_K=kernels.KEY_BLOCK, BLOCK_R=sizes["BLOCK_R"]))
+                                                       **kernels._key_blocks(), BLOCK_R=sizes["BLOCK_R"]))
                                for stored in (False, True))):
         compiled = triton.compile(source(getattr(kernels, name), torch.float32, torch.bfloat16,
                                          kernels.INPUT_POINTERS, **constexprs),
@@ -231,7 +231,7 @@ def test_window_kernels_lower_with_lengths_of_1(causal, stored):
         ones = {key: 1 for key in kernels.LENGTH_ARGUMENTS if key in inspect.signature(kernel.fn).parameters}
         assert {"lq", "rows", "nq"} <= set(ones), name
         constexprs = (dict(sizes, **kernels._window_tiles(name, 16, causal)) if name != "_backward_keys" else
-                      dict(BLOCK=sizes["BLOCK"], BLOCK_K=kernels.KEY_BLOCK, BLOCK_D=sizes["BLOCK_D"],
+                      dict(BLOCK=sizes["BLOCK"], **kernels._key_blocks(), BLOCK_D=sizes["BLOCK_D"],
                            BLOCK_V=sizes["BLOCK_V"], BLOCK_R=sizes["BLOCK_R"]))
         if name != "_forward":
             constexprs["STORED_PAIRS"] = stored
