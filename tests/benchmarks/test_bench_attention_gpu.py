@@ -56,6 +56,25 @@ def test_bench_attention_gpu_refuses_a_size_the_kernels_cannot_take(option, run_
     assert f"{option} must be a power of two >= 16, got 24" in result.stderr
 
 
+def test_run_gpu_names_variants_that_exist(import_benchmark):
+    """Every variant that run_gpu.sh asks bench_attention_gpu.py for is one of its VARIANTS, and every option a variant
+    sets is an option of `ops_local_softmax_triton` of the same type as its default (any, where the default is None,
+    the module's choice): a name misspelt here would otherwise fail only on a GPU."""
+    import re
+
+    from modeling_scaleformer import ops_local_softmax_triton as kernels
+
+    bench = import_benchmark("bench_attention_gpu")
+    script = RUN_GPU.read_text().replace("\\\n", " ")
+    named = {name for match in re.finditer(r"--variants((?:\s+[a-z0-9_]+)+)", script) for name in match[1].split()}
+    assert {"stored_pairs_key_block_16", "two_sided_tiles", "key_blocks_from_0"} <= named
+    assert named <= set(bench.VARIANTS), named - set(bench.VARIANTS)
+    for variant, options in bench.VARIANTS.items():
+        for name, value in options.items() if isinstance(options, dict) else ():
+            default = getattr(kernels, name)
+            assert default is None or type(value) is type(default), (variant, name)
+
+
 def test_run_gpu_refuses_an_unknown_step(tmp_path):
     result = subprocess.run(["bash", str(RUN_GPU), str(tmp_path), "atention"],
                             capture_output=True, text=True, timeout=60)
