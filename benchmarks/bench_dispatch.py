@@ -25,6 +25,12 @@ greedily from the same source (eval mode, its cache; the decoding steps' kernels
 operations and launches of each call of the model are counted: the first (the encoder and the first token) and the
 median of the others, one token each, which at batch 1 set the time per token on a GPU as the step's set its time.
 
+The step's sequential passes over the states' chunks (the walks, `_states` and `_states_backward`, or the parallel
+passes' scans, `_scan_sums`, `_scan_products`, `_scan_recurrence`) are counted too: for each launch, the chunks' slots
+that each direction's pass goes through one after another, and of those the ones whose states a query block reads
+(the blocks' own, nq of them; the others only carry their sums on to them). A pass takes its time by the slots it
+goes through, and on a GPU at batch 1 it is bound by their latency (benchmarks/README.md).
+
     python benchmarks/bench_dispatch.py                       # scaleformer and bart, the small size, bf16 autocast
     python benchmarks/bench_dispatch.py --models scaleformer bart led --json dispatch.json
     python benchmarks/bench_dispatch.py --quick               # the tiny size: a smoke test
@@ -37,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import inspect
 import json
 import os
 import sys
@@ -59,6 +66,8 @@ QUICK_SIZE = ModelSize(vocab_size=1000, d_model=64, layers=2, heads=4, ffn_dim=1
 ALLOCATIONS = {"empty", "empty_like", "new_empty", "empty_strided", "new_empty_strided"}
 NO_KERNEL = ALLOCATIONS | {"promote_types", "lift_fresh", "sym_size", "sym_stride", "sym_numel", "is_same_size"}
 ATTENTION_FILES = ("ops_local_softmax.py", "ops_local_softmax_triton.py")
+# the kernels that pass over the states' chunks one slot (or one step of slots) after another
+SEQUENTIAL_PASSES = ("_states", "_states_backward", "_scan_sums", "_scan_products", "_scan_recurrence")
 PHASES = ("forward", "backward")
 
 
@@ -115,7 +124,13 @@ def emulate_cuda(launches: collections.Counter) -> None:
     from modeling_scaleformer import modeling_scaleformer, ops_common, ops_decay, ops_local_softmax_triton
 
     def run(self, *args, grid, warmup, **options):
-        launches[f"{launches.phase} {self.fn.__name__}"] += 1
+        name = self.fn.__name__
+        launches[f"{launches.phase} {name}"] += 1
+        if name in SEQUENTIAL_PASSES:
+            bound = inspect.signature(self.fn).bind_partial(*args).arguments
+            starts = (bound["start0"], bound["start1"])[:grid[1]]  # grid: (rows, directions[, parts])
+            launches.passes.append({"phase": launches.phase, "kernel": name, "read": bound["nq"],
+                                    "slots": [bound["nq"] - start for start in starts]})
 
     InterpretedFunction.run = run
     choose_kernels_as_on_cuda()
@@ -125,7 +140,27 @@ def emulate_cuda(launches: collections.Counter) -> None:
 
 
 class Launches(collections.Counter):
+    """Triton launches by phase and kernel, and the sequential passes (`SEQUENTIAL_PASSES`) in `passes`."""
     phase = PHASES[0]
+
+    def __init__(self):
+        super().__init__()
+        self.passes = []
+
+    def clear(self):
+        super().clear()
+        self.passes = []
+
+
+def pass_counts(passes: list[dict]) -> dict:
+    """The step's sequential passes: how many launches, the slots they go through (a launch's longest direction, its
+    programs running side by side), the slots that query blocks read, and the launches of 64 slots or more with how
+    many of their slots are read."""
+    long = [p for p in passes if max(p["slots"]) >= 64]
+    return {"pass_launches": len(passes), "pass_slots": sum(max(p["slots"]) for p in passes),
+            "pass_slots_read": sum(p["read"] for p in passes), "long_passes": len(long),
+            "long_pass_slots": sum(max(p["slots"]) for p in long),
+            "long_pass_slots_read": sum(min(p["read"], max(p["slots"])) for p in long)}
 
 
 def count_step(name: str, args: argparse.Namespace, launches: Launches) -> dict:
@@ -158,6 +193,8 @@ def count_step(name: str, args: argparse.Namespace, launches: Launches) -> dict:
     row["operations"] = sum(counter.counts.values())
     row["kernels"] = sum(n for (_, _, kernel), n in counter.counts.items() if kernel) + sum(launches.values())
     row["top"] = [[*key, n] for key, n in counter.names.most_common(12)]
+    row["passes"] = list(launches.passes)  # the step's, before decoding adds its own
+    row.update(pass_counts(row["passes"]))
     return {**row, **count_decoding(model, input_ids, args, launches)}
 
 
@@ -221,6 +258,16 @@ def main(argv: list[str] | None = None) -> int:
         if row["launches"]:
             print(f"\n{row['model']}'s Triton launches by phase and kernel: "
                   + ", ".join(f"{key} {n}" for key, n in row["launches"].items()))
+        if row["pass_launches"]:
+            print(f"\n{row['model']}'s sequential passes over the states' chunks: {row['pass_launches']} launches "
+                  f"through {row['pass_slots']:,} slots, {row['pass_slots_read']:,} of them read by query blocks; "
+                  f"{row['long_passes']} of 64 slots or more, through {row['long_pass_slots']:,} slots of which "
+                  f"{row['long_pass_slots_read']:,} are read")
+            shapes = collections.Counter((p["phase"], p["kernel"], tuple(p["slots"]), p["read"]) for p in row["passes"])
+            print("\n| phase | kernel | slots by direction | read by query blocks | launches |")
+            print("|:---|:---|:---|---:|---:|")
+            for (phase, kernel, slots, read), n in sorted(shapes.items()):
+                print(f"| {phase} | {kernel} | {', '.join(f'{x:,}' for x in slots)} | {read:,} | {n} |")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"benchmark": "bench_dispatch", "length": args.length,

@@ -36,6 +36,24 @@ def test_bench_dispatch_counts_a_quick_step(run_command, tmp_path):
     assert bart["decode_launches"] == bart["decode_first_launches"] == 0
     assert "| scaleformer | " in result.stdout and "| bart | " in result.stdout
     assert "operations per generated token" in result.stdout
+    # the passes over the states' chunks at 1024 source tokens (16 chunks) and 128 target tokens (2), forward and
+    # backward: the encoder's both ways, each chunk read; the decoder's causal; the cross attention's, whose
+    # anticausal pass goes through the 16 source chunks for the 2 target blocks that read it
+    shapes = {(tuple(p["slots"]), p["read"]) for p in scaleformer["passes"]}
+    assert shapes == {((16, 16), 16), ((2,), 2), ((2, 16), 2)} and scaleformer["pass_launches"] == 12
+    assert (scaleformer["pass_slots"], scaleformer["pass_slots_read"]) == (4 * 16 + 4 * 2 + 4 * 16, 4 * 16 + 8 * 2)
+    assert bart["pass_launches"] == 0
+    assert "| forward | _scan_sums | 2, 16 | 2 | 2 |" in result.stdout
+
+
+def test_bench_dispatch_pass_counts(import_benchmark):
+    """A launch's slots are those of its longest direction; the long passes are those of 64 slots or more."""
+    pass_counts = import_benchmark("bench_dispatch").pass_counts
+    passes = [{"phase": "forward", "kernel": "_scan_sums", "read": 256, "slots": [256, 256]},
+              {"phase": "backward", "kernel": "_scan_sums", "read": 2, "slots": [2, 256]},
+              {"phase": "forward", "kernel": "_scan_sums", "read": 2, "slots": [2]}]
+    assert pass_counts(passes) == {"pass_launches": 3, "pass_slots": 514, "pass_slots_read": 260, "long_passes": 2,
+                                   "long_pass_slots": 512, "long_pass_slots_read": 258}
 
 
 def test_bench_dispatch_kinds(import_benchmark):
