@@ -1547,7 +1547,7 @@ def _key_origin(offset: int, horizon: int, causal: bool) -> int:
 
 def _key_blocks() -> dict:
     """How `_backward_keys` takes the keys: BLOCK_K (KEY_BLOCK) a program, from where `_key_origin` starts them
-    (ALIGNED, `ALIGNED_KEY_BLOCKS`: in step with the forward walk's chunks, `_walk_chunks`)."""
+    (ALIGNED, `ALIGNED_KEY_BLOCKS`: in step with a walk's chunks, `_walk_chunks`)."""
     return dict(BLOCK_K=KEY_BLOCK, ALIGNED=ALIGNED_KEY_BLOCKS)
 
 
