@@ -27,9 +27,10 @@ median of the others, one token each, which at batch 1 set the time per token on
 
 The step's sequential passes over the states' chunks (the walks, `_states` and `_states_backward`, or the parallel
 passes' scans, `_scan_sums`, `_scan_products`, `_scan_recurrence`) are counted too: for each launch, the chunks' slots
-that each direction's pass goes through one after another, and of those the ones whose states a query block reads
-(the blocks' own, nq of them; the others only carry their sums on to them). A pass takes its time by the slots it
-goes through, and on a GPU at batch 1 it is bound by their latency (benchmarks/README.md).
+that each direction's pass goes through one after another, of those the ones whose states a query block reads (the
+blocks' own, nq of them; the others only carry their sums on to them), and the slots that a scan folds at once
+before them (the chunks before the first query block, `ops_local_softmax_triton._fold_prefix`). A pass takes its time
+by the slots it goes through, and on a GPU at batch 1 it is bound by their latency (benchmarks/README.md).
 
     python benchmarks/bench_dispatch.py                       # scaleformer and bart, the small size, bf16 autocast
     python benchmarks/bench_dispatch.py --models scaleformer bart led --json dispatch.json
@@ -68,6 +69,7 @@ NO_KERNEL = ALLOCATIONS | {"promote_types", "lift_fresh", "sym_size", "sym_strid
 ATTENTION_FILES = ("ops_local_softmax.py", "ops_local_softmax_triton.py")
 # the kernels that pass over the states' chunks one slot (or one step of slots) after another
 SEQUENTIAL_PASSES = ("_states", "_states_backward", "_scan_sums", "_scan_products", "_scan_recurrence")
+SCANS = SEQUENTIAL_PASSES[2:]  # the parallel passes' scans, which fold the chunks before the first query block
 PHASES = ("forward", "backward")
 
 
@@ -128,9 +130,14 @@ def emulate_cuda(launches: collections.Counter) -> None:
         launches[f"{launches.phase} {name}"] += 1
         if name in SEQUENTIAL_PASSES:
             bound = inspect.signature(self.fn).bind_partial(*args).arguments
-            starts = (bound["start0"], bound["start1"])[:grid[1]]  # grid: (rows, directions[, parts])
-            launches.passes.append({"phase": launches.phase, "kernel": name, "read": bound["nq"],
-                                    "slots": [bound["nq"] - start for start in starts]})
+            nq, starts = bound["nq"], (bound["start0"], bound["start1"])[:grid[1]]  # grid: (rows, directions[, parts])
+            if name in SCANS:  # the chunks before the first query block folded, or left (`_scan_extent`)
+                extents = [ops_local_softmax_triton._scan_extent(nq, start, options["REVERSE"]) for start in starts]
+            else:
+                extents = [(nq - start, 0) for start in starts]
+            launches.passes.append({"phase": launches.phase, "kernel": name, "read": nq,
+                                    "slots": [slots for slots, _ in extents],
+                                    "folded": [folded for _, folded in extents]})
 
     InterpretedFunction.run = run
     choose_kernels_as_on_cuda()
@@ -153,12 +160,13 @@ class Launches(collections.Counter):
 
 
 def pass_counts(passes: list[dict]) -> dict:
-    """The step's sequential passes: how many launches, the slots they go through (a launch's longest direction, its
-    programs running side by side), the slots that query blocks read, and the launches of 64 slots or more with how
-    many of their slots are read."""
+    """The step's sequential passes: how many launches, the slots they go through one after another (a launch's
+    longest direction, its programs running side by side), the slots that query blocks read, the slots the scans fold
+    before them (a launch's most), and the launches of 64 slots or more with how many of their slots are read."""
     long = [p for p in passes if max(p["slots"]) >= 64]
     return {"pass_launches": len(passes), "pass_slots": sum(max(p["slots"]) for p in passes),
-            "pass_slots_read": sum(p["read"] for p in passes), "long_passes": len(long),
+            "pass_slots_read": sum(p["read"] for p in passes),
+            "pass_slots_folded": sum(max(p["folded"]) for p in passes), "long_passes": len(long),
             "long_pass_slots": sum(max(p["slots"]) for p in long),
             "long_pass_slots_read": sum(p["read"] for p in long)}
 
@@ -260,14 +268,17 @@ def main(argv: list[str] | None = None) -> int:
                   + ", ".join(f"{key} {n}" for key, n in row["launches"].items()))
         if row["pass_launches"]:
             print(f"\n{row['model']}'s sequential passes over the states' chunks: {row['pass_launches']} launches "
-                  f"through {row['pass_slots']:,} slots, {row['pass_slots_read']:,} of them read by query blocks; "
-                  f"{row['long_passes']} of 64 slots or more, through {row['long_pass_slots']:,} slots of which "
-                  f"{row['long_pass_slots_read']:,} are read")
-            shapes = collections.Counter((p["phase"], p["kernel"], tuple(p["slots"]), p["read"]) for p in row["passes"])
-            print("\n| phase | kernel | slots by direction | read by query blocks | launches |")
-            print("|:---|:---|:---|---:|---:|")
-            for (phase, kernel, slots, read), n in sorted(shapes.items()):
-                print(f"| {phase} | {kernel} | {', '.join(f'{x:,}' for x in slots)} | {read:,} | {n} |")
+                  f"through {row['pass_slots']:,} slots, {row['pass_slots_read']:,} of them read by query blocks "
+                  f"(and {row['pass_slots_folded']:,} folded at once before them); {row['long_passes']} of 64 slots "
+                  f"or more, through {row['long_pass_slots']:,} slots of which {row['long_pass_slots_read']:,} are "
+                  f"read")
+            shapes = collections.Counter((p["phase"], p["kernel"], tuple(p["slots"]), p["read"], tuple(p["folded"]))
+                                         for p in row["passes"])
+            print("\n| phase | kernel | slots by direction | read by query blocks | folded by direction | launches |")
+            print("|:---|:---|:---|---:|:---|---:|")
+            for (phase, kernel, slots, read, folded), n in sorted(shapes.items()):
+                print(f"| {phase} | {kernel} | {', '.join(f'{x:,}' for x in slots)} | {read:,} | "
+                      f"{', '.join(f'{x:,}' for x in folded)} | {n} |")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"benchmark": "bench_dispatch", "length": args.length,

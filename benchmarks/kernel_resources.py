@@ -68,6 +68,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="the scans' rows of the states per program and chunks' slots per step, e.g. 4x16 16x1 "
                              "(`_scan_sums`' SCAN_ROWS and SCAN_SLOTS, `_scan_products`' PRODUCT_ROWS and "
                              "PRODUCT_SLOTS, `_scan_recurrence`'s SCAN_ROWS and RECURRENCE_SLOTS; default: theirs)")
+    parser.add_argument("--forward-scans", action="store_true",
+                        help="the scans as forward runs them (the states, after folding the chunks before the first "
+                             "query block, `_fold_prefix`) rather than as backward does (the states' gradients)")
     parser.add_argument("--warps", type=int, nargs="+", default=[4, 8], help="num_warps (default: 4 8)")
     parser.add_argument("--stages", type=int, nargs="+", default=[1, 2, 3], help="num_stages (default: 1 2 3)")
     parser.add_argument("--registers", type=int, nargs="+", metavar="N",
@@ -144,7 +147,8 @@ def constexprs(kernels, name: str, args: argparse.Namespace) -> dict:
         return walk
     if name in SCANS:
         rows, slots = (getattr(kernels, option) for option in SCANS[name])
-        scan = dict(BLOCK=sizes["BLOCK"], BLOCK_SD=rows, BLOCK_V=sizes["BLOCK_V"], SLOTS=slots, REVERSE=True)
+        scan = dict(BLOCK=sizes["BLOCK"], BLOCK_SD=rows, BLOCK_V=sizes["BLOCK_V"], SLOTS=slots,
+                    FOLD=kernels.FOLD_SLOTS, REVERSE=not args.forward_scans)
         return dict(scan, DOT=dot_precision(torch.float32, half_inputs=False)) if name == "_scan_products" else scan
     if name == "_row_terms":
         return {key: walk[key] for key in ("BLOCK", "BLOCK_D", "BLOCK_V")}
@@ -220,8 +224,10 @@ def report_resources(args: argparse.Namespace) -> int:
     direction = "causal" if args.causal else "bidirectional"
     import triton
 
+    scans = "forward" if args.forward_scans else "in reverse"
     print(f"# Triton kernels of the default attention: Triton {triton.__version__}, ptxas {ptxas(args.arch).version} "
           f"-v for sm_{args.arch}, {args.dtype}, {direction}, h={args.horizon}, D={args.dim}, Dv={args.value_dim}, "
+          f"the scans {scans}, "
           f"{'no argument marked' if args.unaligned else 'pointers and integers marked'} multiples of 16"
           f", a window's narrower last tile in: {tail_tiles}"
           f"{', without a relative table' if args.no_table else ''}"

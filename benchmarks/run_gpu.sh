@@ -7,7 +7,7 @@
 # STEP is any of env, compile, attention, attention_variants, attention_backward, attention_table, attention_pairs,
 # attention_scan, attention_small_batch, attention_rows, attention_block32, tune, tune_registers, tune_scan, ncu,
 # tests, compile_tests, accelerate, train, train_compiled, train_graphs, train_graphs_scan, train_graphs_recurrence,
-# train_graphs_pairs, train_graphs_candidates, generate
+# train_graphs_pairs, train_graphs_candidates, train_graphs_unfolded, generate
 # (default: env, attention, tests, compile_tests, train, generate, in that order):
 #   compile               checks, and so compiles, the default kernels and each variant's in parallel processes, so
 #                         that a later attention_variants finds them compiled;
@@ -65,7 +65,9 @@
 #                         train_graphs_scan, the same with the parallel passes' scan as products
 #                         (`--kernel-options SCAN_PRODUCTS=True`), train_graphs_recurrence with the scan as the walks'
 #                         recurrence (`SCAN_RECURRENCE=True`), train_graphs_pairs with backward's pairs stored
-#                         (`STORED_PAIRS=True`), train_graphs_candidates with both.
+#                         (`STORED_PAIRS=True`), train_graphs_candidates with both, train_graphs_unfolded with the
+#                         scans passing through the chunks before the first query block one after another as before
+#                         they folded them (`FOLD_SLOTS=0`; the cross attention's anticausal passes).
 # Each step writes its log (and its JSON) under OUT_DIR and runs under its own time limit (seconds, e.g.
 # LIMIT_tests=300; at the limit the step gets SIGINT, so that pytest still reports what ran), so that a failing or slow
 # step leaves the others' figures; the exit status is the number of steps that failed. TEST_PATHS (default: tests/ops
@@ -104,7 +106,8 @@ step() {  # step NAME COMMAND...: runs COMMAND under LIMIT_<NAME> seconds, its o
     "${LIMIT_attention_pairs:=240}" \
     "${LIMIT_ncu:=240}" "${LIMIT_tune_registers:=300}" "${LIMIT_attention_scan:=240}" "${LIMIT_tune_scan:=240}" \
     "${LIMIT_train_graphs_scan:=360}" \
-    "${LIMIT_train_graphs_recurrence:=360}" "${LIMIT_train_graphs_pairs:=360}" "${LIMIT_train_graphs_candidates:=360}"
+    "${LIMIT_train_graphs_recurrence:=360}" "${LIMIT_train_graphs_pairs:=360}" "${LIMIT_train_graphs_candidates:=360}" \
+    "${LIMIT_train_graphs_unfolded:=360}"
 launch=()
 launch_from() {  # the steps' --launch option, once the tune report at LAUNCH_FROM exists
     launch=()
@@ -196,10 +199,11 @@ print(torch.__version__, triton.__version__, transformers.__version__, torch.cud
         train_graphs_scan) step train_graphs_scan python3 benchmarks/bench_train.py --device cuda --bf16 \
             --compile reduce-overhead --eager bart --steps-only --lengths 16384 --models scaleformer bart \
             --kernel-options SCAN_PRODUCTS=True --profile 16384 --json "$out/bench_train_gpu_graphs_scan.json" ;;
-        train_graphs_recurrence|train_graphs_pairs|train_graphs_candidates)
+        train_graphs_recurrence|train_graphs_pairs|train_graphs_candidates|train_graphs_unfolded)
             case $name in
                 train_graphs_recurrence) options=(SCAN_RECURRENCE=True) ;;
                 train_graphs_pairs) options=(STORED_PAIRS=True) ;;
+                train_graphs_unfolded) options=(FOLD_SLOTS=0) ;;
                 *) options=(STORED_PAIRS=True SCAN_RECURRENCE=True) ;;
             esac
             step "$name" python3 benchmarks/bench_train.py --device cuda --bf16 \
@@ -215,7 +219,7 @@ print(torch.__version__, triton.__version__, transformers.__version__, torch.cud
                 "attention_block32, tune, tune_registers, tune_scan, ncu, tests, compile_tests, accelerate, train," \
                 "train_compiled," \
                 "train_graphs, train_graphs_scan, train_graphs_recurrence, train_graphs_pairs," \
-                "train_graphs_candidates, generate)" >&2
+                "train_graphs_candidates, train_graphs_unfolded, generate)" >&2
            exit 64 ;;
     esac
 done

@@ -29,7 +29,10 @@ flash-linear-attention's chunk kernels:
   chunk at once, and `_scan_sums` sums them up in place, a sequential pass of elementwise work per batch*head row,
   direction and SCAN_ROWS rows of the state, SCAN_SLOTS chunks a step (or `_scan_products`, `SCAN_PRODUCTS`: the
   same pass with each step's sums as one product of the decays' weights with the step's slots, on the tensor cores;
-  or `_scan_recurrence`, `SCAN_RECURRENCE`: a step's slots read at once, then walked in order as the walks do);
+  or `_scan_recurrence`, `SCAN_RECURRENCE`: a step's slots read at once, then walked in order as the walks do). The
+  chunks before the first query block, whose states no block reads (a cross attention's source beyond its targets,
+  254 of 256 chunks at 16k source and 128 target tokens), are folded into block 0's state at once (`_fold_prefix`)
+  rather than passed through one after another, and in backward take G_0 decayed;
 - `_forward`: one program per query block and row: the window's logits and kernel weights by tiles of KEY_TILE
   keys (the band's weights exp(l) and the kernel weights beyond the band in one sum, under the running largest of
   the band logits and the decays' exponents, as flash attention sums its weights), both states, the row shift m,
@@ -350,9 +353,74 @@ def _scan_part(RATE, heads, rows, n_states, d, ACC: tl.constexpr, BLOCK: tl.cons
 
 
 @triton.jit
+def _scan_slots(nq, direction, start0, start1, REVERSE: tl.constexpr, FOLD: tl.constexpr):
+    """The slots of a scan's direction (those of chunks start .. nq - 1) and the first that it goes through one after
+    another: forward, the first query block's (the chunks before it folded at once, `_fold_prefix`); REVERSE, the
+    slot before it, G_0, the gradient of block 0's state, which the chunks before it take decayed (`_key_shares`);
+    slot 0 where FOLD is 0 (`FOLD_SLOTS`)."""
+    start = tl.where(direction == 1, start1, start0)
+    if FOLD == 0:
+        return nq - start, 0
+    return nq - start, tl.maximum(-start - 1, 0) if REVERSE else -start
+
+
+@triton.jit
+def _fold_prefix(S, Z, MU, NU, norm, dd, vv, prefix, carry_log, d, dv, part, SLOTS: tl.constexpr):
+    """A scan's chunks before the first query block (c < 0, slots 0 .. prefix - 1: in cross attention, the source
+    before the targets, read backwards), whose states no query block reads, folded at once rather than scanned one
+    after another: their sums x_u = exp(mu_u) x'_u (x'_u in S and Z: the program's rows dd of the states, at
+    offsets `norm` in slot 0 of Z, and their columns vv; mu_u in MU, at the row's first slot) reduced to the state of
+    query block 0, y = sum_u exp(-lambda BLOCK (prefix - 1 - u)) x_u, returned as y', its normaliser and nu,
+    y = exp(nu) y' (zeros and -inf without such chunks); SLOTS slots a step from the last back, each thread weighing
+    its own elements (no reduction across threads), the loads of a step waiting on no other step's.
+    Slot prefix - 1 receives what the reverse pass's carried gradient takes of the states skipped, their sum
+    sum_{c < 0} exp(-lambda BLOCK (-1 - c)) L_c = sum_u (prefix - 1 - u) exp(-lambda BLOCK (prefix - 2 - u)) x_u
+    (its exponent in NU; the slots before it get -inf, no state, and keep their chunk's sums). The largest of the
+    terms' exponents, the base of their weights, is the last visible slot's: mu_u lies in [-lambda BLOCK, -lambda]
+    (`_chunk_sum`), so that a slot's term lies below those of the visible slots after it."""
+    acc = S.dtype.element_ty
+    tile = norm[:, None] * dv + vv[None, :]
+    y = tl.zeros(tile.shape, dtype=acc)
+    y_norm = tl.zeros(norm.shape, dtype=acc)
+    skipped = tl.zeros(tile.shape, dtype=acc)  # the skipped states' sum, as exp(nu + lambda BLOCK) skipped
+    skipped_norm = tl.zeros(norm.shape, dtype=acc)
+    base = tl.max(tl.full((1,), float("-inf"), dtype=acc), 0)  # the base's exponent, relative to slot `base_top`
+    base_top = prefix - 1
+    for back in range(0, prefix, SLOTS):
+        top = prefix - 1 - back
+        for t in tl.static_range(SLOTS):
+            u = top - t
+            inside = u >= 0
+            relative = tl.load(MU + u, mask=inside, other=float("-inf")) - t * carry_log  # mu_u, relative to `top`
+            found = (base == float("-inf")) & (relative > float("-inf"))
+            base_top = tl.where(found, top, base_top)
+            base = tl.where(found, relative, base)
+            weight = tl.where(relative > float("-inf"), _exp(relative - tl.where(base > float("-inf"), base, 0.0)
+                                                             - (base_top - top).to(acc) * carry_log), 0.0)
+            present = tl.where(inside, d, 0)  # the slot's rows, none before slot 0
+            x = tl.load(S + tile + u * d * dv, mask=(dd[:, None] < present) & (vv[None, :] < dv), other=0.0)
+            x_norm = tl.load(Z + norm + u * d, mask=dd < present, other=0.0)
+            stacked = (prefix - 1 - u).to(acc) * weight  # x_u enters the prefix - 1 - u skipped states after it
+            y += weight * x
+            y_norm += weight * x_norm
+            skipped += stacked * x
+            skipped_norm += stacked * x_norm
+            tl.store(NU + u, float("-inf"), mask=inside & (u < tl.where(part == 0, prefix - 1, 0)))  # part 0 writes
+    nu = base - (prefix - 1 - base_top).to(acc) * carry_log
+    if prefix > 0:
+        last = prefix - 1
+        tl.debug_barrier()  # every thread has read slot prefix - 1 before any writes it
+        tl.store(S + tile + last * d * dv, skipped, mask=(dd[:, None] < d) & (vv[None, :] < dv))
+        tl.store(Z + norm + last * d, skipped_norm, mask=dd < d)
+        tl.store(NU + last, nu + carry_log, mask=part == 0)
+    return y, y_norm, nu
+
+
+@triton.jit
 def _scan_sums(
     RATE, S, Z, MU, NU, L, LZ, LE, CARRIED, heads, rows, nq, n_states, start0, start1, d, dv, parts,
     REVERSE: tl.constexpr, BLOCK: tl.constexpr, BLOCK_SD: tl.constexpr, BLOCK_V: tl.constexpr, SLOTS: tl.constexpr,
+    FOLD: tl.constexpr,
 ):
     """The parallel walks' sequential pass: one program per batch*head row, direction and BLOCK_SD rows of (D, Dv)
     sums x_c (and their (D,) normalisers), each held as exp(mu_c) x'_c (x'_c in the slots of chunks
@@ -362,6 +430,8 @@ def _scan_sums(
     REVERSE, over the chunks after c, the states' gradients G_{c+1} from the blocks' sums (`_query_sums`). REVERSE
     also stores its rows' part of lambda's gradient through the carries, -BLOCK exp(-lambda BLOCK) sum_c
     G_{c+1} . L_c with the states L_c = exp(LE_c) L'_c (`L`, `LZ`, `LE`), in CARRIED (directions, rows, parts).
+    Forward folds the chunks before the first query block at once (`_fold_prefix`; the slot before that block's then
+    holds what the carried gradient takes of their states), and REVERSE stops at that slot, G_0 (`_scan_slots`).
 
     The pass takes SLOTS slots a step: it reads them all, then writes each the carried sum decayed to it plus the
     decayed sums of the slots before it in the step, y_t = exp(-lambda BLOCK t) y_0 + sum_{u < t}
@@ -377,15 +447,20 @@ def _scan_sums(
     s_ptr, z_ptr = S + at[:, None] * dv + vv[None, :], Z + at
     s_mask, z_mask = (dd[:, None] < d) & (vv[None, :] < dv), dd < d
     t = tl.arange(0, SLOTS)
-    total = tl.zeros((BLOCK_SD, BLOCK_V), dtype=acc)  # y at the step's first slot, as exp(nu) total
-    total_norm = tl.zeros((BLOCK_SD,), dtype=acc)
-    nu = tl.max(tl.full((BLOCK_SD,), float("-inf"), dtype=acc), 0)  # the exponent of the sums in `total`
     carried = tl.sum(tl.zeros((BLOCK_SD,), dtype=acc), 0)
-    slots = nq - tl.where(direction == 1, start1, start0)
-    for first in range(0, slots, SLOTS):
+    slots, lo = _scan_slots(nq, direction, start0, start1, REVERSE, FOLD)
+    if REVERSE or FOLD == 0:
+        total = tl.zeros((BLOCK_SD, BLOCK_V), dtype=acc)  # y at the step's first slot, as exp(nu) total
+        total_norm = tl.zeros((BLOCK_SD,), dtype=acc)
+        nu = tl.max(tl.full((BLOCK_SD,), float("-inf"), dtype=acc), 0)  # the exponent of the sums in `total`
+    else:
+        total, total_norm, nu = _fold_prefix(S, Z, MU + row_slots, NU + row_slots, at, dd, vv, lo, carry_log, d, dv,
+                                             part, FOLD)
+    count = slots - lo
+    for first in range(0, count, SLOTS):
         pos = first + t
-        valid = pos < slots
-        index = slots - 1 - pos if REVERSE else pos
+        valid = pos < count
+        index = slots - 1 - pos if REVERSE else lo + pos
         mu = tl.load(MU + row_slots + index, mask=valid, other=float("-inf"))
         _, exponents, after, bases, base_after = _step_exponents(nu, mu, carry_log, SLOTS)
         to_slots = _exp(nu - t.to(acc) * carry_log - bases)  # the carried sum's factor at each slot of the step
@@ -395,8 +470,8 @@ def _scan_sums(
         total = carried_on * total
         total_norm = carried_on * total_norm
         for u in tl.static_range(SLOTS):
-            inside = first + u < slots
-            slot = slots - 1 - first - u if REVERSE else first + u
+            inside = first + u < count
+            slot = slots - 1 - first - u if REVERSE else lo + first + u
             present = tl.where(inside, d, 0)  # the slot's rows, none past the last slot
             x = tl.load(s_ptr + slot * d * dv, mask=(dd[:, None] < present) & (vv[None, :] < dv), other=0.0)
             x_norm = tl.load(z_ptr + slot * d, mask=dd < present, other=0.0)
@@ -414,7 +489,7 @@ def _scan_sums(
             state_exponents = tl.load(LE + row_slots + index, mask=valid, other=float("-inf"))
             products = tl.sum(tl.sum(ys * states, 2), 1) + tl.sum(ys_norm * norms, 1)
             carried += tl.sum(tl.where(valid, _scaled(products, exponents + state_exponents - carry_log), 0.0), 0)
-        tl.store(NU + row_slots + index, exponents, mask=pos < tl.where(part == 0, slots, 0))  # part 0 writes
+        tl.store(NU + row_slots + index, exponents, mask=pos < tl.where(part == 0, count, 0))  # part 0 writes
         tl.debug_barrier()
         tl.store(s_ptr[None, :, :] + index[:, None, None] * d * dv, ys, mask=valid[:, None, None] & s_mask[None, :, :])
         tl.store(z_ptr[None, :] + index[:, None] * d, ys_norm, mask=valid[:, None] & z_mask[None, :])
@@ -427,7 +502,7 @@ def _scan_sums(
 def _scan_products(
     RATE, S, Z, MU, NU, L, LZ, LE, CARRIED, heads, rows, nq, n_states, start0, start1, d, dv, parts,
     REVERSE: tl.constexpr, BLOCK: tl.constexpr, BLOCK_SD: tl.constexpr, BLOCK_V: tl.constexpr, SLOTS: tl.constexpr,
-    DOT: tl.constexpr,
+    FOLD: tl.constexpr, DOT: tl.constexpr,
 ):
     """`_scan_sums` with each step as one product (`SCAN_PRODUCTS`): the same arguments, sums, exponents and carried
     gradient, from a step that reads its SLOTS slots' BLOCK_SD rows of the sums as one (SLOTS, BLOCK_SD BLOCK_V) tile
@@ -450,15 +525,21 @@ def _scan_products(
     S, Z, L, LZ = S + row_slots * d * dv, Z + row_slots * d, L + row_slots * d * dv, LZ + row_slots * d
     MU, NU, LE = MU + row_slots, NU + row_slots, LE + row_slots
     t = tl.arange(0, SLOTS)
-    total = tl.zeros((BLOCK_SD * BLOCK_V,), dtype=acc)  # y at the step's first slot, as exp(nu) total
-    total_norm = tl.zeros((BLOCK_SD,), dtype=acc)
-    nu = tl.max(tl.full((SLOTS,), float("-inf"), dtype=acc), 0)  # the exponent of the sums in `total`
     carried = tl.sum(tl.zeros((SLOTS,), dtype=acc), 0)
-    slots = nq - tl.where(direction == 1, start1, start0)
-    for first in range(0, slots, SLOTS):
+    slots, lo = _scan_slots(nq, direction, start0, start1, REVERSE, FOLD)
+    if REVERSE or FOLD == 0:
+        total = tl.zeros((BLOCK_SD * BLOCK_V,), dtype=acc)  # y at the step's first slot, as exp(nu) total
+        total_norm = tl.zeros((BLOCK_SD,), dtype=acc)
+        nu = tl.max(tl.full((SLOTS,), float("-inf"), dtype=acc), 0)  # the exponent of the sums in `total`
+    else:  # the fold's tiles are (BLOCK_SD, BLOCK_V), this scan's columns the same in order
+        total, total_norm, nu = _fold_prefix(S, Z, MU, NU, rr, rr, tl.arange(0, BLOCK_V), lo, carry_log, d, dv, part,
+                                             FOLD)
+        total = tl.reshape(total, (BLOCK_SD * BLOCK_V,))
+    count = slots - lo
+    for first in range(0, count, SLOTS):
         pos = first + t
-        valid = pos < slots
-        at = slots - 1 - pos if REVERSE else pos  # the step's slots, in the pass's order
+        valid = pos < count
+        at = slots - 1 - pos if REVERSE else lo + pos  # the step's slots, in the pass's order
         mu = tl.load(MU + at, mask=valid, other=float("-inf"))
         terms, exponents, after, bases, base_after = _step_exponents(nu, mu, carry_log, SLOTS)
         weights = _exp(terms - bases[:, None])  # W: 0 where u >= t
@@ -481,7 +562,7 @@ def _scan_products(
             state_exponents = tl.load(LE + at, mask=valid, other=float("-inf"))
             products = tl.sum(ys * states, 1) + tl.sum(ys_norm * norms, 1)
             carried += tl.sum(tl.where(valid, _scaled(products, exponents + state_exponents - carry_log), 0.0), 0)
-        tl.store(NU + at, exponents, mask=pos < tl.where(part == 0, slots, 0))  # part 0 writes
+        tl.store(NU + at, exponents, mask=pos < tl.where(part == 0, count, 0))  # part 0 writes
         tl.debug_barrier()  # every thread has read the step's slots before any writes them
         tl.store(S + x_at, ys, mask=x_mask)
         tl.store(Z + z_at, ys_norm, mask=z_mask)
@@ -491,17 +572,19 @@ def _scan_products(
 
 
 @triton.jit
-def _recurrence_slot(first, u: tl.constexpr, slots, d, REVERSE: tl.constexpr):
-    """Slot u of the step from slot `first` of `_scan_recurrence` (the slots from the last back, REVERSE): whether it
-    exists, its index, and its rows of the state (d, none past the last slot)."""
-    inside = first + u < slots
-    return inside, slots - 1 - first - u if REVERSE else first + u, tl.where(inside, d, 0)
+def _recurrence_slot(first, u: tl.constexpr, count, lo, slots, d, REVERSE: tl.constexpr):
+    """Slot u of the step from place `first` of `_scan_recurrence`'s `count` places, from slot `lo` on (the slots from
+    the last back, REVERSE; `_scan_slots`): whether it exists, its index, and its rows of the state (d, none past the
+    last place)."""
+    inside = first + u < count
+    return inside, slots - 1 - first - u if REVERSE else lo + first + u, tl.where(inside, d, 0)
 
 
 @triton.jit
 def _scan_recurrence(
     RATE, S, Z, MU, NU, L, LZ, LE, CARRIED, heads, rows, nq, n_states, start0, start1, d, dv, parts,
     REVERSE: tl.constexpr, BLOCK: tl.constexpr, BLOCK_SD: tl.constexpr, BLOCK_V: tl.constexpr, SLOTS: tl.constexpr,
+    FOLD: tl.constexpr,
 ):
     """`_scan_sums` as the recurrence of the sequential walks (`SCAN_RECURRENCE`): the same arguments, sums, exponents
     and carried gradient. A step reads its SLOTS slots (and, REVERSE, the states at them), then walks them in
@@ -515,18 +598,23 @@ def _scan_recurrence(
     row, direction, part, carry_log, dd, vv, norm, row_slots = _scan_part(RATE, heads, rows, n_states, d, acc, BLOCK,
                                                                           BLOCK_SD, BLOCK_V)
     tile = norm[:, None] * dv + vv[None, :]
-    total = tl.zeros((BLOCK_SD, BLOCK_V), dtype=acc)  # y, the sum carried into the next slot, as exp(nu) total
-    total_norm = tl.zeros((BLOCK_SD,), dtype=acc)
-    nu = tl.max(tl.full((BLOCK_SD,), float("-inf"), dtype=acc), 0)
     carried = tl.zeros((BLOCK_SD, BLOCK_V), dtype=acc)  # REVERSE: lambda's gradient, as exp(carried_log) carried
     carried_norm = tl.zeros((BLOCK_SD,), dtype=acc)
     carried_log = tl.max(tl.full((BLOCK_SD,), float("-inf"), dtype=acc), 0)
-    slots = nq - tl.where(direction == 1, start1, start0)
-    for first in range(0, slots, SLOTS):
+    slots, lo = _scan_slots(nq, direction, start0, start1, REVERSE, FOLD)
+    if REVERSE or FOLD == 0:
+        total = tl.zeros((BLOCK_SD, BLOCK_V), dtype=acc)  # y, the sum carried into the next slot, as exp(nu) total
+        total_norm = tl.zeros((BLOCK_SD,), dtype=acc)
+        nu = tl.max(tl.full((BLOCK_SD,), float("-inf"), dtype=acc), 0)
+    else:
+        total, total_norm, nu = _fold_prefix(S, Z, MU + row_slots, NU + row_slots, norm, dd, vv, lo, carry_log, d,
+                                             dv, part, FOLD)
+    count = slots - lo
+    for first in range(0, count, SLOTS):
         # every slot of the step read before any is written: the sums are replaced in place
         xs, x_norms, mus, states, state_norms, state_logs = (), (), (), (), (), ()
         for u in tl.static_range(SLOTS):
-            inside, slot, present = _recurrence_slot(first, u, slots, d, REVERSE)
+            inside, slot, present = _recurrence_slot(first, u, count, lo, slots, d, REVERSE)
             rows_in = (dd[:, None] < present) & (vv[None, :] < dv)
             xs += (tl.load(S + tile + slot * d * dv, mask=rows_in, other=0.0),)
             x_norms += (tl.load(Z + norm + slot * d, mask=dd < present, other=0.0),)
@@ -537,7 +625,7 @@ def _scan_recurrence(
                 state_logs += (tl.load(LE + row_slots + slot, mask=inside, other=float("-inf")),)
         tl.debug_barrier()  # every thread has read the step's slots before any writes them
         for u in tl.static_range(SLOTS):
-            inside, slot, present = _recurrence_slot(first, u, slots, d, REVERSE)
+            inside, slot, present = _recurrence_slot(first, u, count, lo, slots, d, REVERSE)
             tl.store(S + tile + slot * d * dv, total, mask=(dd[:, None] < present) & (vv[None, :] < dv))
             tl.store(Z + norm + slot * d, total_norm, mask=dd < present)
             tl.store(NU + row_slots + slot, nu, mask=inside & (part == 0))  # part 0 writes
@@ -1266,8 +1354,12 @@ def _key_shares(A, AZ, NU, k, v, mk, j, keys, rate, row, rows, lq, lk, offset, n
             for chunk in tl.static_range(_walk_chunks(BLOCK_K, BLOCK, HORIZON, CAUSAL, ALIGNED, direction)):
                 mine = reached & (c == first_chunk + chunk)
                 if tl.max(mine.to(tl.int32), 0) > 0:
-                    slot = first_chunk + chunk - start
-                    nu = tl.load(NU + (direction * rows + row).to(tl.int64) * n_states + slot)
+                    # a chunk before the walk's first query block, c < 0, enters L_{c+1} with gradient
+                    # G_{c+1} = exp(-lambda BLOCK (-1 - c)) G_0, read from G_0's slot (the scans write no other)
+                    before = tl.maximum(-1 - first_chunk - chunk, 0)
+                    slot = first_chunk + chunk + before - start
+                    nu = (tl.load(NU + (direction * rows + row).to(tl.int64) * n_states + slot)
+                          - (BLOCK * before).to(acc) * rate)
                     # exp(nu - lambda (BLOCK - t)): G's scale times the key's decay to the next chunk (bounded for a
                     # visible key: a row's weight 1 / W is at most 1 / its weight on that key)
                     to_next = tl.where(mine & (mk > 0),
@@ -1472,6 +1564,16 @@ PARALLEL_WALK_PROGRAMS = 64
 # for sm90 (`benchmarks/kernel_resources.py --kernels _scan_sums --scans ...`)
 SCAN_ROWS = 4
 SCAN_SLOTS = 8
+# the scans fold a walk's chunks before its first query block (`_fold_prefix`), FOLD_SLOTS slots a step, instead of
+# passing through them one after another (0: they pass through them, as the walks do): each step's loads wait on no
+# other step's. In the small model's training step at 16k source tokens and 128 target tokens
+# (benchmarks/bench_dispatch.py), the cross attention's anticausal passes went through the 256 source chunks for the 2
+# target blocks that read them, 12 of the step's 24 long passes. Compiled for sm90 (benchmarks/kernel_resources.py
+# --forward-scans, 8 warps), `_scan_sums` folds a step of 16 slots in 741 instructions where it scans a step of 8 in
+# 612 (Triton 3.6: 714 and 648), with 111 registers a thread (3.6: 128; 149 with 32 slots a step, one program of 8
+# warps an SM where two fit at 128). Not yet timed on a GPU (run_gpu.sh's train_graphs_unfolded times the step with
+# FOLD_SLOTS = 0)
+FOLD_SLOTS = 16
 # the parallel passes' scan by `_scan_products` instead of `_scan_sums`: each step one product of the decays' (SLOTS,
 # SLOTS) weights with the step's sums, PRODUCT_ROWS rows of the states a program, PRODUCT_SLOTS chunks' slots a step
 # (16 or more for the tensor cores): a pass of 256 slots in 8 steps of 2 rows where `_scan_sums` takes 32 of 4, half
@@ -1562,14 +1664,26 @@ def _scan(d: int, dv: int, dtype: torch.dtype) -> tuple:
     `_scan_products` where SCAN_PRODUCTS, else `_scan_sums`), its number of programs per batch*head row and
     direction, its step's constexprs and its launch options."""
     if SCAN_RECURRENCE:
-        return (_scan_recurrence, triton.cdiv(d, SCAN_ROWS), dict(BLOCK_SD=SCAN_ROWS, SLOTS=RECURRENCE_SLOTS),
-                _launch("_scan_recurrence", d, dv))
+        return (_scan_recurrence, triton.cdiv(d, SCAN_ROWS),
+                dict(BLOCK_SD=SCAN_ROWS, SLOTS=RECURRENCE_SLOTS, FOLD=FOLD_SLOTS), _launch("_scan_recurrence", d, dv))
     if SCAN_PRODUCTS:
         return (_scan_products, triton.cdiv(d, PRODUCT_ROWS),
-                dict(BLOCK_SD=PRODUCT_ROWS, SLOTS=PRODUCT_SLOTS, DOT=dot_precision(dtype, half_inputs=False)),
-                _launch("_scan_products", d, dv))
-    return (_scan_sums, triton.cdiv(d, SCAN_ROWS), dict(BLOCK_SD=SCAN_ROWS, SLOTS=SCAN_SLOTS),
+                dict(BLOCK_SD=PRODUCT_ROWS, SLOTS=PRODUCT_SLOTS, FOLD=FOLD_SLOTS,
+                     DOT=dot_precision(dtype, half_inputs=False)), _launch("_scan_products", d, dv))
+    return (_scan_sums, triton.cdiv(d, SCAN_ROWS), dict(BLOCK_SD=SCAN_ROWS, SLOTS=SCAN_SLOTS, FOLD=FOLD_SLOTS),
             _launch("_scan_sums", d, dv))
+
+
+def _scan_extent(nq: int, start: int, reverse: bool) -> tuple[int, int]:
+    """How a scan takes a direction's slots (chunks start .. nq - 1; `_scan_slots`): the slots it goes through one
+    after another and the slots it folds at once before them (`_fold_prefix`): forward, nq and the -start chunks before
+    the first query block; reverse, the nq blocks' and the one before them (none where start = 0), and none folded;
+    all of them one after another where FOLD_SLOTS is 0."""
+    if not FOLD_SLOTS:
+        return nq - start, 0
+    if reverse:
+        return nq + (start < 0), 0
+    return nq, -start
 
 
 def _window_tiles(kernel: str, horizon: int, causal: bool) -> dict:

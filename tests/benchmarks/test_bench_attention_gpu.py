@@ -73,6 +73,15 @@ def test_run_gpu_names_variants_that_exist(import_benchmark):
         for name, value in options.items() if isinstance(options, dict) else ():
             default = getattr(kernels, name)
             assert default is None or type(value) is type(default), (variant, name)
+    # the training steps' options (`options=(NAME=VALUE ...)`, `--kernel-options NAME=VALUE`) likewise
+    code = "\n".join(line for line in script.splitlines() if not line.lstrip().startswith("#"))
+    settings = {setting for match in re.finditer(r"options=\(([^)]*)\)|--kernel-options((?:\s+[A-Z_]+=\S+)+)", code)
+                for setting in (match[1] or match[2]).split()}
+    assert {"FOLD_SLOTS=0", "SCAN_PRODUCTS=True"} <= settings
+    for setting in settings:
+        name, value = setting.split("=")
+        default = getattr(kernels, name)
+        assert default is None or type(eval(value)) is type(default), setting
 
 
 def test_run_gpu_refuses_an_unknown_step(tmp_path):
@@ -83,7 +92,7 @@ def test_run_gpu_refuses_an_unknown_step(tmp_path):
             "attention_table, attention_pairs, attention_scan, attention_small_batch, attention_rows, "
             "attention_block32, tune, tune_registers, tune_scan, ncu, tests, compile_tests, accelerate, train, "
             "train_compiled, train_graphs, train_graphs_scan, train_graphs_recurrence, train_graphs_pairs, "
-            "train_graphs_candidates, generate)") in result.stderr
+            "train_graphs_candidates, train_graphs_unfolded, generate)") in result.stderr
 
 
 NCU_CSV = """==PROF== Connected to process 4242 (python3)

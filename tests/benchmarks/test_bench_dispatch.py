@@ -38,22 +38,30 @@ def test_bench_dispatch_counts_a_quick_step(run_command, tmp_path):
     assert "operations per generated token" in result.stdout
     # the passes over the states' chunks at 1024 source tokens (16 chunks) and 128 target tokens (2), forward and
     # backward: the encoder's both ways, each chunk read; the decoder's causal; the cross attention's, whose
-    # anticausal pass goes through the 16 source chunks for the 2 target blocks that read it
-    shapes = {(tuple(p["slots"]), p["read"]) for p in scaleformer["passes"]}
-    assert shapes == {((16, 16), 16), ((2,), 2), ((2, 16), 2)} and scaleformer["pass_launches"] == 12
-    assert (scaleformer["pass_slots"], scaleformer["pass_slots_read"]) == (4 * 16 + 4 * 2 + 4 * 16, 4 * 16 + 8 * 2)
+    # anticausal pass folds the 14 source chunks before the 2 target blocks that read it, then goes through those
+    # blocks' 2 slots forward, and back through them and the slot before them
+    shapes = {(p["phase"], tuple(p["slots"]), p["read"], tuple(p["folded"])) for p in scaleformer["passes"]}
+    assert shapes == {(phase, *shape) for phase in ("forward", "backward")
+                      for shape in (((16, 16), 16, (0, 0)), ((2,), 2, (0,)))} | {
+        ("forward", (2, 2), 2, (0, 14)), ("backward", (2, 3), 2, (0, 0))}
+    assert scaleformer["pass_launches"] == 12
+    assert (scaleformer["pass_slots"], scaleformer["pass_slots_read"], scaleformer["pass_slots_folded"]) == (
+        4 * 16 + 4 * 2 + 2 * 2 + 2 * 3, 4 * 16 + 8 * 2, 2 * 14)
     assert bart["pass_launches"] == 0
-    assert "| forward | _scan_sums | 2, 16 | 2 | 2 |" in result.stdout
+    assert "| forward | _scan_sums | 2, 2 | 2 | 0, 14 | 2 |" in result.stdout
 
 
 def test_bench_dispatch_pass_counts(import_benchmark):
-    """A launch's slots are those of its longest direction; the long passes are those of 64 slots or more."""
+    """A launch's slots, and the slots it folds, are those of its longest direction; the long passes are those of 64
+    slots or more."""
     pass_counts = import_benchmark("bench_dispatch").pass_counts
-    passes = [{"phase": "forward", "kernel": "_scan_sums", "read": 256, "slots": [256, 256]},
-              {"phase": "backward", "kernel": "_scan_sums", "read": 2, "slots": [2, 256]},
-              {"phase": "forward", "kernel": "_scan_sums", "read": 2, "slots": [2]}]
-    assert pass_counts(passes) == {"pass_launches": 3, "pass_slots": 514, "pass_slots_read": 260, "long_passes": 2,
-                                   "long_pass_slots": 512, "long_pass_slots_read": 258}
+    passes = [{"phase": "forward", "kernel": "_scan_sums", "read": 256, "slots": [256, 256], "folded": [0, 0]},
+              {"phase": "backward", "kernel": "_states_backward", "read": 2, "slots": [2, 256], "folded": [0, 0]},
+              {"phase": "forward", "kernel": "_scan_sums", "read": 2, "slots": [2, 2], "folded": [0, 254]},
+              {"phase": "forward", "kernel": "_scan_sums", "read": 2, "slots": [2], "folded": [0]}]
+    assert pass_counts(passes) == {"pass_launches": 4, "pass_slots": 516, "pass_slots_read": 262,
+                                   "pass_slots_folded": 254, "long_passes": 2, "long_pass_slots": 512,
+                                   "long_pass_slots_read": 258}
 
 
 def test_bench_dispatch_kinds(import_benchmark):

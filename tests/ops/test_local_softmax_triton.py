@@ -115,7 +115,8 @@ def test_triton_attention_with_tiles_128_wide(dims, causal, decay_inputs, check_
 
 WALK_CASES = {
     "offset-5": dict(lq=40, lk=23, offset=5, causal=False, slots=2),
-    "queries-past-the-keys": dict(lq=5, lk=40, offset=100, causal=False, slots=16),
+    "queries-past-the-keys": dict(lq=5, lk=40, offset=100, causal=False, slots=16, folded=1),
+    "lk>lq": dict(lq=20, lk=200, offset=0, causal=False, slots=4, folded=1),
     "lq>lk": dict(lq=70, lk=30, offset=0, causal=False, slots=4),
     "causal": dict(lq=37, lk=37, offset=0, causal=True, slots=1),
     "ten-chunks": dict(lq=150, lk=150, offset=0, causal=False, slots=4),
@@ -127,7 +128,7 @@ WALK_CASES = {
 # and 16 chunks (steps that the chunks fill, and a last one that they do not); every other pair with `-m slow`
 @pytest.mark.parametrize("kind, case", pairings(
     {"scan-sums": "sums", "scan-products": "products", "scan-recurrence": "recurrence"}, WALK_CASES,
-    default={"scan-sums-offset-5", "scan-products-causal", "scan-recurrence-queries-past-the-keys"}))
+    default={"scan-sums-offset-5", "scan-sums-lk>lq", "scan-products-causal", "scan-recurrence-queries-past-the-keys"}))
 def test_parallel_walks_equal_the_sequential_walks(case, kind, monkeypatch, triton_paths):
     """The states of every query block by `_chunk_sums` and the scan (`PARALLEL_WALKS`; `_scan_sums`, or
     `_scan_products` where SCAN_PRODUCTS, or `_scan_recurrence` where SCAN_RECURRENCE) equal those of `_states`'
@@ -157,11 +158,29 @@ def test_parallel_walks_equal_the_sequential_walks(case, kind, monkeypatch, trit
     for parallel in (True, False):
         monkeypatch.setattr(kernels, "PARALLEL_WALKS", parallel)
         results.append(kernels._walk_states(k, v, mask, rate, walk, 3, lq, offset, 2, causal, "ieee"))
+    folded = 0
     for direction in range(1 if causal else 2):
         used = walk.nq - walk.starts[direction]  # the slots of that direction's states
-        for got, expected in zip(*results):
-            torch.testing.assert_close(got[direction, :, :used], expected[direction, :, :used], rtol=1e-13,
-                                       atol=1e-15)
+        prefix = -walk.starts[direction]  # the chunks before the first query block: folded by the scan
+        (states, norms, scales), (walked, walked_norms, walked_scales) = (
+            [x[direction, :, :used] for x in result] for result in results)
+        for got, expected in ((states, walked), (norms, walked_norms), (scales, walked_scales)):
+            torch.testing.assert_close(got[:, prefix:], expected[:, prefix:], rtol=1e-13, atol=1e-15)
+        if prefix < 2:
+            continue
+        folded += 1
+        # slot prefix - 1: the skipped states' sum, each decayed to it, sum_{c < 0} exp(-lambda BLOCK (-1 - c)) L_c
+        decays = torch.exp(-rate.repeat(2)[:, None] * kernels.BLOCK * torch.arange(prefix - 1, -1, -1, dtype=F64))
+        for got, got_scale, expected, expected_scale in ((states, scales, walked, walked_scales),
+                                                         (norms, scales, walked_norms, walked_scales)):
+            weights = (decays * torch.exp(expected_scale[:, :prefix])).view(*expected_scale.shape[:1], prefix,
+                                                                             *[1] * (expected.dim() - 2))
+            skipped = (weights * expected[:, :prefix]).sum(1)
+            assert skipped.abs().amax() > 1e-3
+            torch.testing.assert_close(got[:, prefix - 1] * torch.exp(got_scale[:, prefix - 1]).view(
+                -1, *[1] * (got.dim() - 2)), skipped, rtol=1e-12, atol=1e-15)
+        assert torch.all(scales[:, :prefix - 1] == float("-inf"))
+    assert folded == case.get("folded", 0)
     triton_paths(16)
     monkeypatch.setattr(kernels, rows_option, 2)
     monkeypatch.setattr(kernels, slots_option, case["slots"])
@@ -176,6 +195,33 @@ def test_parallel_walks_equal_the_sequential_walks(case, kind, monkeypatch, trit
         torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-13, msg=lambda m: f"{name}: {m}")
     assert set(scans) == {getattr(kernels, "_scan_" + kind)}  # in forward and backward
     assert len(scans) == 3
+
+
+@pytest.mark.parametrize("walks, case", pairings(
+    {"parallel": (True, 3), "sequential": (False, 3), "parallel-unfolded": (True, 0)},
+    {"source-after-the-targets": dict(lq=20, offset=0), "targets-far-into-the-source": dict(lq=10, offset=100)},
+    default={"parallel-source-after-the-targets", "sequential-targets-far-into-the-source"}))
+def test_chunks_before_the_first_query_block(walks, case, decay_inputs, check_decay_op, monkeypatch, triton_paths):
+    """Cross attention over a source much longer than its targets (Lk = 150, blocks of 16): one direction's walk holds
+    up to 8 chunks before the first query block, which the scans fold (`_fold_prefix`, 3 slots a step) and whose
+    keys take their gradients from G_0 decayed (`_key_shares`), with hidden keys among them (the last visible ones
+    several chunks back in one row) and a fast rate: output and gradients against the float64 reference, through the
+    parallel passes, through them without the fold (`FOLD_SLOTS = 0`) and through the sequential walks."""
+    from modeling_scaleformer import ops_local_softmax_triton as kernels
+
+    used = triton_paths(16)
+    monkeypatch.setattr(kernels, "PARALLEL_WALKS", walks[0])
+    monkeypatch.setattr(kernels, "FOLD_SLOTS", walks[1])
+    lq, offset = case["lq"], case["offset"]
+    q, k, v, rel, _, key_mask, horizon = decay_inputs(b=2, h=2, lq=lq, lk=150, d=4, dv=5, horizon=2, mask="padding")
+    key_mask = torch.ones_like(key_mask)
+    key_mask[0, 30:110] = 0  # the source's chunks nearest the targets hidden (read backwards, the fold's last)
+    key_mask[1, :12] = 0
+    walk = kernels._Walk.of(lq, 150, offset, horizon, False)
+    assert max(-start for start in walk.starts) >= 7
+    inputs = q, k, v, rel, torch.tensor([0.3, 2.5], dtype=F64), key_mask, horizon
+    check_decay_op(chunk_local_softmax_decay_attention, naive_local_softmax_decay_attention, inputs, False, offset)
+    assert used == {"local_softmax_decay"}
 
 
 @pytest.mark.parametrize("parallel, causal", pairings(

@@ -189,7 +189,8 @@ def test_attention_kernels_assemble_for_sm90(causal, monkeypatch):
     walk = dict(HORIZON=16, HAS_MASK=True, BLOCK=sizes["BLOCK"], BLOCK_D=sizes["BLOCK_D"], BLOCK_V=sizes["BLOCK_V"],
                 DOT="tf32")
     tiles = dict(sizes, HORIZON=16, CAUSAL=causal, HAS_MASK=True, HAS_TABLE=True, DOT="tf32")
-    scan = dict(BLOCK=sizes["BLOCK"], BLOCK_SD=kernels.SCAN_ROWS, BLOCK_V=sizes["BLOCK_V"], SLOTS=kernels.SCAN_SLOTS)
+    scan = dict(BLOCK=sizes["BLOCK"], BLOCK_SD=kernels.SCAN_ROWS, BLOCK_V=sizes["BLOCK_V"], SLOTS=kernels.SCAN_SLOTS,
+                FOLD=kernels.FOLD_SLOTS)
     queries = {key: walk[key] for key in ("BLOCK", "BLOCK_D", "BLOCK_V", "DOT")}
     monkeypatch.setattr(kernels, "TAIL_TILES", ())
     window = {name: kernels._window_tiles(name, 16, causal) for name in ("_forward", "_backward_queries")}
@@ -198,10 +199,10 @@ def test_attention_kernels_assemble_for_sm90(causal, monkeypatch):
                          **({} if name == "_forward" else dict(STORED_PAIRS=False)))) for name in window if causal]
     assert all(constexprs["TAIL"] == 16 for _, constexprs in tails)
     products = dict(scan, BLOCK_SD=kernels.PRODUCT_ROWS, SLOTS=kernels.PRODUCT_SLOTS, DOT="tf32x3")
-    for name, constexprs in (("_states", walk), ("_chunk_sums", walk), ("_scan_sums", dict(scan, REVERSE=True)),
-                             ("_scan_products", dict(products, REVERSE=True)),
-                             *(("_scan_recurrence", dict(scan, SLOTS=kernels.RECURRENCE_SLOTS, REVERSE=reverse))
-                               for reverse in (False, True)),
+    for name, constexprs in (("_states", walk), ("_chunk_sums", walk),
+                             *((name, dict(step, REVERSE=reverse)) for reverse in (False, True)
+                               for name, step in (("_scan_sums", scan), ("_scan_products", products),
+                                                  ("_scan_recurrence", dict(scan, SLOTS=kernels.RECURRENCE_SLOTS)))),
                              ("_row_terms", dict(BLOCK=sizes["BLOCK"], BLOCK_D=sizes["BLOCK_D"], BLOCK_V=sizes["BLOCK_V"])),
                              ("_query_sums", queries), ("_states_backward", queries),
                              ("_forward", dict(tiles, **window["_forward"])),
