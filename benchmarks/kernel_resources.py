@@ -153,7 +153,8 @@ def constexprs(kernels, name: str, args: argparse.Namespace) -> dict:
     if name == "_row_terms":
         return {key: walk[key] for key in ("BLOCK", "BLOCK_D", "BLOCK_V")}
     if name in ("_query_sums", "_states_backward"):
-        return {key: walk[key] for key in ("BLOCK", "BLOCK_D", "BLOCK_V", "DOT")}
+        fold = dict(FOLD=kernels.FOLD_SLOTS) if name == "_query_sums" else {}
+        return {**{key: walk[key] for key in ("BLOCK", "BLOCK_D", "BLOCK_V", "DOT")}, **fold}
     pairs = {} if name == "_forward" else dict(STORED_PAIRS=kernels.STORED_PAIRS)
     if name == "_backward_keys":
         return dict(walk, CAUSAL=args.causal, HAS_TABLE=not args.no_table, **kernels._key_blocks(),

@@ -46,7 +46,9 @@
 #                         8 and 64 of the steps above (the op switches at PARALLEL_WALK_PROGRAMS walks' programs);
 #   attention_block32     the op with the kernels' blocks of 32;
 #   tune                  bench_attention_gpu.py --tune: each kernel's warps and pipeline stages, one at a time;
-#   tune_scan             the same for the parallel passes' kernels at B=1, H=8 (2, 4 or 8 warps, 1 or 2 stages);
+#   tune_scan             the same for the parallel passes' kernels at B=1, H=8 (2, 4 or 8 warps, 1 or 2 stages, no
+#                         cap on registers or 128 a thread: Triton 3.6 gives the reverse `_scan_sums` 157 registers,
+#                         one program of 8 warps an SM, so that the small model's 256 programs take two waves);
 #   tune_registers        the same for the three window kernels, 4 or 8 warps, 1 or 2 stages, with no cap on
 #                         registers or 168 or 128 a thread (maxnreg): at 245-255 registers two programs of 4 warps
 #                         share an SM, and Nsight Compute found them waiting on their instructions' latency;
@@ -189,7 +191,8 @@ print(torch.__version__, triton.__version__, transformers.__version__, torch.cud
             python3 benchmarks/bench_attention_gpu.py --ncu-summary "$1/ncu_attention.csv"' ncu "$out" ;;
         tune) step tune python3 benchmarks/bench_attention_gpu.py --tune --json "$out/bench_attention_gpu_tune.json" ;;
         tune_scan) step tune_scan python3 benchmarks/bench_attention_gpu.py --tune --batch 1 --heads 8 --tune-kernels \
-            _chunk_sums _scan_sums _query_sums --warps 2 4 8 --stages 1 2 --json "$out/bench_attention_gpu_tune_scan.json" ;;
+            _chunk_sums _scan_sums _query_sums --warps 2 4 8 --stages 1 2 --registers 128 \
+            --json "$out/bench_attention_gpu_tune_scan.json" ;;
         tune_registers) step tune_registers python3 benchmarks/bench_attention_gpu.py --tune --tune-kernels _forward \
             _backward_queries _backward_keys --warps 4 8 --stages 1 2 --registers 168 128 \
             --json "$out/bench_attention_gpu_tune_registers.json" ;;

@@ -769,17 +769,21 @@ def _states_backward(
 def _query_sums(
     Q, RATE, A, AZ, NU, DO, SHIFT, DEN, DELTA, WEIGHT,
     lq, lk, heads, rows, offset, nq, n_states, start0, start1, d, dv, sqb, sqh, sql, sgb, sgh, sgl,
-    BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, DOT: tl.constexpr,
+    BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, DOT: tl.constexpr, FOLD: tl.constexpr,
 ):
     """`_states_backward` in parallel, first of two: one program per query block c, row and direction stores what
     the block's queries add to the gradient of its state L_c, exp(-m_i) exp(-lambda a) phi(q_i) / D [gs_i, -delta_i]
     summed over them, as exp(mu) times the sums in slot c - start and mu in NU (`_query_sum`); `_scan_sums`
-    (REVERSE) then turns the slots into G_{c+1}, the gradient of the state after chunk c."""
-    index, row, direction = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    (REVERSE) then turns the slots into G_{c+1}, the gradient of the state after chunk c. Only the slots that the
+    scan goes through (`_scan_slots`, from the one before block 0 on where it folds): the chunks before hold no
+    query."""
+    row, direction = tl.program_id(1), tl.program_id(2)
     acc = A.dtype.element_ty
     step, qfirst, kfirst, qshift, off_w, start, rate = _walk_start(
         RATE, row, heads, direction, lq, lk, offset, nq, start0, start1, acc, BLOCK)
-    if index < nq - start:
+    slots, lo = _scan_slots(nq, direction, start0, start1, True, FOLD)
+    index = lo + tl.program_id(0)
+    if index < slots:
         block, block_norm, mu = _query_sum(Q, DO, SHIFT, DEN, DELTA, WEIGHT, row, heads, lq, start + index, qfirst,
                                            step, qshift, rate, d, dv, sqb, sqh, sql, sgb, sgh, sgl, acc, BLOCK,
                                            BLOCK_D, BLOCK_V, DOT)
@@ -1975,9 +1979,10 @@ def _walk_adjoints(q, lk: int, rate, states, norms, state_scales, g, out, shift,
             DOT=common["DOT"], **sizes, **_launch("_states_backward", d, dv))
         return adjoints, adjoint_norms, scales, carried
     block_scales = den.new_empty(directions, rows, slots)
-    _query_sums[(slots, rows, directions)](
+    scanned = max(_scan_extent(walk.nq, start, reverse=True)[0] for start in walk.starts[:directions])
+    _query_sums[(scanned, rows, directions)](
         q, rate, adjoints, adjoint_norms, block_scales, g, shift, den, delta, weight, lq, lk, heads, rows, offset,
-        walk.nq, slots, *walk.starts, d, dv, *_strides(q, g), DOT=common["DOT"], **sizes,
+        walk.nq, slots, *walk.starts, d, dv, *_strides(q, g), DOT=common["DOT"], FOLD=FOLD_SLOTS, **sizes,
         **_launch("_query_sums", d, dv))
     scan, parts, step, launch = _scan(d, dv, adjoints.dtype)
     carried = den.new_empty(directions, rows, parts)

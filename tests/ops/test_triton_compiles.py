@@ -130,9 +130,9 @@ def test_attention_kernels_lower(shape, options, causal, dtype, monkeypatch):
             lower(scan, kernel_dtype, REVERSE=reverse, BLOCK=sizes["BLOCK"], BLOCK_V=sizes["BLOCK_V"], **step)
     lower(kernels._row_terms, kernel_dtype, operands, operand_names=kernels.INPUT_POINTERS, BLOCK=sizes["BLOCK"],
           BLOCK_D=sizes["BLOCK_D"], BLOCK_V=sizes["BLOCK_V"])
-    for kernel in (kernels._query_sums, kernels._states_backward):
+    for kernel, fold in ((kernels._query_sums, dict(FOLD=kernels.FOLD_SLOTS)), (kernels._states_backward, {})):
         lower(kernel, kernel_dtype, operands, operand_names=kernels.INPUT_POINTERS,
-              **{key: common[key] for key in ("BLOCK", "BLOCK_D", "BLOCK_V", "DOT")})
+              **{key: common[key] for key in ("BLOCK", "BLOCK_D", "BLOCK_V", "DOT")}, **fold)
     for kernel in (kernels._forward, kernels._backward_queries):
         name = kernel.fn.__name__
         monkeypatch.setattr(kernels, "TAIL_TILES", ())
@@ -204,7 +204,7 @@ def test_attention_kernels_assemble_for_sm90(causal, monkeypatch):
                                for name, step in (("_scan_sums", scan), ("_scan_products", products),
                                                   ("_scan_recurrence", dict(scan, SLOTS=kernels.RECURRENCE_SLOTS)))),
                              ("_row_terms", dict(BLOCK=sizes["BLOCK"], BLOCK_D=sizes["BLOCK_D"], BLOCK_V=sizes["BLOCK_V"])),
-                             ("_query_sums", queries), ("_states_backward", queries),
+                             ("_query_sums", dict(queries, FOLD=kernels.FOLD_SLOTS)), ("_states_backward", queries),
                              ("_forward", dict(tiles, **window["_forward"])),
                              *(("_backward_queries", dict(tiles, **window["_backward_queries"], STORED_PAIRS=stored))
                                for stored in (False, True)), *tails,
