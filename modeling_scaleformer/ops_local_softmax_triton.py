@@ -1359,7 +1359,8 @@ def _key_shares(A, AZ, NU, k, v, mk, j, keys, rate, row, rows, lq, lk, offset, n
                 mine = reached & (c == first_chunk + chunk)
                 if tl.max(mine.to(tl.int32), 0) > 0:
                     # a chunk before the walk's first query block, c < 0, enters L_{c+1} with gradient
-                    # G_{c+1} = exp(-lambda BLOCK (-1 - c)) G_0, read from G_0's slot (the scans write no other)
+                    # G_{c+1} = exp(-lambda BLOCK (-1 - c)) G_0, read from G_0's slot (where the scans fold, the
+                    # reverse scan writes no slot before it)
                     before = tl.maximum(-1 - first_chunk - chunk, 0)
                     slot = first_chunk + chunk + before - start
                     nu = (tl.load(NU + (direction * rows + row).to(tl.int64) * n_states + slot)
