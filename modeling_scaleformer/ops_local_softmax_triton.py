@@ -43,7 +43,8 @@ flash-linear-attention's chunk kernels:
   (the block's queries add theirs, exp(-m_i) exp(-lambda a) phi(q_i) / D [gs_i, -delta_i], and
   G_b = exp(-lambda BLOCK) G_{b+1} + that), in the states' layout, with delta_i = g_i . out_i / den_i:
   `_states_backward` walks the blocks back with one program per row and direction; the parallel passes take every
-  block's sum at once, then a sequential elementwise pass from the last block back. `_row_terms` computes delta_i and
+  block's sum at once, then a sequential elementwise pass from the last block back. Both stop at G_0, which the
+  chunks before the first query block take decayed (`_key_shares`). `_row_terms` computes delta_i and
   each query's log weight exp(-m_i) / den_i first, once, so that a walk's step reads two floats a query instead of
   reducing its g and out over Dv (and stores gs_i = g_i / den_i and phi(q_i) / D in the inputs' dtype, the
   operands of the window kernels' products, which `_backward_keys` would otherwise form again for each block of
@@ -734,7 +735,9 @@ def _states_backward(
     """The states' gradient by a sequential walk back over the query blocks, one program per batch*head row and
     direction: G_{c+1}, the gradient of the state after chunk c, as exp(nu) G' (G' into slot c - start of A and AZ,
     nu into NU, as `_scan_sums` keeps them), and the walk's part of lambda's gradient through the carries into
-    CARRIED (directions, rows), from the states L_c = exp(SE_c) L'_c (S, Z)."""
+    CARRIED (directions, rows), from the states L_c = exp(SE_c) L'_c (S, Z). The walk stops at chunk -1, G_0: the
+    chunks before it hold no query, their gradients are G_0 decayed (`_key_shares`), and their carried terms are
+    summed at once (`_folded_carries`)."""
     row, direction = tl.program_id(0), tl.program_id(1)
     acc = A.dtype.element_ty
     step, qfirst, kfirst, qshift, off_w, start, rate = _walk_start(
@@ -743,7 +746,7 @@ def _states_backward(
     adjoint_norm = tl.zeros((BLOCK_D,), dtype=acc)
     nu = tl.max(tl.full((BLOCK_D,), float("-inf"), dtype=acc), 0)
     carried = tl.sum(tl.zeros((BLOCK_D,), dtype=acc), 0)
-    for back in range(0, nq - start):
+    for back in range(0, nq - tl.maximum(start, -1)):
         c = nq - 1 - back
         a_ptr, az_ptr, a_mask, az_mask = _state_ptrs(A, AZ, direction, row, rows, c - start, n_states, d, dv, BLOCK_D,
                                                      BLOCK_V)
@@ -762,7 +765,32 @@ def _states_backward(
         nu, old, new = _scaled_step(nu, mu, rate * BLOCK)
         adjoint = adjoint * old + block * new
         adjoint_norm = adjoint_norm * old + block_norm * new
+    if start < -1:  # adjoint: G_{-1}
+        carried += _folded_carries(S, Z, SE, direction, row, rows, start, n_states, d, dv, adjoint, adjoint_norm, nu,
+                                   rate * BLOCK, BLOCK_D, BLOCK_V)
     tl.store(CARRIED + direction * rows + row, -BLOCK * carried)
+
+
+@triton.jit
+def _folded_carries(S, Z, SE, direction, row, rows, start, n_states, d, dv, adjoint, adjoint_norm, nu, carry_log,
+                    BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr):
+    """`_states_backward`'s carried terms of the chunks c = start .. -2, before the walk's first query block, whose
+    states' gradients are G_{c+1} = exp(-lambda BLOCK (-2 - c)) G_{-1} (G_{-1} = exp(nu) [adjoint, adjoint_norm]):
+    sum_c exp(-lambda BLOCK) G_{c+1} . L_c = G_{-1} . sum_c exp(-lambda BLOCK (-1 - c)) L_c, the states summed
+    first, each thread its own elements under a running exponent, with loads that wait on no other chunk's."""
+    acc = adjoint.dtype
+    states = tl.zeros((BLOCK_D, BLOCK_V), dtype=acc)
+    norms = tl.zeros((BLOCK_D,), dtype=acc)
+    base = tl.max(tl.full((BLOCK_D,), float("-inf"), dtype=acc), 0)
+    for c in range(start, -1):
+        s_ptr, z_ptr, s_mask, z_mask = _state_ptrs(S, Z, direction, row, rows, c - start, n_states, d, dv, BLOCK_D,
+                                                   BLOCK_V)
+        exponent = (tl.load(SE + (direction * rows + row).to(tl.int64) * n_states + c - start)
+                    - (-1 - c) * carry_log)
+        base, old, new = _scaled_step(base, exponent, 0.0)
+        states = states * old + tl.load(s_ptr, mask=s_mask, other=0.0) * new
+        norms = norms * old + tl.load(z_ptr, mask=z_mask, other=0.0) * new
+    return _scaled(tl.sum(tl.sum(adjoint * states, 1), 0) + tl.sum(adjoint_norm * norms, 0), nu + base)
 
 
 @triton.jit
