@@ -125,10 +125,12 @@ WALK_CASES = {
 
 
 # the default run: each scan once (sums bidirectional, products causal, the recurrence bidirectional), in steps of 2, 1
-# and 16 chunks (steps that the chunks fill, and a last one that they do not); every other pair with `-m slow`
+# and 16 chunks (steps that the chunks fill, and a last one that they do not), and the sums and the recurrence folding
+# the chunks before the first query block; every other pair with `-m slow`
 @pytest.mark.parametrize("kind, case", pairings(
     {"scan-sums": "sums", "scan-products": "products", "scan-recurrence": "recurrence"}, WALK_CASES,
-    default={"scan-sums-offset-5", "scan-sums-lk>lq", "scan-products-causal", "scan-recurrence-queries-past-the-keys"}))
+    default={"scan-sums-offset-5", "scan-sums-queries-past-the-keys", "scan-products-causal",
+             "scan-recurrence-queries-past-the-keys"}))
 def test_parallel_walks_equal_the_sequential_walks(case, kind, monkeypatch, triton_paths):
     """The states of every query block by `_chunk_sums` and the scan (`PARALLEL_WALKS`; `_scan_sums`, or
     `_scan_products` where SCAN_PRODUCTS, or `_scan_recurrence` where SCAN_RECURRENCE) equal those of `_states`'
