@@ -133,6 +133,8 @@ def emulate_cuda(launches: collections.Counter) -> None:
             nq, starts = bound["nq"], (bound["start0"], bound["start1"])[:grid[1]]  # grid: (rows, directions[, parts])
             if name in SCANS:  # the chunks before the first query block folded, or left (`_scan_extent`)
                 extents = [ops_local_softmax_triton._scan_extent(nq, start, options["REVERSE"]) for start in starts]
+            elif name == "_states_backward":  # back to G_0, the slot before block 0, whatever FOLD_SLOTS
+                extents = [(nq + (start < 0), 0) for start in starts]
             else:
                 extents = [(nq - start, 0) for start in starts]
             launches.passes.append({"phase": launches.phase, "kernel": name, "read": nq,
