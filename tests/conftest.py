@@ -13,6 +13,12 @@ def pytest_collection_finish(session):
             item.module.start(markers)
 
 
+def pytest_collection_modifyitems(items):
+    """The tests that wait for the interpreted run go last, so that the rest of the suite runs while it works."""
+    waiting = [item for item in items if item.name in getattr(getattr(item, "module", None), "INTERPRETED_RUNS", {})]
+    items[:] = [item for item in items if item not in waiting] + waiting
+
+
 @pytest.fixture(autouse=True)
 def seeded_torch():
     """Every test starts from the same global random state, whatever ran before it or beside it, so that inputs

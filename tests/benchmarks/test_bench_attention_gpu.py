@@ -48,10 +48,9 @@ def test_bench_attention_gpu_smoke(run_command, tmp_path):
     assert "| L | direction | scaleformer ms | wide_tiles ms | wide_tiles / scaleformer |" in result.stdout
 
 
-@pytest.mark.parametrize("option", [  # a process each: one in the default run
-    "--key-tile", *(pytest.param(option, marks=pytest.mark.slow) for option in ("--kernel-block", "--key-block"))])
-def test_bench_attention_gpu_refuses_a_size_the_kernels_cannot_take(option, run_command):
-    result = run_command(["benchmarks/bench_attention_gpu.py", "--device", "cpu", "--quick", option, "24"])
+@pytest.mark.parametrize("option", ["--key-tile", "--kernel-block", "--key-block"])
+def test_bench_attention_gpu_refuses_a_size_the_kernels_cannot_take(option, run_main):
+    result = run_main(["benchmarks/bench_attention_gpu.py", "--device", "cpu", "--quick", option, "24"])
     assert result.returncode == 2
     assert f"{option} must be a power of two >= 16, got 24" in result.stderr
 

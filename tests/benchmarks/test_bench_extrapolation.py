@@ -23,7 +23,7 @@ def test_bench_extrapolation_quick(run_report):
     assert "## How the outputs differ from their references" in stdout and "| copy | bart | 0 | 2x |" in stdout
 
     # a second call with the same --json skips the runs it holds and reports them unchanged
-    stdout, again = run_report(["benchmarks/bench_extrapolation.py", "--quick"])
+    stdout, again = run_report(["benchmarks/bench_extrapolation.py", "--quick"], in_process=True)
     assert again["runs"] == report["runs"]
     assert "Summary: 0 run(s) trained now, 3 reported" in stdout
 

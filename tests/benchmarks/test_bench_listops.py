@@ -15,6 +15,6 @@ def test_bench_listops_quick(run_report):
     assert "| majority class (label" in stdout and "Summary: 2 run(s) trained now" in stdout
 
     # a second call with the same --json skips the runs it holds and reports them unchanged
-    stdout, again = run_report(["benchmarks/bench_listops.py", "--quick"])
+    stdout, again = run_report(["benchmarks/bench_listops.py", "--quick"], in_process=True)
     assert again["runs"] == report["runs"]
     assert "Summary: 0 run(s) trained now, 2 reported" in stdout

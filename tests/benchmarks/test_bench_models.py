@@ -47,7 +47,7 @@ def test_long_baselines_step(import_benchmark, name):
     assert generated.shape[0] == 2 and generated.shape[1] <= 5
 
 
-def test_long_baselines_are_opt_in(import_benchmark, run_command):
+def test_long_baselines_are_opt_in(import_benchmark, run_main):
     models = import_benchmark("models")
     assert "led" not in models.MODEL_NAMES and "longt5" not in models.MODEL_NAMES  # bench_generate's names
     assert {"led", "longt5"} <= set(models.TRAIN_MODEL_NAMES)
@@ -55,5 +55,5 @@ def test_long_baselines_are_opt_in(import_benchmark, run_command):
         models.parse_model_name("led")  # bench_extrapolation's names: bart, t5 and Scaleformer
     with pytest.raises(ValueError, match="unknown model"):
         models.parse_model_name("led+post_ln", models.ALL_BASELINES)
-    result = run_command(["benchmarks/bench_generate.py", "--quick", "--models", "scaleformer", "led"], timeout=120)
+    result = run_main(["benchmarks/bench_generate.py", "--quick", "--models", "scaleformer", "led"])
     assert result.returncode == 2 and "'led'" in result.stderr

@@ -27,7 +27,7 @@ def test_bench_quality_quick(run_report, import_benchmark, tmp_path):
     assert "N/A verses:" in stdout
 
     # a second call with the same --json skips the runs it holds and reports them unchanged
-    stdout, again = run_report(["benchmarks/bench_quality.py", "--quick"])
+    stdout, again = run_report(["benchmarks/bench_quality.py", "--quick"], in_process=True)
     assert again["runs"] == report["runs"]
     assert "Summary: 0 run(s) trained now, 3 reported" in stdout
 

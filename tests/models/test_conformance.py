@@ -174,10 +174,13 @@ def test_classifier_starts_from_an_encoder_decoder_checkpoint(tiny_config, batch
     assert classifier.get_input_embeddings().weight is classifier.model.encoder.embed_tokens.weight
 
 
-def test_torch_compile_matches_eager_and_leaves_the_ops_alone(tiny_config, batch, monkeypatch):
+@pytest.mark.parametrize("backend", ["aot_eager", pytest.param("inductor", marks=pytest.mark.slow)])
+def test_torch_compile_matches_eager_and_leaves_the_ops_alone(backend, tiny_config, batch, monkeypatch):
     """`torch.compile(model)` (not fullgraph) gives eager's logits and loss, and runs the attention ops eagerly on
     CPU rather than tracing them (their Python loops over blocks and chunks would be compiled once per shape; on
-    CUDA the default attention's kernels are operators that it traces to, tests/models/test_triton_paths.py)."""
+    CUDA the default attention's kernels are operators that it traces to, tests/models/test_triton_paths.py).
+    The default run takes Dynamo's graphs and their graph breaks through AOTAutograd (20 s on 2 cores); `-m slow`
+    compiles them with Inductor, the default backend (80 s, most of it in its C++ compiler)."""
     from modeling_scaleformer import ops_local_softmax
 
     compiling = []
@@ -192,7 +195,7 @@ def test_torch_compile_matches_eager_and_leaves_the_ops_alone(tiny_config, batch
     inputs = inputs_for(batch, ScaleformerForConditionalGeneration, labels=True)
     eager = model(**inputs)
     torch._dynamo.reset()
-    compiled = torch.compile(model)(**inputs)
+    compiled = torch.compile(model, backend=backend)(**inputs)
     torch.testing.assert_close(compiled.logits, eager.logits, rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(compiled.loss, eager.loss, rtol=1e-10, atol=1e-10)
     assert compiling and not any(compiling), compiling

@@ -462,3 +462,28 @@ def beyond_the_keys_case(request):
 
 beyond_the_keys_inputs = _factory("beyond_the_keys_inputs", make_beyond_the_keys_inputs,
                                   make_beyond_the_keys_inputs.__doc__)
+
+
+def decay_gradient_terms(args, kwargs, upstream) -> torch.Tensor:
+    """The sum of the magnitudes of the terms of each head's rate gradient (H,), in float64: with p_ij the weights
+    of `naive_local_softmax_decay_attention(*args, **kwargs)` over their row's sum, o_i the output and g_i
+    `upstream`, d(loss)/d(lambda) = -sum_ij (|p_i - j| - h)+ p_ij g_i.(v_j - o_i). The terms cancel where a row lies
+    far from its keys (their distances are all large and sum_j p_ij (v_j - o_i) = 0); no float32 sum of them is
+    sure to come closer to the total than float32's epsilon times this sum."""
+    from modeling_scaleformer.ops_naive import naive_local_softmax_decay_weights
+
+    q, k, v, rel, decay = (x.detach().double() for x in args)
+    with torch.no_grad():
+        weights = naive_local_softmax_decay_weights(q, k, rel, decay, **kwargs)
+        total = weights.sum(-1, keepdim=True)
+        shares = torch.where(total > 0, weights / total, 0.0)
+        out = shares @ v
+        h, offset = (rel.shape[-2] - 1) // 2, kwargs.get("query_offset", 0)
+        rows, keys = torch.arange(q.shape[2]) + offset, torch.arange(k.shape[2])
+        beyond = ((rows[:, None] - keys[None, :]).abs() - h).clamp(min=0).double()
+        per_pair = upstream.double() @ v.transpose(-1, -2)
+        per_row = (upstream.double() * out).sum(-1, keepdim=True)
+        return (beyond * shares * (per_pair.abs() + per_row.abs())).sum((0, 2, 3))
+
+
+decay_gradient_scale = _factory("decay_gradient_terms", decay_gradient_terms, decay_gradient_terms.__doc__)

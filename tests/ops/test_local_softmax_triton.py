@@ -801,14 +801,16 @@ ROWS_BEYOND_THE_KEYS = [
 
 
 @pytest.mark.parametrize("name, dtype, walks", ROWS_BEYOND_THE_KEYS)
-def test_triton_attention_rows_beyond_the_keys(name, dtype, walks, beyond_the_keys_inputs, monkeypatch,
-                                               triton_paths):
+def test_triton_attention_rows_beyond_the_keys(name, dtype, walks, beyond_the_keys_inputs, decay_gradient_terms,
+                                               monkeypatch, triton_paths):
     """Rows whose visible keys all lie on one side of their band, up to 250 positions away at rate 4 (past every key,
     past a padded row's last visible key, before its first; weights far below float32's range, and float64's): the
     kernels keep the float64 reference, output and gradients, by themselves, through the parallel walks or the
     sequential ones (`PARALLEL_WALKS`). Their states and the states' gradients hold exponents of their own, where
     sums relative to each block's start would underflow (`_rows_beyond_the_keys`, which corrects the PyTorch path, is
-    not called)."""
+    not called). In float32 the rates' gradients are held to float32's epsilon times the magnitudes of their terms
+    (`decay_gradient_terms`) where that is wider than the other gradients' tolerance: in `gap_causal` the rows 360
+    positions into a gap of hidden keys give the fast head's gradient terms of 3e5 in all, which cancel to 0.13."""
     from modeling_scaleformer import ops_local_softmax_triton as kernels
 
     triton_paths(16)
@@ -824,8 +826,14 @@ def test_triton_attention_rows_beyond_the_keys(name, dtype, walks, beyond_the_ke
     torch.testing.assert_close(got.double(), expected, rtol=rtol, atol=atol)
     for grad_name, g, e in zip("q k v rel decay".split(), torch.autograd.grad(got, leaves, upstream.to(got.dtype)),
                                expected_grads):
-        torch.testing.assert_close(g.double(), e, rtol=10 * rtol, atol=10 * atol * max(1.0, float(e.abs().max())),
-                                   msg=lambda m: f"grad {grad_name}: {m}")
+        tolerance = 10 * atol * max(1.0, float(e.abs().max()))
+        if grad_name == "decay" and dtype == "float32":
+            tolerance = (torch.finfo(torch.float32).eps * decay_gradient_terms(args, kwargs, upstream)).clamp(
+                min=tolerance)
+            assert bool(((g.double() - e).abs() <= tolerance + 10 * rtol * e.abs()).all()), (g, e, tolerance)
+        else:
+            torch.testing.assert_close(g.double(), e, rtol=10 * rtol, atol=tolerance,
+                                       msg=lambda m: f"grad {grad_name}: {m}")
 
 
 @pytest.mark.parametrize("gap, causal, block", [

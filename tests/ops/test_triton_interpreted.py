@@ -3,9 +3,10 @@ tests/models/test_triton_paths.py) through Triton's interpreter, in a fresh proc
 machine without CUDA, in the default test run. Triton's own library functions (tl.sum among them) are interpreted
 only if the variable was set when Triton was first imported, so the kernels cannot share a process with tests that
 imported it before. The process starts as soon as the tests are collected (`start`, called by tests/conftest.py), so
-that it runs beside the rest of the suite, on another core, rather than after it. It runs the kernel tests that the
-run selects by marker: the default run those not marked `slow`, `pytest -m slow` the slow ones (wider shapes, the
-models' other paths, compilation)."""
+that it runs beside the rest of the suite, on another core, rather than after it, and the test that waits for it
+runs last (`pytest_collection_modifyitems` there). It runs the kernel tests that the run selects by marker: the
+default run those not marked `slow`, `pytest -m slow` the slow ones (wider shapes, the models' other paths,
+compilation)."""
 
 import atexit
 import importlib.util
