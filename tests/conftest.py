@@ -1,7 +1,5 @@
 """Fixtures for every test."""
 
-import os
-
 import pytest
 import torch
 
@@ -16,14 +14,9 @@ def pytest_collection_finish(session):
 
 
 def pytest_collection_modifyitems(items):
-    """The tests that wait for the interpreted run go last, so that the rest of the suite runs while it works. With
-    SCALEFORMER_TEST_SHARD=i/n (tests/ops/test_triton_interpreted.py sets it), only every n-th test from the i-th."""
+    """The tests that wait for the interpreted run go last, so that the rest of the suite runs while it works."""
     waiting = [item for item in items if item.name in getattr(getattr(item, "module", None), "INTERPRETED_RUNS", {})]
     items[:] = [item for item in items if item not in waiting] + waiting
-    shard = os.environ.get("SCALEFORMER_TEST_SHARD")
-    if shard:
-        index, count = map(int, shard.split("/"))
-        items[:] = items[index::count]
 
 
 @pytest.fixture(autouse=True)

@@ -2,12 +2,11 @@
 tests/models/test_triton_paths.py) through Triton's interpreter, in a fresh process with TRITON_INTERPRET=1: on a
 machine without CUDA, in the default test run. Triton's own library functions (tl.sum among them) are interpreted
 only if the variable was set when Triton was first imported, so the kernels cannot share a process with tests that
-imported it before. The processes start as soon as the tests are collected (`start`, called by tests/conftest.py), so
-that they run beside the rest of the suite rather than after it, and the test that waits for them runs last
-(`pytest_collection_modifyitems` there). They run the kernel tests that the run selects by marker (the default run
-those not marked `slow`, `pytest -m slow` the slow ones: wider shapes, the models' other paths, compilation), in
-SHARDS processes of one thread that take every SHARDS-th test each (SCALEFORMER_TEST_SHARD), so that the cores the
-rest of the suite leaves idle, at its end above all, go to them."""
+imported it before. The process starts as soon as the tests are collected (`start`, called by tests/conftest.py), so
+that it runs beside the rest of the suite, on another core, rather than after it, and the test that waits for it
+runs last (`pytest_collection_modifyitems` there). It runs the kernel tests that the run selects by marker: the
+default run those not marked `slow`, `pytest -m slow` the slow ones (wider shapes, the models' other paths,
+compilation)."""
 
 import atexit
 import importlib.util
@@ -24,8 +23,7 @@ import torch
 KERNEL_TESTS = [Path(__file__).with_name(name) for name in ("test_local_softmax_triton.py", "test_decay_triton.py")]
 KERNEL_TESTS.append(Path(__file__).parents[1] / "models" / "test_triton_paths.py")  # the models on those kernels
 TIMEOUT = 900
-SHARDS = 2
-RUN = {}  # marker expression -> the processes and the files holding their output, once started
+RUN = {}  # marker expression -> the process and the file holding its output, once started
 
 
 def runnable() -> bool:
@@ -38,32 +36,29 @@ def start(markers: str = "not slow") -> None:
     """Starts the interpreted run of the kernel tests selected by `markers` (once)."""
     if markers in RUN or not runnable():
         return
+    env = {**os.environ, "TRITON_INTERPRET": "1", "HF_HUB_OFFLINE": "1"}
+    output = tempfile.TemporaryFile(mode="w+")
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", markers, *map(str, KERNEL_TESTS)]
-    RUN[markers] = []
-    for shard in range(SHARDS):
-        env = {**os.environ, "TRITON_INTERPRET": "1", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
-               "SCALEFORMER_TEST_SHARD": f"{shard}/{SHARDS}"}
-        output = tempfile.TemporaryFile(mode="w+")
-        process = subprocess.Popen(command, env=env, stdout=output, stderr=subprocess.STDOUT, text=True)
-        RUN[markers].append(dict(process=process, output=output))
-        atexit.register(process.kill)  # a session that ends early does not leave it running
+    process = subprocess.Popen(command, env=env, stdout=output, stderr=subprocess.STDOUT, text=True)
+    RUN[markers] = dict(process=process, output=output)
+    atexit.register(process.kill)  # a session that ends early does not leave it running
 
 
 def check_run(markers: str) -> None:
     if not runnable():
         pytest.skip("needs triton and numpy")
     start(markers)
-    for shard, run in enumerate(RUN[markers]):
-        try:
-            returncode = run["process"].wait(timeout=TIMEOUT)
-        except subprocess.TimeoutExpired:
-            run["process"].kill()
-            raise
-        run["output"].seek(0)
-        output = run["output"].read()
-        assert returncode == 0, f"shard {shard}/{SHARDS}:\n{output[-6000:]}"
-        summary = output.strip().splitlines()[-1]
-        assert " passed" in summary and "failed" not in summary and "error" not in summary, summary
+    run = RUN[markers]
+    try:
+        returncode = run["process"].wait(timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        run["process"].kill()
+        raise
+    run["output"].seek(0)
+    output = run["output"].read()
+    assert returncode == 0, output[-6000:]
+    summary = output.strip().splitlines()[-1]
+    assert " passed" in summary and "failed" not in summary and "error" not in summary, summary
 
 
 NOT_ON_CUDA = pytest.mark.skipif(torch.cuda.is_available(),
