@@ -36,7 +36,8 @@ def start(markers: str = "not slow") -> None:
     """Starts the interpreted run of the kernel tests selected by `markers` (once)."""
     if markers in RUN or not runnable():
         return
-    env = {**os.environ, "TRITON_INTERPRET": "1", "HF_HUB_OFFLINE": "1"}
+    # one thread: the interpreter's work is Python's, and the rest of the suite has the cores' other threads
+    env = {**os.environ, "TRITON_INTERPRET": "1", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     output = tempfile.TemporaryFile(mode="w+")
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", markers, *map(str, KERNEL_TESTS)]
     process = subprocess.Popen(command, env=env, stdout=output, stderr=subprocess.STDOUT, text=True)
