@@ -486,4 +486,4 @@ def decay_gradient_terms(args, kwargs, upstream) -> torch.Tensor:
         return (beyond * shares * (per_pair.abs() + per_row.abs())).sum((0, 2, 3))
 
 
-decay_gradient_scale = _factory("decay_gradient_terms", decay_gradient_terms, decay_gradient_terms.__doc__)
+decay_gradient_terms_fixture = _factory("decay_gradient_terms", decay_gradient_terms, decay_gradient_terms.__doc__)
