@@ -4,18 +4,24 @@ import pytest
 import torch
 
 
+def interpreted_markers(item) -> str | None:
+    """The marker expression of the interpreted kernel tests that `item` waits for (`INTERPRETED_RUNS` of
+    tests/ops/test_triton_interpreted.py), or None."""
+    return getattr(getattr(item, "module", None), "INTERPRETED_RUNS", {}).get(item.name)
+
+
 def pytest_collection_finish(session):
-    """Starts the interpreted Triton tests in their own process as soon as collection ends when they were selected
-    (tests/ops/test_triton_interpreted.py), so that they run beside the rest of the suite."""
+    """Starts the interpreted Triton tests in their own process as soon as collection ends when they were selected,
+    so that they run beside the rest of the suite."""
     for item in session.items:
-        markers = getattr(item.module, "INTERPRETED_RUNS", {}).get(item.name)
+        markers = interpreted_markers(item)
         if markers is not None:
             item.module.start(markers)
 
 
 def pytest_collection_modifyitems(items):
     """The tests that wait for the interpreted run go last, so that the rest of the suite runs while it works."""
-    waiting = [item for item in items if item.name in getattr(getattr(item, "module", None), "INTERPRETED_RUNS", {})]
+    waiting = [item for item in items if interpreted_markers(item) is not None]
     items[:] = [item for item in items if item not in waiting] + waiting
 
 
