@@ -1,12 +1,12 @@
 """The Triton kernels' tests (test_local_softmax_triton.py, test_decay_triton.py, and the models on them in
-tests/models/test_triton_paths.py) through Triton's interpreter, in a fresh process with TRITON_INTERPRET=1: on a
-machine without CUDA, in the default test run. Triton's own library functions (tl.sum among them) are interpreted
-only if the variable was set when Triton was first imported, so the kernels cannot share a process with tests that
-imported it before. The process starts as soon as the tests are collected (`start`, called by tests/conftest.py), so
-that it runs beside the rest of the suite, on another core, rather than after it, and the test that waits for it
-runs last (`pytest_collection_modifyitems` there). It runs the kernel tests that the run selects by marker: the
-default run those not marked `slow`, `pytest -m slow` the slow ones (wider shapes, the models' other paths,
-compilation)."""
+tests/models/test_triton_paths.py, with test_triton_interpreter.py on the interpreter they run in) through Triton's
+interpreter, in a fresh process with TRITON_INTERPRET=1: on a machine without CUDA, in the default test run. Triton's
+own library functions (tl.sum among them) are interpreted only if the variable was set when Triton was first imported,
+so the kernels cannot share a process with tests that imported it before. The process starts as soon as the tests are
+collected (`start`, called by tests/conftest.py), so that it runs beside the rest of the suite, on another core,
+rather than after it, and the test that waits for it runs last (`pytest_collection_modifyitems` there). It runs the
+kernel tests that the run selects by marker: the default run those not marked `slow`, `pytest -m slow` the slow ones
+(wider shapes, the models' other paths, compilation)."""
 
 import atexit
 import importlib.util
@@ -20,7 +20,8 @@ import pytest
 import torch
 
 
-KERNEL_TESTS = [Path(__file__).with_name(name) for name in ("test_local_softmax_triton.py", "test_decay_triton.py")]
+KERNEL_TESTS = [Path(__file__).with_name(name)
+                for name in ("test_local_softmax_triton.py", "test_decay_triton.py", "test_triton_interpreter.py")]
 KERNEL_TESTS.append(Path(__file__).parents[1] / "models" / "test_triton_paths.py")  # the models on those kernels
 TIMEOUT = 900
 RUN = {}  # marker expression -> the process and the file holding its output, once started
