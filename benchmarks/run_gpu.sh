@@ -6,8 +6,8 @@
 #
 # STEP is any of env, compile, attention, attention_variants, attention_backward, attention_table, attention_pairs,
 # attention_scan, attention_small_batch, attention_rows, attention_block32, tune, tune_registers, tune_scan, ncu,
-# tests, compile_tests, accelerate, train, train_compiled, train_graphs, train_graphs_scan, train_graphs_recurrence,
-# train_graphs_pairs, train_graphs_candidates, train_graphs_unfolded, generate
+# tests, compile_tests, accelerate, accelerate_fsdp, train, train_compiled, train_graphs, train_graphs_scan,
+# train_graphs_recurrence, train_graphs_pairs, train_graphs_candidates, train_graphs_unfolded, generate
 # (default: env, attention, tests, compile_tests, train, generate, in that order):
 #   compile               checks, and so compiles, the default kernels and each variant's in parallel processes, so
 #                         that a later attention_variants finds them compiled;
@@ -60,6 +60,9 @@
 #                         default 4, one per test), Inductor's compile workers 4 a process;
 #   accelerate            examples/train_accelerate.py under `accelerate launch` on the device, 30 bf16 steps of the
 #                         small model on the shipped verses, then its evaluation (loss, greedy chrF and BLEU);
+#   accelerate_fsdp       the same 30 steps with the shipped FSDP2 configuration (configs/accelerate/fsdp.yaml) on the
+#                         one device (which accelerate applies only on GPUs), a sharded checkpoint at step 15, then
+#                         the saved folder reloaded;
 #   train_compiled        bench_train.py under torch.compile, training steps at 16k (one graph to compile per model,
 #                         `--steps-only`); train_graphs, Scaleformer's in its reduce-overhead mode (CUDA graphs)
 #                         against BART's eager step (its faster: 0.074 s against 0.194 under the graphs on an H200),
@@ -103,7 +106,7 @@ step() {  # step NAME COMMAND...: runs COMMAND under LIMIT_<NAME> seconds, its o
 : "${LIMIT_train_compiled:=240}" "${LIMIT_attention_block32:=120}" \
     "${LIMIT_attention_variants:=240}" "${LIMIT_compile:=180}" \
     "${LIMIT_attention_small_batch:=120}" "${LIMIT_train_graphs:=360}" \
-    "${LIMIT_tune:=240}" "${LIMIT_attention_rows:=120}" "${LIMIT_accelerate:=240}" \
+    "${LIMIT_tune:=240}" "${LIMIT_attention_rows:=120}" "${LIMIT_accelerate:=240}" "${LIMIT_accelerate_fsdp:=240}" \
     "${LIMIT_compile_tests:=300}" "${LIMIT_attention_backward:=200}" "${LIMIT_attention_table:=240}" \
     "${LIMIT_attention_pairs:=240}" \
     "${LIMIT_ncu:=240}" "${LIMIT_tune_registers:=300}" "${LIMIT_attention_scan:=240}" "${LIMIT_tune_scan:=240}" \
@@ -133,6 +136,15 @@ print(torch.__version__, triton.__version__, transformers.__version__, torch.cud
             --model_config configs/scaleformer-small.json --mixed_precision bf16 --max_steps 30 \
             --per_device_batch_size 16 --max_train_examples 2000 --eval_steps 30 --eval_examples 64 \
             --logging_steps 10 --output_dir "$out/accelerate" ;;
+        accelerate_fsdp) step accelerate_fsdp bash -c 'python3 -m accelerate.commands.launch --config_file \
+                configs/accelerate/fsdp.yaml --num_processes 1 examples/train_accelerate.py \
+                --model_config configs/scaleformer-small.json --max_steps 30 --per_device_batch_size 16 \
+                --max_train_examples 2000 --eval_steps 0 --checkpointing_steps 15 --logging_steps 10 \
+                --output_dir "$1/accelerate_fsdp" &&
+            python3 -c "import sys; from modeling_scaleformer import ScaleformerForConditionalGeneration as Model
+model = Model.from_pretrained(sys.argv[1])
+print(sys.argv[1], \"reloaded:\", sum(p.numel() for p in model.parameters()), \"parameters\")" "$1/accelerate_fsdp"' \
+            accelerate_fsdp "$out" ;;
         attention_block32) step attention_block32 python3 benchmarks/bench_attention_gpu.py --kernel-block 32 \
             "${launch[@]}" --lengths 4096 16384 65536 --json "$out/bench_attention_gpu_block32.json" ;;
         compile) step compile bash -c 'variants=(wide_tiles parallel_walks sequential_walks recomputed_states)
@@ -219,7 +231,8 @@ print(torch.__version__, triton.__version__, transformers.__version__, torch.cud
             --json "$out/bench_generate_gpu.json" ;;
         *) echo "unknown step: $name (expected env, compile, attention, attention_variants, attention_backward," \
                 "attention_table, attention_pairs, attention_scan, attention_small_batch, attention_rows," \
-                "attention_block32, tune, tune_registers, tune_scan, ncu, tests, compile_tests, accelerate, train," \
+                "attention_block32, tune, tune_registers, tune_scan, ncu, tests, compile_tests, accelerate," \
+                "accelerate_fsdp, train," \
                 "train_compiled," \
                 "train_graphs, train_graphs_scan, train_graphs_recurrence, train_graphs_pairs," \
                 "train_graphs_candidates, train_graphs_unfolded, generate)" >&2
