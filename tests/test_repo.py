@@ -36,6 +36,22 @@ def test_readme_main_command_installs_pinned_torch_and_runs_main_job():
     assert (ROOT / script).is_file()
 
 
+def test_gpu_extra_takes_the_triton_of_cuda_builds_of_torch():
+    """`pip install ".[gpu]"` beside a CUDA build of torch, which requires the Triton it was built with (3.6 for the
+    torch 2.11 of the GPUs measured here), installs without a conflict; the test extra pins the interpreter the
+    kernel tests run in."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    gpu = {r.name: r for r in map(Requirement, extras["gpu"])}
+    assert {"3.6.0", "3.9.0"} <= set(gpu["triton"].specifier.filter(["3.5.0", "3.6.0", "3.9.0"]))
+    assert "3.5.0" not in gpu["triton"].specifier  # without triton.constexpr_function
+    test = {r.name: r for r in map(Requirement, extras["test"])}
+    assert str(test["triton"].specifier) == "==3.9.0"
+
+
 def test_model_configs_load_and_build():
     import torch
 
