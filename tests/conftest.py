@@ -30,9 +30,10 @@ def patch_the_language_once_a_launch() -> None:
     launches = []  # one entry a launch under way: False until its own mapping is done
 
     def mapped(fn) -> bool:
-        """Whether every language module that `fn` sees has its builtins mapped (tl.full as the witness)."""
-        return all(not tl.core.is_builtin(value.full) for value in fn.__globals__.values()
-                   if value is tl or value is tl.core)
+        """Whether `fn` sees a language module, and every one it sees has its builtins mapped (tl.full as the
+        witness); one that sees none is left to `_patch_lang`, which refuses it."""
+        languages = [value for value in fn.__globals__.values() if value is tl or value is tl.core]
+        return bool(languages) and all(not tl.core.is_builtin(language.full) for language in languages)
 
     def patch_lang(fn):
         if launches and launches[-1] and mapped(fn):
