@@ -45,11 +45,10 @@ def test_gpu_extra_takes_the_triton_of_cuda_builds_of_torch():
     from packaging.requirements import Requirement
 
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
-    gpu = {r.name: r for r in map(Requirement, extras["gpu"])}
-    assert {"3.6.0", "3.9.0"} <= set(gpu["triton"].specifier.filter(["3.5.0", "3.6.0", "3.9.0"]))
-    assert "3.5.0" not in gpu["triton"].specifier  # without triton.constexpr_function
-    test = {r.name: r for r in map(Requirement, extras["test"])}
-    assert str(test["triton"].specifier) == "==3.9.0"
+    gpu, test = ({r.name: r for r in map(Requirement, extras[name])}["triton"] for name in ("gpu", "test"))
+    assert {"3.6.0", "3.9.0"} <= set(gpu.specifier.filter(["3.5.0", "3.6.0", "3.9.0"]))
+    assert "3.5.0" not in gpu.specifier  # without triton.constexpr_function
+    assert str(test.specifier) == "==3.9.0"
 
 
 def test_model_configs_load_and_build():

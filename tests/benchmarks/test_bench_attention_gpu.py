@@ -90,9 +90,8 @@ def test_run_gpu_refuses_an_unknown_step(tmp_path):
     assert ("unknown step: atention (expected env, compile, attention, attention_variants, attention_backward, "
             "attention_table, attention_pairs, attention_scan, attention_small_batch, attention_rows, "
             "attention_block32, tune, tune_registers, tune_scan, ncu, tests, compile_tests, accelerate, "
-            "accelerate_fsdp, "
-            "train, train_compiled, train_graphs, train_graphs_scan, train_graphs_recurrence, train_graphs_pairs, "
-            "train_graphs_candidates, train_graphs_unfolded, generate)") in result.stderr
+            "accelerate_fsdp, train, train_compiled, train_graphs, train_graphs_scan, train_graphs_recurrence, "
+            "train_graphs_pairs, train_graphs_candidates, train_graphs_unfolded, generate)") in result.stderr
 
 
 NCU_CSV = """==PROF== Connected to process 4242 (python3)

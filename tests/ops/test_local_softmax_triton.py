@@ -499,8 +499,8 @@ def test_narrow_table_tiles_against_the_reference(case, causal, decay_inputs, sp
     "lq<lk": dict(lq=30, lk=60, horizon=5), "one-query": dict(lq=1, lk=40, horizon=2, offset=20),
     "2h-wider-than-a-block-key-blocks-of-64": dict(lq=40, lk=40, horizon=20, key_block=64),
     "key-blocks-of-half-a-block": dict(lq=70, lk=70, horizon=5, block=32, key_block=16),
-}, DIRECTIONS, default={"one-query-causal", "key-blocks-of-half-a-block-causal",
-                         "2h-wider-than-a-block-key-blocks-of-64-bidirectional"}))
+}, DIRECTIONS, default={"one-query-causal", "2h-wider-than-a-block-key-blocks-of-64-bidirectional",
+                        "key-blocks-of-half-a-block-causal"}))
 def test_stored_pairs_against_the_reference(case, causal, decay_inputs, split_case, check_decay_op, monkeypatch,
                                             triton_paths):
     """`_backward_keys` reading the pairs that `_backward_queries` stored (`STORED_PAIRS`) instead of forming them: the

@@ -35,11 +35,11 @@ def launch_mappings(monkeypatch, calls: int) -> tuple[torch.Tensor, int]:
     mapped a language module's builtins (`_patch_builtin`) meanwhile."""
     mapped = []
     patch_builtin = interpreter._patch_builtin
-    monkeypatch.setattr(interpreter, "_patch_builtin", lambda *args: (mapped.append(args[0]), patch_builtin(*args)))
     x = torch.arange(8, dtype=torch.float32)
     y = torch.empty_like(x)
-    _nested_calls[(1,)](x, y, N=8, CALLS=calls)
-    monkeypatch.setattr(interpreter, "_patch_builtin", patch_builtin)
+    with monkeypatch.context() as patched:
+        patched.setattr(interpreter, "_patch_builtin", lambda *args: (mapped.append(args[0]), patch_builtin(*args)))
+        _nested_calls[(1,)](x, y, N=8, CALLS=calls)
     return y, len(mapped)
 
 
